@@ -1,0 +1,238 @@
+"""The Python API: load inputs, plan, simulate, export, all in process.
+
+Every function takes and returns the schema types of ``planner.schema``; none needs a file or
+a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of times::
+
+    from planner import api
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:1", num_stages=4, tensor_parallel=2)
+    plan = api.plan(problem, solver="even")
+    result = api.simulate(plan)
+    print(result.iteration_time_s, plan.predicted.throughput_samples_per_s)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import solvers
+from cost_models import hardware, models, profiles, transformer
+from cost_models import simulate as _simulate
+from planner.errors import InvalidProblemError
+from planner.schema import (
+    Cluster,
+    ModelProfile,
+    PipelineProblem,
+    Plan,
+    SimResult,
+    TransformerConfig,
+    _Frozen,
+)
+
+ModelSpec = str | Path | ModelProfile | TransformerConfig
+ClusterSpec = str | Path | Cluster
+
+
+def load_model(spec: ModelSpec) -> ModelProfile | TransformerConfig:
+    """A model from a preset name, ``pipedream:<name>``, or a file (profile JSON, transformer
+    JSON, or a PipeDream ``graph.txt``).
+
+    Raises:
+        InvalidProblemError: unknown name, unreadable file or malformed content.
+    """
+    if isinstance(spec, (ModelProfile, TransformerConfig)):
+        return spec
+    text = str(spec)
+    path = Path(text)
+    if path.suffix in (".json", ".txt") or path.exists():
+        if not path.is_file():
+            raise InvalidProblemError(f"model file {text!r} does not exist")
+        if path.suffix == ".txt":
+            return profiles.load_pipedream_graph(path)
+        data = _read_json(path, what="model")
+        kind = data.get("format") if isinstance(data, dict) else None
+        if kind == "paraplan.transformer/v1" or (kind is None and isinstance(data, dict) and "hidden_size" in data):
+            return TransformerConfig.from_dict(data)
+        return ModelProfile.from_dict(data)
+    if text.startswith("pipedream:"):
+        return profiles.pipedream_profile(text.split(":", 1)[1])
+    return models.model_preset(text)
+
+
+def load_cluster(spec: ClusterSpec) -> Cluster:
+    """A cluster from a preset spec (``a100-80gb:16``, ``h100:4x8``, ``cpu:2``) or a JSON file."""
+    if isinstance(spec, Cluster):
+        return spec
+    text = str(spec)
+    path = Path(text)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise InvalidProblemError(f"cluster file {text!r} does not exist")
+        return Cluster.from_dict(_read_json(path, what="cluster"))
+    return hardware.cluster_preset(text)
+
+
+def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
+    """A plan from a JSON file path, JSON text, or a decoded mapping."""
+    if isinstance(source, Mapping):
+        return Plan.from_dict(dict(source))
+    text = str(source)
+    if text.lstrip().startswith("{"):
+        return Plan.from_json(text)
+    path = Path(text)
+    if not path.is_file():
+        raise InvalidProblemError(f"plan file {text!r} does not exist")
+    return Plan.from_dict(_read_json(path, what="plan"))
+
+
+def make_problem(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    schedule: str = "1f1b",
+    num_stages: int | None = None,
+    num_chunks: int = 1,
+    num_microbatches: int | None = None,
+    global_batch_size: int | None = None,
+    microbatch_size: int | None = None,
+    tensor_parallel: int | None = None,
+    data_parallel: int | None = None,
+    bpipe: bool = False,
+    time_limit_s: float | None = None,
+    efficiency: float | None = None,
+) -> PipelineProblem:
+    """Build a validated PipelineProblem.
+
+    A transformer config is turned into a layer profile for the cluster's device at the given
+    microbatch size and tensor-parallel degree (defaults 1). A layer profile already fixes both:
+    asking for other values is an error (profile again at those values instead).
+
+    Raises:
+        InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
+    """
+    model_obj = load_model(model)
+    cluster_obj = load_cluster(cluster)
+    if cluster_obj.device is None:
+        raise InvalidProblemError(
+            f"cluster {cluster_obj.name!r} gives only worker_types; pipeline planning needs a 'device'"
+        )
+    config: TransformerConfig | None = None
+    if isinstance(model_obj, TransformerConfig):
+        config = model_obj
+        kwargs: dict[str, Any] = {}
+        if efficiency is not None:
+            kwargs["efficiency"] = efficiency
+        profile = transformer.transformer_profile(
+            config,
+            device=cluster_obj.device,
+            microbatch_size=microbatch_size or 1,
+            tensor_parallel=tensor_parallel or 1,
+            intra_node_bytes_per_s=cluster_obj.intra_node_bytes_per_s,
+            **kwargs,
+        )
+    else:
+        profile = model_obj
+        for name, asked, fixed in (
+            ("microbatch_size", microbatch_size, profile.microbatch_size),
+            ("tensor_parallel", tensor_parallel, profile.tensor_parallel),
+        ):
+            if asked is not None and asked != fixed:
+                raise InvalidProblemError(
+                    f"{name}={asked} but the layer profile {profile.name!r} was measured at {name}={fixed}; "
+                    f"profile the model again at {name}={asked} or use a transformer config"
+                )
+        if efficiency is not None:
+            raise InvalidProblemError("efficiency applies to transformer configs only, not to measured profiles")
+    return PipelineProblem.from_dict(
+        {
+            "model": profile.model_dump(),
+            "cluster": cluster_obj.model_dump(),
+            "transformer": config.model_dump() if config else None,
+            "schedule": schedule,
+            "num_stages": num_stages,
+            "num_chunks": num_chunks,
+            "num_microbatches": num_microbatches,
+            "global_batch_size": global_batch_size,
+            "data_parallel": data_parallel,
+            "bpipe": bpipe,
+            "time_limit_s": time_limit_s,
+        }
+    )
+
+
+def plan(problem: PipelineProblem, *, solver: str = "even", options: Mapping[str, Any] | None = None) -> Plan:
+    """Run a registered solver (``solvers.SOLVERS``); the plan's ``predicted`` comes from the simulator."""
+    return solvers.solve(problem, solver=solver, options=options)
+
+
+def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
+    """Simulate a plan with the one schedule simulator (``cost_models.simulate``)."""
+    return _simulate.simulate(plan, include_events=include_events)
+
+
+def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
+    """The plan as Megatron-LM arguments or as torch's per-rank action CSV."""
+    from planner import export as exporters
+
+    if fmt == "megatron":
+        return exporters.megatron_args_text(plan)
+    if fmt == "torch-csv":
+        return exporters.to_torch_csv(plan)
+    raise InvalidProblemError(f"unknown export format {fmt!r}; choose from ['megatron', 'torch-csv']")
+
+
+def model_info(model: ModelSpec, *, global_batch_size: int = 1) -> dict[str, Any]:
+    """Size and cost of a model: parameters and FLOPs per iteration (PTD-P Eq. 4.2/4.3)."""
+    obj = load_model(model)
+    if isinstance(obj, TransformerConfig):
+        return {
+            "name": obj.name,
+            "kind": "transformer",
+            "num_layers": obj.num_layers,
+            "hidden_size": obj.hidden_size,
+            "num_heads": obj.num_heads,
+            "seq_length": obj.seq_length,
+            "vocab_size": obj.vocab_size,
+            "num_parameters": transformer.num_parameters(obj),
+            "global_batch_size": global_batch_size,
+            "flops_per_iteration": transformer.flops_per_iteration(obj, global_batch_size=global_batch_size),
+            "flops_per_iteration_no_recompute": transformer.flops_per_iteration(
+                obj, global_batch_size=global_batch_size, recompute=False
+            ),
+        }
+    layer_flops = [layer.flops for layer in obj.layers]
+    per_microbatch = sum(f for f in layer_flops if f is not None) if all(f is not None for f in layer_flops) else None
+    return {
+        "name": obj.name,
+        "kind": "profile",
+        "num_layers": obj.num_layers,
+        "microbatch_size": obj.microbatch_size,
+        "num_parameters": None,
+        "param_bytes": sum(layer.param_bytes for layer in obj.layers),
+        "forward_s_per_microbatch": sum(layer.forward_s for layer in obj.layers),
+        "backward_s_per_microbatch": sum(layer.backward_s for layer in obj.layers),
+        "global_batch_size": global_batch_size,
+        "flops_per_iteration": (
+            per_microbatch * global_batch_size / obj.microbatch_size if per_microbatch is not None else None
+        ),
+    }
+
+
+def save(obj: _Frozen, path: str | Path) -> Path:
+    """Write any schema object as indented JSON."""
+    out = Path(path)
+    out.write_text(obj.model_dump_json(indent=2) + "\n")
+    return out
+
+
+def _read_json(path: Path, *, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InvalidProblemError(
+            f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    except OSError as e:
+        raise InvalidProblemError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from None

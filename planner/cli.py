@@ -1,0 +1,211 @@
+"""The ``paraplan`` command line: a thin layer over ``planner.api``.
+
+Exit codes: 0 ok, 1 internal error, 2 invalid input, 3 infeasible. ``--json`` prints one JSON
+document on stdout and nothing else there; logs and progress go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner import report
+from planner.errors import InvalidProblemError, PlannerError
+from planner.progress import progress
+
+log = logging.getLogger("paraplan")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse already printed the usage error
+        return 0 if e.code == 0 else 2
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except PlannerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except ValidationError as e:
+        from planner.schema import format_validation_error
+
+        print(f"error: {format_validation_error(e.title, e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # an internal bug: short message, traceback only on request
+        print(f"internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        if os.environ.get("PARAPLAN_DEBUG"):
+            traceback.print_exc()
+        else:
+            print("(set PARAPLAN_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="paraplan", description="Parallelism and resource planner for DL training")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log solver progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="plan a model on a cluster")
+    p.add_argument("--model", required=True, help="preset name, pipedream:<name>, or a profile/transformer JSON or graph.txt")
+    p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
+    p.add_argument("--solver", default="even")
+    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--pipeline", type=int, help="pipeline stages p (default: the solver chooses)")
+    p.add_argument("--chunks", type=int, default=1, help="model chunks per stage v (interleaved)")
+    p.add_argument("--microbatches", type=int, help="microbatches per pipeline replica m")
+    p.add_argument("--global-batch", type=int, help="global batch size B")
+    p.add_argument("--microbatch-size", type=int, help="samples per microbatch b (transformer configs)")
+    p.add_argument("--tensor-parallel", type=int, help="tensor-parallel degree t (transformer configs)")
+    p.add_argument("--data-parallel", type=int, help="data-parallel degree d (default: devices left)")
+    p.add_argument("--efficiency", type=float, help="achieved fraction of peak FLOP/s for analytic layer times")
+    p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
+    p.add_argument("--time-limit", type=float, help="solver time limit in seconds")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
+    p.add_argument("-o", "--output", help="write the plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the plan JSON on stdout")
+    p.set_defaults(handler=cmd_plan)
+
+    s = sub.add_parser("simulate", help="simulate a plan")
+    s.add_argument("plan")
+    s.add_argument("--timeline", help="draw the timeline to a .png or .svg file")
+    s.add_argument("--events", action="store_true", help="include every timeline event in --json")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=cmd_simulate)
+
+    e = sub.add_parser("export", help="export a plan for a training framework")
+    e.add_argument("plan")
+    e.add_argument("--format", required=True, choices=["megatron", "torch-csv"])
+    e.add_argument("-o", "--output")
+    e.set_defaults(handler=cmd_export)
+
+    m = sub.add_parser("model-info", help="parameters and FLOPs of a model (PTD-P Eq. 4.2/4.3)")
+    m.add_argument("model")
+    m.add_argument("--global-batch", type=int, default=1, help="batch for flops_per_iteration (default 1)")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(handler=cmd_model_info)
+
+    sub.add_parser("solvers", help="list the solvers").set_defaults(handler=cmd_solvers)
+    pr = sub.add_parser("presets", help="list device, cluster and model presets")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(handler=cmd_presets)
+    return parser
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner import api
+
+    problem = api.make_problem(
+        args.model,
+        args.cluster,
+        schedule=args.schedule,
+        num_stages=args.pipeline,
+        num_chunks=args.chunks,
+        num_microbatches=args.microbatches,
+        global_batch_size=args.global_batch,
+        microbatch_size=args.microbatch_size,
+        tensor_parallel=args.tensor_parallel,
+        data_parallel=args.data_parallel,
+        bpipe=args.bpipe,
+        time_limit_s=args.time_limit,
+        efficiency=args.efficiency,
+    )
+    with progress(f"planning with {args.solver}"):
+        plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option))
+    if args.output:
+        api.save(plan, args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.json:
+        print(plan.model_dump_json(indent=2))
+    else:
+        print(report.plan_table(plan))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from planner import api
+
+    plan = api.load_plan(args.plan)
+    with progress("simulating"):
+        result = api.simulate(plan, include_events=bool(args.timeline or args.events))
+    if args.timeline:
+        from planner.timeline import draw_timeline
+
+        with progress("drawing the timeline"):
+            draw_timeline(result, args.timeline, title=report.plan_title(plan))
+        print(f"wrote {args.timeline}", file=sys.stderr)
+    if args.json:
+        print(result.to_json(include_events=args.events, indent=2))
+    else:
+        print(report.sim_table(plan, result))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from planner import api
+
+    text = api.export(api.load_plan(args.plan), args.format)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def cmd_model_info(args: argparse.Namespace) -> int:
+    from planner import api
+
+    if args.global_batch < 1:
+        raise InvalidProblemError(f"--global-batch={args.global_batch} must be at least 1")
+    info = api.model_info(args.model, global_batch_size=args.global_batch)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(report.model_info_table(info))
+    return 0
+
+
+def cmd_solvers(args: argparse.Namespace) -> int:
+    import solvers
+
+    for name in sorted(solvers.SOLVERS):
+        print(f"{name:16s} {solvers.DESCRIPTIONS.get(name, '')}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    presets = report.presets()
+    if args.json:
+        print(json.dumps(presets, indent=2))
+    else:
+        print(report.presets_text(presets))
+    return 0
+
+
+def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidProblemError(f"--option {pair!r} must be KEY=VALUE, e.g. --option recompute=full")
+        options[key.strip()] = value
+    return options
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

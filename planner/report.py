@@ -1,0 +1,121 @@
+"""Human-readable tables for the CLI (the JSON forms come straight from the schema types)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.schema import Plan, SimResult
+
+_GIB = 2.0**30
+
+
+def plan_title(plan: Plan) -> str:
+    d = plan.degrees
+    return (
+        f"{plan.model.name} on {plan.cluster.name}: {plan.solver}, {plan.schedule}, "
+        f"t={d.tensor} p={d.pipeline} d={d.data} v={d.virtual}, b={plan.microbatch_size} m={plan.num_microbatches}"
+    )
+
+
+def mfu(plan: Plan, iteration_time_s: float) -> float | None:
+    """Model FLOPs utilization: model FLOPs per iteration / (time x devices x peak)."""
+    flops = [layer.flops for layer in plan.model.layers]
+    if any(f is None for f in flops) or plan.cluster.device is None or iteration_time_s <= 0:
+        return None
+    d = plan.degrees
+    per_iteration = sum(flops) * d.tensor * d.data * plan.num_microbatches  # type: ignore[arg-type]
+    devices = d.tensor * d.pipeline * d.data
+    return per_iteration / (iteration_time_s * devices * plan.cluster.device.peak_flops)
+
+
+def plan_table(plan: Plan) -> str:
+    lines = [plan_title(plan), f"status {plan.status}, solved in {plan.solve_time_s:.3f} s"]
+    pred = plan.predicted
+    if pred is not None:
+        util = mfu(plan, pred.iteration_time_s)
+        lines.append(
+            f"iteration {pred.iteration_time_s:.4g} s, {pred.throughput_samples_per_s:.4g} samples/s, "
+            f"bubble {100 * pred.bubble_fraction:.1f}%, bottleneck {pred.bottleneck_s:.4g} s/microbatch"
+            + (f", MFU {100 * util:.1f}%" if util is not None else "")
+        )
+    lines.append(f"global batch {plan.global_batch_size} = {plan.num_microbatches} microbatches x "
+                 f"{plan.microbatch_size} x {plan.degrees.data} replicas")
+    lines.append("")
+    lines.append(f"{'stage':>5}  {'ranks':>11}  {'layers':<24}  {'recompute':<22}  {'peak GiB':>8}")
+    for stage in plan.stages:
+        ranks = f"{stage.ranks[0]}-{stage.ranks[-1]}" if len(stage.ranks) > 1 else (str(stage.ranks[0]) if stage.ranks else "-")
+        layers = " ".join(f"[{c.layers[0]},{c.layers[1]})" for c in stage.chunks)
+        strategies: dict[str, int] = {}
+        for chunk in stage.chunks:
+            for s in chunk.layer_strategies():
+                strategies[s] = strategies.get(s, 0) + 1
+        recompute = ", ".join(f"{k} {v}" for k, v in strategies.items())
+        peak = f"{pred.peak_memory_bytes[stage.index] / _GIB:8.2f}" if pred else "       -"
+        lines.append(f"{stage.index:>5}  {ranks:>11}  {layers:<24}  {recompute:<22}  {peak}")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def sim_table(plan: Plan, result: SimResult) -> str:
+    util = mfu(plan, result.iteration_time_s)
+    lines = [
+        plan_title(plan),
+        f"iteration {result.iteration_time_s:.6g} s, bubble {100 * result.bubble_fraction:.2f}%, "
+        f"{result.throughput_samples_per_s:.4g} samples/s"
+        + (f", MFU {100 * util:.1f}%" if util is not None else "")
+        + (f", all-reduce {result.allreduce_s:.4g} s" if result.allreduce_s else ""),
+        f"memory: capacity {result.memory_capacity_bytes / _GIB:.2f} GiB per device, "
+        + ("fits" if result.fits_memory else "DOES NOT FIT"),
+        "",
+        f"{'stage':>5}  {'busy s':>10}  {'idle s':>10}  {'peak GiB':>8}  {'in-flight':>9}  {'bubbles':>7}",
+    ]
+    for s in result.stages:
+        lines.append(
+            f"{s.index:>5}  {s.busy_s:>10.4g}  {s.idle_s:>10.4g}  {s.peak_memory_bytes / _GIB:>8.2f}  "
+            f"{s.peak_inflight_microbatches:>9}  {len(s.bubbles):>7}"
+        )
+    return "\n".join(lines)
+
+
+def model_info_table(info: dict[str, Any]) -> str:
+    rows = []
+    for key, value in info.items():
+        if isinstance(value, float) and value is not None:
+            shown = f"{value:.6g}"
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 10**6:
+            shown = f"{value:,} ({value / 1e9:.2f} B)" if key == "num_parameters" else f"{value:,}"
+        else:
+            shown = str(value)
+        rows.append(f"{key:<34} {shown}")
+    return "\n".join(rows)
+
+
+def presets() -> dict[str, Any]:
+    from cost_models import hardware, models, profiles
+
+    return {
+        "devices": hardware.list_device_presets(),
+        "clusters": hardware.list_cluster_presets(),
+        "models": models.list_model_presets(),
+        "pipedream_profiles": [f"pipedream:{n}" for n in profiles.list_pipedream_profiles()],
+    }
+
+
+def presets_text(data: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for section, items in data.items():
+        lines.append(f"{section}:")
+        if isinstance(items, dict):
+            for name, desc in items.items():
+                lines.append(f"  {name:<22} {desc if isinstance(desc, str) else _describe(desc)}")
+        else:
+            lines.extend(f"  {name}" for name in items)
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)

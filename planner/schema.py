@@ -1,0 +1,581 @@
+"""Every type that crosses a module boundary in paraplan.
+
+The formats follow ``shared/design/architecture.md`` (the sections marked contract):
+layer profiles, clusters, transformer configs, pipeline problems, plans and simulation
+results. All types are immutable pydantic models that reject unknown keys, round-trip
+through JSON and export a JSON Schema (``docs/schema/``).
+
+Conventions: names carry units (``_s``, ``_bytes``, ``_flops``, ``_bytes_per_s``),
+counts are ``num_*``, sequences are tuples.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import InvalidProblemError
+
+SCHEMA_VERSION = "paraplan.plan/v1"
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+# Pipeline schedules the simulator runs ("custom" = the plan's own per-rank action list).
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "2bw", "flush", "custom"]
+SCHEDULE_NAMES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
+PlanStatus = Literal["optimal", "feasible", "time_limit"]
+# Recompute strategies have free names; these three are the ones the cost models derive.
+KNOWN_RECOMPUTE = ("none", "selective", "full")
+_STRATEGY_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def to_json(self, **kwargs: Any) -> str:
+        """Serialize to a JSON string (keyword arguments go to ``model_dump_json``)."""
+        return self.model_dump_json(**kwargs)
+
+    @classmethod
+    def from_json(cls: type[_T], text: str | bytes) -> _T:
+        """Parse and validate JSON text; raise ``InvalidProblemError`` on any defect."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidProblemError(
+                f"malformed JSON for {cls.__name__}: {e.msg} at line {e.lineno} column {e.colno}"
+            ) from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls: type[_T], data: Any) -> _T:
+        """Validate a decoded JSON object; raise ``InvalidProblemError`` on any defect."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise InvalidProblemError(format_validation_error(cls.__name__, e)) from None
+
+
+_T = TypeVar("_T", bound=_Frozen)
+
+
+def format_validation_error(type_name: str, error: ValidationError) -> str:
+    """One line per defect: the JSON path of the field, the value given and what is wrong."""
+    lines = [f"invalid {type_name}:"]
+    items = error.errors()
+    failed = [tuple(i["loc"]) for i in items]
+    for item in items:
+        loc = tuple(item["loc"])
+        if item["type"] == "too_short" and any(f[: len(loc)] == loc and f != loc for f in failed):
+            continue  # a tuple whose items failed also reports as too short; say it once
+        path = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  unknown key {path!r}; remove it (see docs/input-formats.md for the fields)")
+            continue
+        if item["type"] == "missing":
+            lines.append(f"  missing required field {path!r}")
+            continue
+        value = item.get("input")
+        shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        lines.append(f"  {path} = {shown}: {item['msg']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# Model: layer profiles and transformer configs
+# --------------------------------------------------------------------------------------
+
+
+class RecomputeOption(_Frozen):
+    """Cost of one recompute strategy for one layer, per microbatch."""
+
+    activation_bytes: NonNegativeFloat
+    """Bytes the layer keeps alive from its forward to its backward under this strategy."""
+    extra_s: NonNegativeFloat = 0.0
+    """Time added to the backward pass to recompute what was not kept."""
+
+
+class LayerProfile(_Frozen):
+    """Costs of one layer on one device, per microbatch (architecture.md, layer profile)."""
+
+    name: str
+    kind: str = "layer"
+    """Layer type (e.g. ``embedding``, ``decoder``, ``head``); layers of one kind are interchangeable."""
+    forward_s: PositiveFloat
+    backward_s: PositiveFloat
+    """The whole backward (input and weight gradients), without recomputation."""
+    backward_weight_s: NonNegativeFloat | None = None
+    """The weight-gradient part of ``backward_s``; enables the zero-bubble schedules."""
+    activation_bytes: NonNegativeFloat | None = None
+    """Bytes kept for backward with no recomputation (when ``recompute`` has no ``none``)."""
+    static_bytes: NonNegativeFloat = 0.0
+    """Resident bytes on a device holding the layer: weights, gradients, optimizer state."""
+    output_bytes: NonNegativeFloat = 0.0
+    """Bytes of the layer's output, sent to the next stage when a stage boundary follows."""
+    param_bytes: NonNegativeFloat = 0.0
+    """Gradient bytes all-reduced across data-parallel replicas."""
+    flops: NonNegativeFloat | None = None
+    """Model FLOPs of forward plus backward (no recompute) per microbatch on this device."""
+    recompute: dict[str, RecomputeOption] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> LayerProfile:
+        if self.backward_weight_s is not None and self.backward_weight_s >= self.backward_s:
+            raise ValueError(
+                f"backward_weight_s={self.backward_weight_s} must be smaller than "
+                f"backward_s={self.backward_s} (it is the weight-gradient part of the backward)"
+            )
+        for strategy in self.recompute or {}:
+            if not _STRATEGY_RE.match(strategy):
+                raise ValueError(f"recompute strategy name {strategy!r} must match {_STRATEGY_RE.pattern}")
+        none = (self.recompute or {}).get("none")
+        if none is not None:
+            if none.extra_s != 0:
+                raise ValueError(f"recompute.none.extra_s={none.extra_s} must be 0")
+            if self.activation_bytes is not None and self.activation_bytes != none.activation_bytes:
+                raise ValueError(
+                    f"activation_bytes={self.activation_bytes} disagrees with "
+                    f"recompute.none.activation_bytes={none.activation_bytes}; give one of them"
+                )
+        return self
+
+    def strategies(self) -> dict[str, RecomputeOption]:
+        """All recompute options of the layer; ``none`` is always present."""
+        options = dict(self.recompute or {})
+        if "none" not in options:
+            options["none"] = RecomputeOption(activation_bytes=self.activation_bytes or 0.0, extra_s=0.0)
+        return options
+
+
+class ModelProfile(_Frozen):
+    """An ordered chain of layer profiles (architecture.md, layer profile JSON)."""
+
+    format: Literal["paraplan.profile/v1"] = "paraplan.profile/v1"
+    name: str
+    layers: tuple[LayerProfile, ...] = Field(min_length=1)
+    microbatch_size: PositiveInt = 1
+    """Samples per microbatch that the per-microbatch costs were measured or derived for."""
+    tensor_parallel: PositiveInt = 1
+    """Tensor-parallel degree that the per-device costs assume."""
+    tokens_per_sample: PositiveInt | None = None
+    device: str | None = None
+    """Name of the device the times are for, when known."""
+    source: str = ""
+    """Provenance: ``profiler``, ``analytic``, ``pipedream:<file>``..."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+class TransformerConfig(_Frozen):
+    """A decoder-only transformer (architecture.md, transformer config JSON)."""
+
+    format: Literal["paraplan.transformer/v1"] = "paraplan.transformer/v1"
+    name: str
+    hidden_size: PositiveInt
+    num_layers: PositiveInt
+    num_heads: PositiveInt
+    seq_length: PositiveInt
+    vocab_size: PositiveInt
+    ffn_hidden_size: PositiveInt | None = None
+    """Defaults to 4 x hidden_size."""
+    num_kv_heads: PositiveInt | None = None
+    """Grouped-query attention; defaults to num_heads."""
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = True
+    position_embedding: Literal["learned", "rope"] = "learned"
+    tied_embeddings: bool = True
+    dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+
+    @model_validator(mode="after")
+    def _check(self) -> TransformerConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        kv = self.num_kv_heads or self.num_heads
+        if self.num_heads % kv:
+            raise ValueError(f"num_heads={self.num_heads} must be divisible by num_kv_heads={kv}")
+        return self
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+
+# --------------------------------------------------------------------------------------
+# Hardware
+# --------------------------------------------------------------------------------------
+
+
+class Device(_Frozen):
+    """One accelerator."""
+
+    name: str
+    memory_bytes: PositiveFloat
+    peak_flops: PositiveFloat
+    """Dense 16-bit (fp16/bf16) peak, FLOP/s."""
+    memory_bandwidth_bytes_per_s: PositiveFloat | None = None
+    host_link_bytes_per_s: PositiveFloat | None = None
+    """Device-host link (PCIe) bandwidth, for offloading."""
+
+
+class Cluster(_Frozen):
+    """A homogeneous cluster of nodes, or (for cluster scheduling) counts per worker type."""
+
+    format: Literal["paraplan.cluster/v1"] = "paraplan.cluster/v1"
+    name: str
+    device: Device | None = None
+    num_nodes: PositiveInt = 1
+    devices_per_node: PositiveInt = 1
+    intra_node_bytes_per_s: PositiveFloat | None = None
+    inter_node_bytes_per_s: PositiveFloat | None = None
+    intra_node_latency_s: NonNegativeFloat = 0.0
+    inter_node_latency_s: NonNegativeFloat = 0.0
+    worker_types: dict[str, PositiveInt] | None = None
+    """Accelerator counts by type (Gavel form); replaces ``device`` for cluster scheduling."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Cluster:
+        if self.device is None and self.worker_types is None:
+            raise ValueError("a cluster needs either 'device' (pipeline planning) or 'worker_types' (scheduling)")
+        if self.device is not None:
+            for key in ("intra_node_bytes_per_s", "inter_node_bytes_per_s"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"missing required field {key!r} for a cluster with a 'device'")
+        return self
+
+    @property
+    def num_devices(self) -> int:
+        if self.device is None:
+            return sum((self.worker_types or {}).values())
+        return self.num_nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def link(self, rank_a: int, rank_b: int) -> tuple[float, float]:
+        """(bytes per second, latency in seconds) of the link between two ranks."""
+        if self.node_of(rank_a) == self.node_of(rank_b):
+            return float(self.intra_node_bytes_per_s or 0.0), self.intra_node_latency_s
+        return float(self.inter_node_bytes_per_s or 0.0), self.inter_node_latency_s
+
+
+# --------------------------------------------------------------------------------------
+# Problems
+# --------------------------------------------------------------------------------------
+
+
+class PipelineProblem(_Frozen):
+    """What the pipeline solvers take: a model, a cluster and the user's constraints.
+
+    ``None`` means the solver chooses. Validation of cross-field consistency (more stages
+    than layers, microbatches the interleaved schedule cannot take) happens here, once.
+    """
+
+    model: ModelProfile
+    cluster: Cluster
+    transformer: TransformerConfig | None = None
+    """Set when the model came from a transformer config; solvers varying t or b re-derive it."""
+    schedule: ScheduleName = "1f1b"
+    num_stages: PositiveInt | None = None
+    num_chunks: PositiveInt = 1
+    num_microbatches: PositiveInt | None = None
+    global_batch_size: PositiveInt | None = None
+    data_parallel: PositiveInt | None = None
+    bpipe: bool = False
+    time_limit_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineProblem:
+        if self.cluster.device is None:
+            raise ValueError("pipeline planning needs a cluster with a 'device' (not only 'worker_types')")
+        num_layers = self.model.num_layers
+        tp = self.model.tensor_parallel
+        if self.num_stages is not None:
+            if self.num_stages * self.num_chunks > num_layers:
+                raise ValueError(
+                    f"num_stages={self.num_stages} x num_chunks={self.num_chunks} needs at least "
+                    f"{self.num_stages * self.num_chunks} layers but the model has {num_layers}; "
+                    f"use at most {max(1, num_layers // self.num_chunks)} stages"
+                )
+            devices = self.num_stages * tp * (self.data_parallel or 1)
+            if devices > self.cluster.num_devices:
+                raise ValueError(
+                    f"num_stages={self.num_stages} x tensor_parallel={tp} x data_parallel="
+                    f"{self.data_parallel or 1} = {devices} devices but the cluster has "
+                    f"{self.cluster.num_devices}"
+                )
+        if self.schedule == "interleaved-1f1b" and self.num_chunks < 2:
+            raise ValueError("schedule 'interleaved-1f1b' needs num_chunks >= 2 (use '1f1b' for one chunk)")
+        if self.num_chunks > 1 and self.schedule not in ("interleaved-1f1b", "custom"):
+            raise ValueError(
+                f"num_chunks={self.num_chunks} needs schedule 'interleaved-1f1b', not {self.schedule!r}"
+            )
+        if (
+            self.schedule == "interleaved-1f1b"
+            and self.num_stages is not None
+            and self.num_microbatches is not None
+            and self.num_microbatches % self.num_stages
+        ):
+            lo = self.num_microbatches // self.num_stages * self.num_stages
+            raise ValueError(
+                f"the interleaved schedule needs num_microbatches to be a multiple of num_stages="
+                f"{self.num_stages} (dissertation L3612); got {self.num_microbatches}, use "
+                f"{lo or self.num_stages} or {lo + self.num_stages}"
+            )
+        if self.global_batch_size is not None and self.global_batch_size % self.model.microbatch_size:
+            raise ValueError(
+                f"global_batch_size={self.global_batch_size} is not a multiple of the microbatch "
+                f"size {self.model.microbatch_size}"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------
+# Plans
+# --------------------------------------------------------------------------------------
+
+
+class Action(NamedTuple):
+    """One compute action of a schedule, written like torch's ``_Action``: ``"2F0"``, ``"1I3"``.
+
+    ``stage`` is the global (virtual) stage index, ``kind`` one of F, B, I, W.
+    """
+
+    stage: int
+    kind: str
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @staticmethod
+    def parse(text: str) -> Action:
+        match = _ACTION_RE.match(text.strip())
+        if match is None:
+            raise InvalidProblemError(
+                f"cannot parse action {text!r}; write <stage><F|B|I|W><microbatch>, e.g. '2F0'"
+            )
+        return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+_ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
+
+
+class Degrees(_Frozen):
+    data: PositiveInt = 1
+    tensor: PositiveInt = 1
+    pipeline: PositiveInt = 1
+    virtual: PositiveInt = 1
+
+
+class Chunk(_Frozen):
+    """A contiguous run of layers placed on one stage (a virtual stage when interleaved)."""
+
+    layers: tuple[NonNegativeInt, NonNegativeInt]
+    """[first, last_exclusive)."""
+    recompute: dict[str, NonNegativeInt | tuple[NonNegativeInt, ...]] = Field(default_factory=dict)
+    """Strategy -> a count (the chunk's first layers, in the order listed) or absolute layer
+    indices. Layers not named use ``none``."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Chunk:
+        first, last = self.layers
+        if last <= first:
+            raise ValueError(f"chunk layers [{first}, {last}) is empty; last_exclusive must exceed first")
+        self.layer_strategies()  # raises on overlap or out-of-range
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    def layer_strategies(self) -> tuple[str, ...]:
+        """The recompute strategy of each layer of the chunk, in layer order."""
+        first, last = self.layers
+        out: list[str | None] = [None] * (last - first)
+        cursor = 0
+        for strategy, spec in self.recompute.items():
+            if isinstance(spec, int):
+                indices = range(first + cursor, first + cursor + spec)
+                cursor += spec
+            else:
+                indices = spec
+            for i in indices:
+                if not first <= i < last:
+                    raise ValueError(
+                        f"recompute {strategy!r} names layer {i}, outside the chunk's layers [{first}, {last})"
+                    )
+                if out[i - first] is not None:
+                    raise ValueError(f"layer {i} has two recompute strategies ({out[i - first]!r}, {strategy!r})")
+                out[i - first] = strategy
+        return tuple(s or "none" for s in out)
+
+
+class Stage(_Frozen):
+    index: NonNegativeInt
+    replicas: PositiveInt = 1
+    ranks: tuple[NonNegativeInt, ...] = ()
+    """Global ranks holding the stage: replicas x tensor-parallel ranks, replica-major."""
+    chunks: tuple[Chunk, ...] = Field(min_length=1)
+
+
+class BPipeSpec(_Frozen):
+    pairs: tuple[tuple[NonNegativeInt, NonNegativeInt], ...]
+    target_inflight: PositiveInt
+
+
+class Predicted(_Frozen):
+    iteration_time_s: NonNegativeFloat
+    throughput_samples_per_s: NonNegativeFloat
+    bubble_fraction: NonNegativeFloat
+    bottleneck_s: NonNegativeFloat
+    """Steady-state time per microbatch of the slowest stage or link (PipeDream's objective)."""
+    peak_memory_bytes: tuple[NonNegativeFloat, ...]
+
+
+class Plan(_Frozen):
+    """A solver's answer (architecture.md, plan JSON). It embeds the model and cluster so
+    that it can be re-simulated and executed on its own."""
+
+    schema_version: Literal["paraplan.plan/v1"] = SCHEMA_VERSION
+    solver: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    status: PlanStatus = "optimal"
+    solve_time_s: NonNegativeFloat = 0.0
+    model: ModelProfile
+    cluster: Cluster
+    transformer: TransformerConfig | None = None
+    """The transformer the profile was derived from, when there is one (Megatron export)."""
+    degrees: Degrees
+    schedule: ScheduleName
+    microbatch_size: PositiveInt
+    num_microbatches: PositiveInt
+    global_batch_size: PositiveInt
+    stages: tuple[Stage, ...] = Field(min_length=1)
+    bpipe: BPipeSpec | None = None
+    actions: tuple[tuple[str, ...], ...] | None = None
+    """Per-rank compute actions (``"2F0"``...) for schedule ``custom``."""
+    predicted: Predicted | None = None
+    notes: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> Plan:
+        p, v = self.degrees.pipeline, self.degrees.virtual
+        if len(self.stages) != p:
+            raise ValueError(f"degrees.pipeline={p} but the plan has {len(self.stages)} stages")
+        for stage in self.stages:
+            if len(stage.chunks) != v:
+                raise ValueError(f"stage {stage.index} has {len(stage.chunks)} chunks, degrees.virtual={v}")
+        covered = sorted(c.layers for s in self.stages for c in s.chunks)
+        expected = 0
+        for first, last in covered:
+            if first != expected:
+                raise ValueError(
+                    f"chunks must cover layers 0..{self.model.num_layers - 1} exactly once; "
+                    f"layer {min(first, expected)} is {'missing' if first > expected else 'covered twice'}"
+                )
+            expected = last
+        if expected != self.model.num_layers:
+            raise ValueError(f"chunks cover {expected} layers but the model has {self.model.num_layers}")
+        for stage in self.stages:
+            for chunk in stage.chunks:
+                for i, strategy in zip(range(*chunk.layers), chunk.layer_strategies()):
+                    if strategy not in self.model.layers[i].strategies():
+                        raise ValueError(
+                            f"layer {i} ({self.model.layers[i].name}) has no recompute strategy "
+                            f"{strategy!r}; it allows {sorted(self.model.layers[i].strategies())}"
+                        )
+        if self.schedule == "custom" and self.actions is None:
+            raise ValueError("schedule 'custom' needs 'actions' (one list of actions per pipeline rank)")
+        if self.actions is not None and len(self.actions) != p:
+            raise ValueError(f"'actions' has {len(self.actions)} rank lists, degrees.pipeline={p}")
+        return self
+
+    def chunk_of_virtual_stage(self, virtual_stage: int) -> tuple[int, int]:
+        """(stage index, chunk index) of a virtual stage: virtual stage c*p + x is chunk c of stage x."""
+        p = self.degrees.pipeline
+        return virtual_stage % p, virtual_stage // p
+
+    def virtual_stages(self) -> tuple[Chunk, ...]:
+        """Chunks in model order: virtual stage c*p + x is chunk c of stage x (Megatron's placement)."""
+        p, v = self.degrees.pipeline, self.degrees.virtual
+        return tuple(self.stages[k % p].chunks[k // p] for k in range(p * v))
+
+
+# --------------------------------------------------------------------------------------
+# Simulation results
+# --------------------------------------------------------------------------------------
+
+
+class TimelineEvent(NamedTuple):
+    """One interval on one pipeline rank's timeline."""
+
+    rank: int
+    """Pipeline rank (stage index)."""
+    kind: str
+    """F, B, I, W, R (recompute inside backward) or AR (data-parallel all-reduce)."""
+    stage: int
+    """Virtual stage index (-1 for AR)."""
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+class Bubble(_Frozen):
+    start_s: float
+    end_s: float
+    free_memory_bytes: float
+
+
+class StageResult(_Frozen):
+    index: int
+    busy_s: float
+    idle_s: float
+    peak_memory_bytes: float
+    peak_inflight_microbatches: int
+    """Peak number of (chunk, microbatch) activations held at once."""
+    bubbles: tuple[Bubble, ...] = ()
+
+
+class SimResult(_Frozen):
+    """Output of the one schedule simulator (architecture.md, simulator output)."""
+
+    iteration_time_s: float
+    bubble_fraction: float
+    """Idle time / (iteration_time_s x number of pipeline ranks)."""
+    throughput_samples_per_s: float
+    allreduce_s: float = 0.0
+    memory_capacity_bytes: float
+    fits_memory: bool
+    stages: tuple[StageResult, ...]
+    events: tuple[TimelineEvent, ...] = ()
+
+    def to_json(self, *, include_events: bool = False, **kwargs: Any) -> str:
+        exclude = None if include_events else {"events"}
+        return self.model_dump_json(exclude=exclude, **kwargs)
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of every input and output format, by file name."""
+    return {
+        "profile.schema.json": ModelProfile.model_json_schema(),
+        "transformer.schema.json": TransformerConfig.model_json_schema(),
+        "cluster.schema.json": Cluster.model_json_schema(),
+        "problem.schema.json": PipelineProblem.model_json_schema(),
+        "plan.schema.json": Plan.model_json_schema(),
+        "simulation.schema.json": SimResult.model_json_schema(),
+    }

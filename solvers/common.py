@@ -1,0 +1,185 @@
+"""Pieces every pipeline solver shares: parallel degrees, rank layout, plan assembly.
+
+Rank layout (Megatron-LM's order): tensor-parallel ranks are fastest, then data-parallel
+replicas, then pipeline stages, so global rank = stage * (d * t) + replica * t + tp_rank. With
+t = devices per node each stage replica fills one node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models import simulate as sim
+from planner.errors import InfeasibleError, InvalidProblemError
+from planner.schema import Chunk, Degrees, PipelineProblem, Plan, SimResult, Stage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Resolved parallel degrees and batch of a problem."""
+
+    num_stages: int
+    num_chunks: int
+    data_parallel: int
+    tensor_parallel: int
+    microbatch_size: int
+    num_microbatches: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.num_microbatches * self.microbatch_size * self.data_parallel
+
+
+def stage_ranks(stage: int, *, data_parallel: int, tensor_parallel: int) -> tuple[int, ...]:
+    """Global ranks of one stage: all replicas x tensor-parallel ranks, replica-major."""
+    base = stage * data_parallel * tensor_parallel
+    return tuple(range(base, base + data_parallel * tensor_parallel))
+
+
+def resolve_layout(problem: PipelineProblem, num_stages: int) -> Layout:
+    """Data parallelism and microbatch count for a given pipeline depth.
+
+    The data-parallel degree is the user's or all devices left after t x p; the microbatch
+    count is the user's, or global_batch / (d b), or 4 p when neither is given.
+
+    Raises:
+        InvalidProblemError: the batch cannot be split as asked.
+        InfeasibleError: the cluster has too few devices for t x p x d.
+    """
+    t = problem.model.tensor_parallel
+    b = problem.model.microbatch_size
+    devices = problem.cluster.num_devices
+    if num_stages * t > devices:
+        raise InfeasibleError(
+            f"{num_stages} stages x tensor_parallel {t} need {num_stages * t} devices but cluster "
+            f"{problem.cluster.name!r} has {devices}; use fewer stages or a larger cluster"
+        )
+    d = problem.data_parallel or max(1, devices // (num_stages * t))
+    if problem.num_microbatches is not None:
+        m = problem.num_microbatches
+        if problem.global_batch_size is not None and problem.global_batch_size != m * b * d:
+            raise InvalidProblemError(
+                f"global_batch_size={problem.global_batch_size} != num_microbatches {m} x "
+                f"microbatch_size {b} x data_parallel {d} = {m * b * d}; give only one of them"
+            )
+    elif problem.global_batch_size is not None:
+        if problem.global_batch_size % (b * d):
+            raise InvalidProblemError(
+                f"global_batch_size={problem.global_batch_size} is not divisible by microbatch_size "
+                f"{b} x data_parallel {d} = {b * d}; use a multiple of {b * d}"
+            )
+        m = problem.global_batch_size // (b * d)
+    else:
+        m = 4 * num_stages
+    if problem.schedule == "interleaved-1f1b" and m % num_stages:
+        lo = m // num_stages * num_stages
+        raise InvalidProblemError(
+            f"the interleaved schedule needs the microbatches per replica ({m}) to be a multiple of "
+            f"the pipeline depth {num_stages} (dissertation L3612); use {lo or num_stages} or "
+            f"{lo + num_stages} microbatches"
+        )
+    return Layout(
+        num_stages=num_stages,
+        num_chunks=problem.num_chunks,
+        data_parallel=d,
+        tensor_parallel=t,
+        microbatch_size=b,
+        num_microbatches=m,
+    )
+
+
+def even_split(num_items: int, num_parts: int) -> list[int]:
+    """Sizes of ``num_parts`` contiguous parts as equal as possible (earlier parts get the rest)."""
+    base, extra = divmod(num_items, num_parts)
+    return [base + (1 if i < extra else 0) for i in range(num_parts)]
+
+
+def build_plan(
+    problem: PipelineProblem,
+    layout: Layout,
+    *,
+    bounds: Sequence[int],
+    strategies: Sequence[str],
+    solver: str,
+    options: dict[str, object],
+    status: str = "feasible",
+    solve_time_s: float = 0.0,
+    notes: Sequence[str] = (),
+) -> Plan:
+    """Assemble a Plan from virtual-stage boundaries and one recompute strategy per layer.
+
+    Args:
+        bounds: p v + 1 layer indices; virtual stage k holds layers [bounds[k], bounds[k+1]).
+            Virtual stage k is chunk k // p of stage k % p.
+        strategies: the recompute strategy of every layer of the model.
+    """
+    p, v = layout.num_stages, layout.num_chunks
+    assert len(bounds) == p * v + 1 and bounds[0] == 0 and bounds[-1] == problem.model.num_layers
+    chunks: list[list[Chunk]] = [[] for _ in range(p)]
+    for k in range(p * v):
+        first, last = bounds[k], bounds[k + 1]
+        chunks[k % p].append(Chunk(layers=(first, last), recompute=_recompute_spec(strategies, first, last)))
+    stages = tuple(
+        Stage(
+            index=x,
+            replicas=layout.data_parallel,
+            ranks=stage_ranks(x, data_parallel=layout.data_parallel, tensor_parallel=layout.tensor_parallel),
+            chunks=tuple(chunks[x]),
+        )
+        for x in range(p)
+    )
+    return Plan(
+        solver=solver,
+        options=options,
+        status=status,  # type: ignore[arg-type]
+        solve_time_s=solve_time_s,
+        model=problem.model,
+        cluster=problem.cluster,
+        transformer=problem.transformer,
+        degrees=Degrees(data=layout.data_parallel, tensor=layout.tensor_parallel, pipeline=p, virtual=v),
+        schedule=problem.schedule,
+        microbatch_size=layout.microbatch_size,
+        num_microbatches=layout.num_microbatches,
+        global_batch_size=layout.global_batch_size,
+        stages=stages,
+        notes=tuple(notes),
+    )
+
+
+def _recompute_spec(strategies: Sequence[str], first: int, last: int) -> dict[str, tuple[int, ...]]:
+    spec: dict[str, list[int]] = {}
+    for i in range(first, last):
+        if strategies[i] != "none":
+            spec.setdefault(strategies[i], []).append(i)
+    return {k: tuple(v) for k, v in spec.items()}
+
+
+def with_prediction(plan: Plan) -> tuple[Plan, SimResult]:
+    """The plan with ``predicted`` filled in by the one simulator, and the simulation."""
+    result = sim.simulate(plan, include_events=False)
+    return plan.model_copy(update={"predicted": sim.predicted(plan, result)}), result
+
+
+def memory_shortfall_message(problem: PipelineProblem, needed_bytes: float, what: str) -> str:
+    """The standard 'does not fit' message: the memory per device it would need, and fixes."""
+    device = problem.cluster.device
+    assert device is not None
+    ratio = needed_bytes / device.memory_bytes
+    return (
+        f"{what} does not fit in device memory: it needs {format_bytes(needed_bytes)} per device but "
+        f"{device.name} has {format_bytes(device.memory_bytes)} ({ratio:.2f}x). To make it feasible: "
+        f"use more pipeline stages (about {math.ceil(ratio)}x as many), a larger tensor-parallel "
+        f"degree, full recompute, or a device with at least {format_bytes(needed_bytes)}"
+    )
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Bytes in the largest binary unit that keeps the number at or above 1."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.1f} {unit}" if unit != "B" else f"{value:.0f} B"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -1,0 +1,135 @@
+"""Megatron-even baseline: equal layer counts per stage and chunk, uniform recompute.
+
+Megatron-LM splits the transformer blocks evenly over the pipeline (dissertation ch. 4,
+L3474-3482: "each device gets an equal number of layers") and applies one recompute setting
+to every layer. This solver does the same: the embedding joins the first virtual stage, the
+output head the last, the blocks are split as evenly as possible over p x v virtual stages,
+and the recompute strategy is the cheapest uniform one whose simulated peak memory fits the
+device (stage-ilp-spipe-bpipe.md §A.6.8, "Megatron-Even"). When the pipeline depth is not
+given, the smallest depth that fits is used (PTD-P takeaway #2, L3897-3900).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import InfeasibleError, InvalidProblemError
+from planner.schema import ModelProfile, PipelineProblem, Plan
+from solvers.common import (
+    build_plan,
+    even_split,
+    memory_shortfall_message,
+    resolve_layout,
+    with_prediction,
+)
+from solvers.options import parse_options
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    recompute: str | None = None
+    """Force this strategy on every layer that offers it, instead of the cheapest that fits."""
+
+
+def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | None = None) -> Plan:
+    """Plan an even split with the cheapest uniform recompute strategy that fits memory.
+
+    Raises:
+        InfeasibleError: no depth and strategy fit; the message gives the memory needed.
+    """
+    opts = parse_options(Options, options, solver="even")
+    start = time.perf_counter()
+    strategies = _strategy_order(problem.model, opts)
+    smallest_peak = float("inf")
+    layout_error: InvalidProblemError | None = None
+    for p in _depth_candidates(problem):
+        try:
+            layout = resolve_layout(problem, p)
+        except InvalidProblemError as e:
+            if problem.num_stages is not None:
+                raise
+            layout_error = e  # this depth cannot split the batch; try the next one
+            continue
+        bounds = even_bounds(problem.model, p * layout.num_chunks)
+        for strategy in strategies:
+            per_layer = [strategy if strategy in layer.strategies() else "none" for layer in problem.model.layers]
+            plan = build_plan(
+                problem, layout, bounds=bounds, strategies=per_layer, solver="even",
+                options={"recompute": opts.recompute} if opts.recompute else {},
+            )
+            plan, result = with_prediction(plan)
+            if result.fits_memory:
+                notes = (f"uniform recompute {strategy!r} on every layer that offers it",)
+                return plan.model_copy(
+                    update={"solve_time_s": time.perf_counter() - start, "notes": notes}
+                )
+            smallest_peak = min(smallest_peak, max(s.peak_memory_bytes for s in result.stages))
+    if smallest_peak == float("inf") and layout_error is not None:
+        raise InvalidProblemError(f"no pipeline depth can split the batch: {layout_error}")
+    what = f"the even split of {problem.model.name}" + (
+        f" on {problem.num_stages} stages" if problem.num_stages else " at every pipeline depth"
+    )
+    raise InfeasibleError(memory_shortfall_message(problem, smallest_peak, what))
+
+
+def even_bounds(model: ModelProfile, num_parts: int) -> list[int]:
+    """Virtual-stage boundaries: leading/trailing layers of other kinds (embedding, head) stay
+    with the first/last part; the body layers are split as evenly as possible."""
+    kinds = [layer.kind for layer in model.layers]
+    body_kind = Counter(kinds).most_common(1)[0][0]
+    lead = next(i for i, k in enumerate(kinds) if k == body_kind)
+    trail = next(i for i, k in enumerate(reversed(kinds)) if k == body_kind)
+    body = len(kinds) - lead - trail
+    if body < num_parts:
+        lead, trail, body = 0, 0, len(kinds)
+    sizes = even_split(body, num_parts)
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    bounds = [b + lead for b in bounds]
+    bounds[0], bounds[-1] = 0, len(kinds)
+    return bounds
+
+
+def _strategy_order(model: ModelProfile, opts: Options) -> list[str]:
+    """Uniform strategies from cheapest (least recompute time) to most memory-saving."""
+    names = {name for layer in model.layers for name in layer.strategies()}
+    if opts.recompute is not None:
+        if opts.recompute not in names:
+            raise InvalidProblemError(
+                f"option recompute={opts.recompute!r}: no layer of {model.name} offers it; "
+                f"choose from {sorted(names)}"
+            )
+        return [opts.recompute]
+
+    def cost(name: str) -> tuple[float, float]:
+        options = [layer.strategies().get(name) for layer in model.layers]
+        extra = sum(o.extra_s for o in options if o is not None)
+        memory = sum(o.activation_bytes for o in options if o is not None)
+        return extra, memory
+
+    return sorted(names, key=lambda n: (*cost(n), n))
+
+
+def _depth_candidates(problem: PipelineProblem) -> list[int]:
+    if problem.num_stages is not None:
+        return [problem.num_stages]
+    t = problem.model.tensor_parallel
+    max_depth = min(problem.cluster.num_devices // t, problem.model.num_layers // problem.num_chunks)
+    if max_depth < 1:
+        raise InfeasibleError(
+            f"tensor_parallel {t} exceeds the cluster's {problem.cluster.num_devices} devices; "
+            f"use tensor_parallel <= {problem.cluster.num_devices}"
+        )
+    usable = problem.cluster.num_devices // t
+    depths = [p for p in range(1, max_depth + 1) if usable % p == 0]
+    if problem.schedule == "interleaved-1f1b" and problem.num_microbatches is not None:
+        depths = [p for p in depths if problem.num_microbatches % p == 0] or depths
+    return depths
