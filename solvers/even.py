@@ -83,11 +83,11 @@ def even_bounds(model: ModelProfile, num_parts: int) -> list[int]:
     """Virtual-stage boundaries: leading/trailing layers of other kinds (embedding, head) stay
     with the first/last part; the body layers are split as evenly as possible."""
     kinds = [layer.kind for layer in model.layers]
-    body_kind = Counter(kinds).most_common(1)[0][0]
+    body_kind, body_count = Counter(kinds).most_common(1)[0]
     lead = next(i for i, k in enumerate(kinds) if k == body_kind)
     trail = next(i for i, k in enumerate(reversed(kinds)) if k == body_kind)
     body = len(kinds) - lead - trail
-    if body < num_parts:
+    if body < num_parts or 2 * body_count < len(kinds):  # no dominant repeated block kind
         lead, trail, body = 0, 0, len(kinds)
     sizes = even_split(body, num_parts)
     bounds = [0]

@@ -1,0 +1,402 @@
+"""Analytic costs of a decoder-only transformer: parameters, FLOPs, memory, communication.
+
+Sources (seed line numbers refer to ``shared/seeds/``):
+
+- PTD-P, Narayanan's dissertation Ch. 4 (seed 001): matmul FLOPs 2mkn (L4119-4121), per-layer
+  forward 24Bsh^2 + 4Bs^2h (L4123-4133), backward = 2x forward, recompute = +1 forward
+  (L4135-4156), logits 2BshV forward / 4BshV backward (L4158-4164), Eq. 4.2 FLOPs per iteration
+  (L4166-4190), Eq. 4.3 parameters (L4192-4207), Eq. 4.4 training time (L4295-4308), tensor- and
+  pipeline-parallel communication volumes (L3778-3823, L4008-4039).
+- Zero Bubble (Qi et al., arXiv:2401.10241) Table 1: the backward split into B (input gradient,
+  sbh(24h + 8s)) and W (weight gradient, 24sbh^2).
+- Korthikanti et al. (arXiv:2205.05198) activation bytes per layer, restated in BPipe (seed 004
+  L396-413): none = sbh(34 + 5as/h)/t, selective = 34sbh/t, full = 2sbh (/t with sequence
+  parallelism).
+- ZeRO (Rajbhandari et al., SC'20): mixed-precision Adam keeps 16 bytes per parameter.
+
+Symbols: b microbatch, B global batch, s sequence, h hidden, a heads, l layers, V vocabulary,
+f FFN size, t tensor-parallel degree, e bytes per element of ``cfg.dtype``. GPT-style configs
+(the defaults of ``TransformerConfig``) reproduce the PTD-P formulas exactly; LLaMA-style configs
+(swiglu, rmsnorm, no bias, GQA, untied) use the same counting rules on their own matrices.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from planner.errors import InvalidProblemError
+from planner.schema import Device, LayerProfile, ModelProfile, RecomputeOption, TransformerConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EFFICIENCY = 0.5
+"""Achieved fraction of the device's peak FLOP/s (and memory bandwidth). PTD-P reports 44-52% of
+peak end to end on A100 (seed 001 L4291-4293); 0.5 is the round middle of that range."""
+ADAM_BYTES_PER_PARAM = 16
+"""fp16/bf16 weight 2 + gradient 2 + fp32 master weight 4 + Adam m 4 + v 4 (ZeRO, Sec. 3.1)."""
+BPIPE_SELECTIVE_RECOMPUTE_FRACTION = 0.26
+"""Selective (attention) recompute time as a fraction of the forward, measured by BPipe Table 4
+(seed 004 L282-287: (83.57 - 74.12) / 36.32 ms, GPT-3 13B). Optional calibration; the default
+uses the FLOPs of the attention core instead."""
+SECONDS_PER_DAY = 86400.0
+_BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
+_TOKEN_ID_BYTES = 8  # int64 token ids kept by the embedding for its backward
+
+
+# ------------------------------------------------------------------------------------------
+# Parameters (Eq. 4.3, L4192-4207)
+# ------------------------------------------------------------------------------------------
+
+
+def ptdp_num_parameters(num_layers: int, hidden: int, vocab: int, seq: int) -> float:
+    """Eq. 4.3 literally: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (seed 001 L4192-4207)."""
+    l, h = num_layers, hidden
+    return 12 * l * h**2 * (1 + 13 / (12 * h) + (vocab + seq) / (12 * l * h))
+
+
+def _kv_dim(cfg: TransformerConfig) -> int:
+    return cfg.kv_heads * (cfg.hidden_size // cfg.num_heads)
+
+
+def decoder_matmul_params(cfg: TransformerConfig) -> int:
+    """Weights of the matmuls of one decoder layer: Q, K, V, output projection and MLP."""
+    h, f = cfg.hidden_size, cfg.ffn_size
+    attention = 2 * h * h + 2 * h * _kv_dim(cfg)
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * h * f
+    return attention + mlp
+
+
+def _norm_params(cfg: TransformerConfig) -> int:
+    """LayerNorm has a scale and a bias per channel, RMSNorm only a scale."""
+    return (2 if cfg.norm == "layernorm" else 1) * cfg.hidden_size
+
+
+def decoder_layer_params(cfg: TransformerConfig) -> int:
+    """All parameters of one decoder layer: matmul weights, biases, two norms (GPT: 12h^2 + 13h)."""
+    h, f = cfg.hidden_size, cfg.ffn_size
+    biases = 0
+    if cfg.bias:
+        biases = (h + 2 * _kv_dim(cfg)) + h + (2 if cfg.mlp == "swiglu" else 1) * f + h
+    return decoder_matmul_params(cfg) + biases + 2 * _norm_params(cfg)
+
+
+def embedding_params(cfg: TransformerConfig) -> int:
+    """Word embeddings V h, plus learned position embeddings s h."""
+    positions = cfg.seq_length * cfg.hidden_size if cfg.position_embedding == "learned" else 0
+    return cfg.vocab_size * cfg.hidden_size + positions
+
+
+def head_params(cfg: TransformerConfig) -> int:
+    """The final norm, plus the output projection V h when it is not tied to the embedding."""
+    return _norm_params(cfg) + (0 if cfg.tied_embeddings else cfg.vocab_size * cfg.hidden_size)
+
+
+def num_parameters(cfg: TransformerConfig) -> int:
+    """Exact parameter count. For GPT-style configs this is Eq. 4.3 plus the final layernorm's 2h,
+    which Eq. 4.3 omits."""
+    return cfg.num_layers * decoder_layer_params(cfg) + embedding_params(cfg) + head_params(cfg)
+
+
+# ------------------------------------------------------------------------------------------
+# FLOPs (L4119-4190; Zero Bubble Table 1)
+# ------------------------------------------------------------------------------------------
+
+
+def attention_core_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
+    """Scores QK^T plus attention over values: 2bs^2h + 2bs^2h = 4bs^2h, split over t (L4127-4129)."""
+    b, s, h = microbatch_size, cfg.seq_length, cfg.hidden_size
+    return 4 * b * s**2 * h / tensor_parallel
+
+
+def decoder_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
+    """F = 2bs x (matmul weights) + 4bs^2h; GPT: 24bsh^2 + 4bs^2h (L4133; ZB Table 1 sbh(24h+4s))."""
+    matmul = 2 * microbatch_size * cfg.seq_length * decoder_matmul_params(cfg) / tensor_parallel
+    return matmul + attention_core_forward_flops(cfg, microbatch_size=microbatch_size, tensor_parallel=tensor_parallel)
+
+
+def decoder_backward_input_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
+    """B = 2bs x (matmul weights) + 8bs^2h; GPT: sbh(24h + 8s) (ZB Table 1)."""
+    matmul = 2 * microbatch_size * cfg.seq_length * decoder_matmul_params(cfg) / tensor_parallel
+    return matmul + 2 * attention_core_forward_flops(
+        cfg, microbatch_size=microbatch_size, tensor_parallel=tensor_parallel
+    )
+
+
+def decoder_backward_weight_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
+    """W = 2bs x (matmul weights); GPT: 24bsh^2 (ZB Table 1). B + W = 2F (L4135-4137)."""
+    return 2 * microbatch_size * cfg.seq_length * decoder_matmul_params(cfg) / tensor_parallel
+
+
+def logits_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
+    """Logit layer forward 2bshV, split over t (L4158-4162); its backward is twice this."""
+    return 2 * microbatch_size * cfg.seq_length * cfg.hidden_size * cfg.vocab_size / tensor_parallel
+
+
+def ptdp_flops_per_iteration(batch: int, seq: int, num_layers: int, hidden: int, vocab: int) -> float:
+    """Eq. 4.2 literally: F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) (seed 001 L4166-4190)."""
+    B, s, l, h, V = batch, seq, num_layers, hidden, vocab
+    return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def flops_per_iteration(cfg: TransformerConfig, *, global_batch_size: int, recompute: bool = True) -> float:
+    """FLOPs of one iteration: each layer F + B + W (= 3F) plus one more F with full recompute,
+    plus the logits' 6BshV (not recomputed). Equals Eq. 4.2 for GPT-style configs; other configs
+    use their own matmul sizes (swiglu's 3 matrices, GQA's smaller K and V)."""
+    b = global_batch_size
+    layer = 3 * decoder_forward_flops(cfg, microbatch_size=b)
+    if recompute:
+        layer += decoder_forward_flops(cfg, microbatch_size=b)
+    return cfg.num_layers * layer + 3 * logits_forward_flops(cfg, microbatch_size=b)
+
+
+def model_flops_per_sample(cfg: TransformerConfig) -> float:
+    """Model FLOPs of one sample (forward + backward, no recompute): Eq. 4.2's terms per sample
+    with 3F per layer, i.e. 6 x (matmul parameters) x tokens plus attention and logits. This is
+    the numerator of MFU (recomputation is not useful work)."""
+    return flops_per_iteration(cfg, global_batch_size=1, recompute=False)
+
+
+def training_days(
+    cfg: TransformerConfig, *, tokens: float, num_devices: int, flops_per_device_s: float, global_batch_size: int
+) -> float:
+    """Days to train on ``tokens``: I = T/(B s) iterations of Eq. 4.2 FLOPs at X FLOP/s on each of
+    n devices (seed 001 L4295-4300). Reproduces Table 4.2's days column within 1 day."""
+    iterations = tokens / (global_batch_size * cfg.seq_length)
+    total = iterations * flops_per_iteration(cfg, global_batch_size=global_batch_size, recompute=True)
+    return total / (num_devices * flops_per_device_s) / SECONDS_PER_DAY
+
+
+def training_days_eq44(num_parameters: float, tokens: float, num_devices: int, flops_per_device_s: float) -> float:
+    """Eq. 4.4: end-to-end training time ~ 8 T P / (n X), in days (seed 001 L4301-4308)."""
+    return 8 * tokens * num_parameters / (num_devices * flops_per_device_s) / SECONDS_PER_DAY
+
+
+# ------------------------------------------------------------------------------------------
+# Memory (Korthikanti et al.; ZeRO)
+# ------------------------------------------------------------------------------------------
+
+
+def _element_bytes(cfg: TransformerConfig) -> int:
+    return _BYTES_PER_ELEMENT[cfg.dtype]
+
+
+def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
+    """Softmax output (2as^2b), its dropout mask (as^2b) and dropout output (2as^2b): 5as^2b/t at
+    16 bits. Selective recompute drops exactly these (Korthikanti Sec. 5)."""
+    a, s, e = cfg.num_heads, cfg.seq_length, _element_bytes(cfg)
+    return (2 * e + 1) * a * s**2 * microbatch_size / tensor_parallel
+
+
+def decoder_activation_bytes(
+    cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none"
+) -> float:
+    """Bytes one decoder layer keeps for its backward, per microbatch and device.
+
+    ``none``: every saved tensor; for GPT shapes sbh(34 + 5as/h)/t (Korthikanti Eq. 2 with sequence
+    parallelism; BPipe Eq. 4, seed 004 L396-400). Attention saves the norm output, Q, K, V, the
+    projection input and a dropout mask: e(3sbh + 2sb k) + sbh with k the K/V width; the MLP saves
+    its input, the activation's input(s) and output and a dropout mask: e(sbh + 2sbf) + sbh (gelu)
+    or e(sbh + 3sbf) + sbh (swiglu); two norms save their inputs: 2e sbh. ``selective``: the same
+    without the attention core, 34sbh/t (BPipe Eq. 5). ``full``: only the layer input, e sbh/t
+    (BPipe Eq. 6 without the /t, which sequence parallelism adds). Assumes sequence parallelism
+    whenever t > 1, activations in ``cfg.dtype``, 1-byte dropout masks always counted.
+
+    Raises:
+        InvalidProblemError: unknown strategy.
+    """
+    b, s, f, e, t = microbatch_size, cfg.seq_length, cfg.ffn_size, _element_bytes(cfg), tensor_parallel
+    sbh = s * b * cfg.hidden_size
+    if recompute == "full":
+        return e * sbh / t
+    if recompute not in ("none", "selective"):
+        raise InvalidProblemError(
+            f"unknown recompute strategy {recompute!r}; choose from ['none', 'selective', 'full']"
+        )
+    attention = e * (3 * sbh + 2 * s * b * _kv_dim(cfg)) + sbh
+    mlp = e * (sbh + (3 if cfg.mlp == "swiglu" else 2) * s * b * f) + sbh
+    kept = (attention + mlp + 2 * e * sbh) / t
+    if recompute == "selective":
+        return kept
+    return kept + attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t)
+
+
+def static_bytes(num_params: float, *, tensor_parallel: int = 1) -> float:
+    """Resident bytes of mixed-precision Adam: 16 bytes per parameter, parameters split over t."""
+    return ADAM_BYTES_PER_PARAM * num_params / tensor_parallel
+
+
+# ------------------------------------------------------------------------------------------
+# Communication (L3778-3823, L4008-4039)
+# ------------------------------------------------------------------------------------------
+
+
+def allreduce_time_s(num_bytes: float, num_ranks: int, bytes_per_s: float, latency_s: float = 0.0) -> float:
+    """Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer in 2(n-1) steps."""
+    if num_ranks <= 1:
+        return 0.0
+    return 2 * (num_ranks - 1) / num_ranks * num_bytes / bytes_per_s + 2 * (num_ranks - 1) * latency_s
+
+
+def tensor_parallel_volume_elements(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int) -> float:
+    """Per layer, device and microbatch: 8bsh(t-1)/t elements, i.e. 4 ring all-reduces of bsh
+    (2 forward, 2 backward) (seed 001 L3778-3823; 2 + 2 all-reduces per layer, L3709-3713)."""
+    t = tensor_parallel
+    return 8 * microbatch_size * cfg.seq_length * cfg.hidden_size * (t - 1) / t
+
+
+def p2p_bytes(
+    cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, scatter_gather: bool = False
+) -> float:
+    """Activation sent between consecutive stages per microbatch: bsh elements, or bsh/t per rank
+    with the scatter/gather optimization (seed 001 L4008-4039)."""
+    elements = microbatch_size * cfg.seq_length * cfg.hidden_size
+    return _element_bytes(cfg) * elements / (tensor_parallel if scatter_gather else 1)
+
+
+def _tp_allreduce_s(cfg: TransformerConfig, b: int, t: int, bytes_per_s: float | None) -> float:
+    """One all-reduce of the bsh activation among the t tensor-parallel ranks."""
+    if t == 1 or bytes_per_s is None:
+        return 0.0
+    return allreduce_time_s(p2p_bytes(cfg, microbatch_size=b), t, bytes_per_s)
+
+
+# ------------------------------------------------------------------------------------------
+# Layer profile
+# ------------------------------------------------------------------------------------------
+
+
+def _check_profile_args(cfg: TransformerConfig, b: int, t: int, efficiency: float) -> None:
+    if b < 1:
+        raise InvalidProblemError(f"microbatch_size={b} must be at least 1")
+    if not 0 < efficiency <= 1:
+        raise InvalidProblemError(f"efficiency={efficiency} must be in (0, 1]; PTD-P reaches 0.44-0.52")
+    if t < 1 or cfg.num_heads % t or cfg.kv_heads % t or cfg.ffn_size % t:
+        raise InvalidProblemError(
+            f"tensor_parallel={t} must divide num_heads={cfg.num_heads}, the KV heads ({cfg.kv_heads}) "
+            f"and ffn size ({cfg.ffn_size}) of {cfg.name!r}; use a common divisor such as 1"
+        )
+
+
+def _memory_time_s(num_bytes: float, device: Device, efficiency: float) -> float:
+    """Memory-bound work; without a bandwidth, 1 byte counts as 1 FLOP (a crude floor)."""
+    rate = device.memory_bandwidth_bytes_per_s or device.peak_flops
+    return num_bytes / (rate * efficiency)
+
+
+def _embedding_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: float, bw: float | None,
+                     sg: bool) -> LayerProfile:
+    """Vocab-parallel lookup: memory-bound; the forward all-reduces its output over t. The backward
+    applies the output gradient (I: read it) and scatter-adds it into the table (W: read + write)."""
+    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
+    word = cfg.vocab_size * cfg.hidden_size
+    params = word / t + (embedding_params(cfg) - word)  # position embeddings are replicated
+    weight_s = _memory_time_s(2 * e * bsh, device, eff)
+    return LayerProfile(
+        name="embedding", kind="embedding",
+        forward_s=_memory_time_s(2 * e * bsh, device, eff) + _tp_allreduce_s(cfg, b, t, bw),
+        backward_s=_memory_time_s(e * bsh, device, eff) + weight_s,
+        backward_weight_s=weight_s,
+        activation_bytes=bsh / t + _TOKEN_ID_BYTES * b * cfg.seq_length,
+        static_bytes=static_bytes(params), param_bytes=e * params,
+        output_bytes=p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg), flops=0.0,
+    )
+
+
+def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t: int, eff: float,
+                   bw: float | None, sg: bool, selective_fraction: float | None) -> LayerProfile:
+    rate = device.peak_flops * eff
+    kw = {"microbatch_size": b, "tensor_parallel": t}
+    f_flops, bi_flops, w_flops = (decoder_forward_flops(cfg, **kw), decoder_backward_input_flops(cfg, **kw),
+                                  decoder_backward_weight_flops(cfg, **kw))
+    comm_s = 2 * _tp_allreduce_s(cfg, b, t, bw)  # two all-reduces in each direction (L3709-3713)
+    forward_s = f_flops / rate + comm_s
+    if selective_fraction is None:
+        selective_s = attention_core_forward_flops(cfg, **kw) / rate
+    else:
+        selective_s = selective_fraction * f_flops / rate
+    options = {
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="none")),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="selective"),
+                                     extra_s=selective_s),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="full"),
+                                extra_s=forward_s),
+    }
+    params = decoder_layer_params(cfg) / t
+    return LayerProfile(
+        name=f"decoder{index}", kind="decoder", forward_s=forward_s,
+        backward_s=(bi_flops + w_flops) / rate + comm_s, backward_weight_s=w_flops / rate,
+        static_bytes=static_bytes(params), param_bytes=_element_bytes(cfg) * params,
+        output_bytes=p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg),
+        flops=f_flops + bi_flops + w_flops, recompute=options,
+    )
+
+
+def _head_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: float, bw: float | None) -> LayerProfile:
+    """Final norm + vocab-parallel logits + loss. The logits dominate; the norm's and the softmax's
+    memory traffic is left out. The last stage holds its own copy of tied word embeddings, as
+    Megatron-LM does, so the head always carries V h / t weights."""
+    rate = device.peak_flops * eff
+    logits = logits_forward_flops(cfg, microbatch_size=b, tensor_parallel=t)
+    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
+    params = cfg.vocab_size * cfg.hidden_size / t + _norm_params(cfg)
+    return LayerProfile(
+        name="head", kind="head", forward_s=logits / rate,
+        backward_s=2 * logits / rate + _tp_allreduce_s(cfg, b, t, bw), backward_weight_s=logits / rate,
+        # norm input and logit-matmul input (e sbh/t each), fp32 logits for the loss (4 sbV/t)
+        activation_bytes=2 * e * bsh / t + 4 * b * cfg.seq_length * cfg.vocab_size / t,
+        static_bytes=static_bytes(params), param_bytes=e * params, output_bytes=0.0, flops=3 * logits,
+    )
+
+
+def transformer_profile(
+    cfg: TransformerConfig,
+    *,
+    device: Device,
+    microbatch_size: int,
+    tensor_parallel: int = 1,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    intra_node_bytes_per_s: float | None = None,
+    scatter_gather: bool = False,
+    selective_recompute_fraction: float | None = None,
+) -> ModelProfile:
+    """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
+
+    Times are FLOPs / (peak x efficiency) plus, when t > 1 and a bandwidth is given, ring
+    all-reduces of the bsh activation over the intra-node link (2 per decoder layer per direction).
+    Decoder layers offer recompute ``none``, ``selective`` and ``full``; every layer sets
+    ``backward_weight_s`` so the zero-bubble schedules apply.
+
+    Args:
+        cfg: the transformer.
+        device: the device the times are for.
+        microbatch_size: samples per microbatch (b).
+        tensor_parallel: tensor-parallel degree t; costs are per device.
+        efficiency: achieved fraction of peak (default ``DEFAULT_EFFICIENCY``).
+        intra_node_bytes_per_s: link for the tensor-parallel all-reduces; None leaves them out.
+        scatter_gather: stage outputs are bsh/t per rank (PTD-P scatter/gather) instead of bsh.
+        selective_recompute_fraction: selective recompute time as a fraction of the forward
+            (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None uses the attention-core FLOPs.
+
+    Returns:
+        A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
+
+    Raises:
+        InvalidProblemError: microbatch size below 1, efficiency outside (0, 1], or a
+            tensor-parallel degree that does not divide the heads, KV heads and FFN size.
+    """
+    b, t = microbatch_size, tensor_parallel
+    _check_profile_args(cfg, b, t, efficiency)
+    if t > 1 and intra_node_bytes_per_s is None:
+        logger.info("no intra-node bandwidth given: tensor-parallel all-reduces are not timed for %s", cfg.name)
+    block = _decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
+                           selective_recompute_fraction)
+    decoders = [block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
+    layers = (
+        _embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather),
+        *decoders,
+        _head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s),
+    )
+    return ModelProfile(
+        name=cfg.name, layers=layers, microbatch_size=b, tensor_parallel=t,
+        tokens_per_sample=cfg.seq_length, device=device.name, source="analytic",
+    )
