@@ -54,7 +54,7 @@ def _convert(raw: Any, target: Any, *, key: str, solver: str) -> Any:
         raise InvalidProblemError(
             f"option {key}={raw!r} of solver {solver!r} must be a {_type_name(target)}"
         ) from None
-    if "None" in str(target) and text.lower() in ("", "none", "null"):
+    if "None" in str(target) and text.lower() in ("", "null"):
         return None
     if "float" in str(target):
         try:

@@ -27,7 +27,7 @@ def test_autotuner_loop_plans_and_simulates_in_process() -> None:
 
 
 def test_profile_model_and_plan_json_round_trip() -> None:
-    problem = api.make_problem("pipedream:vgg16", "v100:1", num_stages=4, num_microbatches=8)
+    problem = api.make_problem("pipedream:vgg16", "a100-80gb:1", num_stages=4, num_microbatches=8)
     assert isinstance(problem.model, ModelProfile)
     plan = api.plan(problem)
     again = api.load_plan(plan.to_json())

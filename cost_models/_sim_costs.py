@@ -1,0 +1,221 @@
+"""Costs the schedule simulator runs on, and how they are derived from a plan.
+
+``PipelineCosts`` holds per-virtual-stage compute times and activation sizes, the
+point-to-point transfer times between consecutive virtual stages, and per-rank static memory
+and data-parallel all-reduce times. ``pipeline_costs(plan)`` derives them from the plan's layer
+profile and cluster:
+
+- virtual stage k = chunk k // p of stage k % p (Megatron placement, dissertation L3594-3600);
+  F_k, B_k, W_k are sums over the chunk's layers, W_k only when every layer of the model has
+  ``backward_weight_s``; R_k and the activation bytes come from each layer's planned recompute
+  strategy;
+- transfer k -> k+1 (and the gradient back): latency + output bytes of k's last layer /
+  bandwidth of the link between the two stages' first ranks; zero on the same rank;
+- all-reduce of rank x with d replicas (``transformer.allreduce_time_s``): a ring,
+  2 (d-1)/d x gradient bytes / bandwidth + 2 (d-1) latencies, over the link between replica 0
+  and replica 1 of the stage; zero without gradient bytes (PipeDream sends and receives
+  (d-1)/d |w| per worker, dissertation L1168-1180; each of the 2 (d-1) ring steps pays one
+  latency);
+- PipeDream-2BW keeps two weight versions (dissertation L2794-2807): its static bytes add one
+  more copy of the rank's weights, taken as the layers' ``param_bytes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.transformer import allreduce_time_s
+from planner.errors import InvalidProblemError
+from planner.schema import Plan
+
+__all__ = ["PipelineCosts", "bottleneck_s", "pipeline_costs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineCosts:
+    """Per-microbatch costs of a pipeline, indexed by virtual stage k (on rank k % num_ranks)."""
+
+    forward_s: Sequence[float]
+    backward_s: Sequence[float]
+    """Whole backward (input and weight gradients), without recompute."""
+    backward_weight_s: Sequence[float] | None
+    """Weight-gradient part of ``backward_s``; None when unknown (no I/W actions then)."""
+    recompute_s: Sequence[float]
+    activation_bytes: Sequence[float]
+    send_forward_s: Sequence[float]
+    """Length K-1: activation transfer from virtual stage k to k+1."""
+    send_backward_s: Sequence[float]
+    """Length K-1: gradient transfer from virtual stage k+1 back to k."""
+    static_bytes: Sequence[float]
+    """Per rank: weights, gradients and optimizer state resident on it."""
+    allreduce_s: Sequence[float]
+    """Per rank: data-parallel gradient all-reduce after its last compute."""
+    memory_capacity_bytes: float = math.inf
+
+    def __post_init__(self) -> None:
+        num_stages, num_ranks = len(self.forward_s), len(self.static_bytes)
+        if num_ranks < 1 or num_stages < 1 or num_stages % num_ranks:
+            raise InvalidProblemError(
+                f"PipelineCosts has {num_stages} virtual stages on {num_ranks} ranks; give at least one "
+                "rank and a whole number of virtual stages per rank"
+            )
+        per_stage = ["backward_s", "recompute_s", "activation_bytes"]
+        if self.backward_weight_s is not None:
+            per_stage.append("backward_weight_s")
+        checks = [(name, num_stages) for name in per_stage]
+        checks += [("send_forward_s", num_stages - 1), ("send_backward_s", num_stages - 1), ("allreduce_s", num_ranks)]
+        for name, expected in checks:
+            if len(getattr(self, name)) != expected:
+                raise InvalidProblemError(
+                    f"PipelineCosts.{name} has {len(getattr(self, name))} entries; expected {expected}"
+                )
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.static_bytes)
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return len(self.forward_s)
+
+    @classmethod
+    def uniform(
+        cls,
+        *,
+        num_stages: int,
+        num_chunks: int = 1,
+        forward_s: float,
+        backward_s: float,
+        backward_weight_s: float | None = None,
+        recompute_s: float = 0.0,
+        activation_bytes: float = 0.0,
+        send_s: float = 0.0,
+        static_bytes: float = 0.0,
+        allreduce_s: float = 0.0,
+        memory_capacity_bytes: float = math.inf,
+    ) -> PipelineCosts:
+        """Identical virtual stages: the setting of the closed-form bubble formulas."""
+        k, p = num_stages * num_chunks, num_stages
+        return cls(
+            forward_s=(forward_s,) * k,
+            backward_s=(backward_s,) * k,
+            backward_weight_s=None if backward_weight_s is None else (backward_weight_s,) * k,
+            recompute_s=(recompute_s,) * k,
+            activation_bytes=(activation_bytes,) * k,
+            send_forward_s=(send_s,) * (k - 1),
+            send_backward_s=(send_s,) * (k - 1),
+            static_bytes=(static_bytes,) * p,
+            allreduce_s=(allreduce_s,) * p,
+            memory_capacity_bytes=memory_capacity_bytes,
+        )
+
+
+
+def bottleneck_s(costs: PipelineCosts) -> float:
+    """Steady-state time per microbatch of the slowest rank or link (PipeDream's objective).
+
+    A rank's work is the sum over its virtual stages of F + B + R (dissertation L1237-1245); a
+    link's is the sum of the forward and backward transfers of the stage boundaries it carries.
+    """
+    p = costs.num_ranks
+    work = [0.0] * p
+    for k in range(costs.num_virtual_stages):
+        work[k % p] += costs.forward_s[k] + costs.backward_s[k] + costs.recompute_s[k]
+    links: dict[tuple[int, int], float] = {}
+    for k in range(costs.num_virtual_stages - 1):
+        a, b = k % p, (k + 1) % p
+        if a != b:
+            key = (min(a, b), max(a, b))
+            links[key] = links.get(key, 0.0) + costs.send_forward_s[k] + costs.send_backward_s[k]
+    return max(work + list(links.values()))
+
+
+def pipeline_costs(plan: Plan) -> PipelineCosts:
+    """Per-virtual-stage and per-rank costs of a plan (see the module docstring).
+
+    Raises:
+        InvalidProblemError: the plan's cluster has no device (a scheduling-only cluster).
+    """
+    cluster = plan.cluster
+    if cluster.device is None:
+        raise InvalidProblemError(
+            f"plan.cluster {cluster.name!r} has no 'device'; a pipeline plan needs the device (memory) "
+            "and the link bandwidths"
+        )
+    p = plan.degrees.pipeline
+    layers = plan.model.layers
+    chunks = plan.virtual_stages()
+    has_weight = all(layer.backward_weight_s is not None for layer in layers)
+    fwd, bwd, wgt, rec, act = [], [], [], [], []
+    for chunk in chunks:
+        own = layers[chunk.layers[0] : chunk.layers[1]]
+        options = [layer.strategies()[s] for layer, s in zip(own, chunk.layer_strategies())]
+        fwd.append(math.fsum(layer.forward_s for layer in own))
+        bwd.append(math.fsum(layer.backward_s for layer in own))
+        wgt.append(math.fsum(layer.backward_weight_s or 0.0 for layer in own))
+        rec.append(math.fsum(o.extra_s for o in options))
+        act.append(math.fsum(o.activation_bytes for o in options))
+    first_rank = [_replica_rank(plan, x, 0) for x in range(p)]
+    send = []
+    for k in range(len(chunks) - 1):
+        a, b = first_rank[k % p], first_rank[(k + 1) % p]
+        if k % p == (k + 1) % p:
+            send.append(0.0)
+            continue
+        bandwidth, latency = cluster.link(a, b)
+        send.append(latency + layers[chunks[k].layers[1] - 1].output_bytes / bandwidth)
+    static, allreduce = _per_rank(plan)
+    return PipelineCosts(
+        forward_s=tuple(fwd),
+        backward_s=tuple(bwd),
+        backward_weight_s=tuple(wgt) if has_weight else None,
+        recompute_s=tuple(rec),
+        activation_bytes=tuple(act),
+        send_forward_s=tuple(send),
+        send_backward_s=tuple(send),
+        static_bytes=tuple(static),
+        allreduce_s=tuple(allreduce),
+        memory_capacity_bytes=cluster.device.memory_bytes,
+    )
+
+
+def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
+    """Static bytes and all-reduce time of each pipeline rank."""
+    layers = plan.model.layers
+    static, allreduce = [], []
+    for x, stage in enumerate(plan.stages):
+        own = [layers[i] for chunk in stage.chunks for i in range(*chunk.layers)]
+        params = math.fsum(layer.param_bytes for layer in own)
+        extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
+        static.append(math.fsum(layer.static_bytes for layer in own) + extra)
+        d = stage.replicas
+        if d != plan.degrees.data:
+            log.warning(
+                "stage %d has %d replicas but degrees.data=%d: the all-reduce uses %d replicas; the "
+                "compute of a replicated stage is not divided among its replicas",
+                x, d, plan.degrees.data, d,
+            )
+        if d > 1 and params > 0:
+            bandwidth, latency = plan.cluster.link(_replica_rank(plan, x, 0), _replica_rank(plan, x, 1))
+            allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
+        else:
+            allreduce.append(0.0)
+    return static, allreduce
+
+
+def _replica_rank(plan: Plan, stage_index: int, replica: int) -> int:
+    """Global rank of tensor-parallel rank 0 of a stage's replica.
+
+    ``Stage.ranks`` lists replicas x tensor ranks replica-major; without it Megatron's order is
+    used (tensor fastest, then data, then pipeline).
+    """
+    t, d = plan.degrees.tensor, plan.degrees.data
+    ranks = plan.stages[stage_index].ranks
+    if len(ranks) > replica * t:
+        return ranks[replica * t]
+    return stage_index * d * t + replica * t

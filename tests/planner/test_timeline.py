@@ -1,0 +1,110 @@
+"""Tests of planner.timeline: files are written as valid PNG / SVG, bad suffixes and empty
+results are rejected, and a 16-rank x 64-microbatch 1F1B picture renders quickly."""
+
+from __future__ import annotations
+
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cost_models.schedules import build_actions
+from planner.errors import InvalidProblemError
+from planner.schema import SimResult, StageResult, TimelineEvent
+from planner.timeline import draw_timeline
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _sim_result(schedule: str, p: int, m: int, *, v: int = 1, allreduce_s: float = 0.0) -> SimResult:
+    """A SimResult built by hand: the schedule run dependency-driven with F = 1, B = 2 (I = W = 1)
+    per chunk, then one all-reduce per rank."""
+    duration = {"F": 1.0 / v, "B": 2.0 / v, "I": 1.0 / v, "W": 1.0 / v}
+    actions = build_actions(schedule, num_stages=p, num_chunks=v, num_microbatches=m)
+    end: dict[tuple[int, str, int], float] = {}
+    free, position, events = [0.0] * p, [0] * p, []
+    while any(position[r] < len(actions[r]) for r in range(p)):
+        for r in range(p):
+            while position[r] < len(actions[r]):
+                s, kind, mb = actions[r][position[r]]
+                if kind == "F":
+                    deps = [(s - 1, "F", mb)] if s else []
+                elif kind == "W":
+                    deps = [(s, "I", mb)]
+                else:
+                    nxt = (s + 1, "B", mb) if (s + 1, "B", mb) in end else (s + 1, "I", mb)
+                    deps = [(s, "F", mb)] + ([nxt] if s < p * v - 1 else [])
+                if any(d not in end for d in deps):
+                    break
+                start = max([free[r]] + [end[d] for d in deps])
+                free[r] = end[(s, kind, mb)] = start + duration[kind]
+                events.append(TimelineEvent(r, kind, s, mb, start, free[r]))
+                position[r] += 1
+    makespan = max(free)
+    if allreduce_s:
+        events += [TimelineEvent(r, "AR", -1, -1, free[r], free[r] + allreduce_s) for r in range(p)]
+        makespan = max(free) + allreduce_s
+    busy = [sum(e.end_s - e.start_s for e in events if e.rank == r) for r in range(p)]
+    stages = tuple(StageResult(index=r, busy_s=busy[r], idle_s=makespan - busy[r], peak_memory_bytes=0.0,
+                               peak_inflight_microbatches=0) for r in range(p))
+    return SimResult(iteration_time_s=makespan, bubble_fraction=sum(makespan - b for b in busy) / (makespan * p),
+                     throughput_samples_per_s=m / makespan, memory_capacity_bytes=1.0, fits_memory=True,
+                     stages=stages, events=tuple(events))
+
+
+def test_png_is_written(tmp_path: Path) -> None:
+    out = draw_timeline(_sim_result("1f1b", 4, 8, allreduce_s=0.5), tmp_path / "t.png", title="1F1B p=4 m=8")
+    assert out == tmp_path / "t.png"
+    data = out.read_bytes()
+    assert data[:8] == _PNG_MAGIC and len(data) > 5_000
+
+
+def test_svg_is_valid_xml_with_labels(tmp_path: Path) -> None:
+    out = draw_timeline(_sim_result("zb-h1", 3, 6), tmp_path / "sub" / "t.svg")
+    root = ET.parse(out).getroot()
+    assert root.tag.endswith("svg")
+    text = out.read_text()
+    # boxes are 1 s wide on a ~10-inch axis of ~25 s: the microbatch numbers fit and are drawn
+    assert "W weight grad" in text and "I input grad" in text
+
+
+def test_interleaved_picture(tmp_path: Path) -> None:
+    out = draw_timeline(_sim_result("interleaved-1f1b", 4, 8, v=2), tmp_path / "i.png")
+    assert out.read_bytes()[:8] == _PNG_MAGIC
+
+
+@pytest.mark.parametrize("name", ["t.pdf", "t.jpg", "timeline"])
+def test_bad_suffix_is_rejected(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InvalidProblemError, match=r"use \.png or \.svg"):
+        draw_timeline(_sim_result("1f1b", 2, 2), tmp_path / name)
+    assert not (tmp_path / name).exists()
+
+
+def test_result_without_events_is_rejected(tmp_path: Path) -> None:
+    sim = _sim_result("1f1b", 2, 2).model_copy(update={"events": ()})
+    with pytest.raises(InvalidProblemError, match=r"no timeline events"):
+        draw_timeline(sim, tmp_path / "t.png")
+
+
+def test_16_ranks_64_microbatches_renders_quickly(tmp_path: Path) -> None:
+    sim = _sim_result("1f1b", 16, 64)
+    assert len(sim.events) == 16 * 128
+    start = time.perf_counter()
+    out = draw_timeline(sim, tmp_path / "big.png")
+    assert time.perf_counter() - start < 20.0
+    data = out.read_bytes()
+    assert data[:8] == _PNG_MAGIC
+    width = int.from_bytes(data[16:20], "big")  # IHDR width
+    assert 1500 <= width <= 8000
+
+
+def test_65k_events_render_in_seconds(tmp_path: Path) -> None:
+    sim = _sim_result("1f1b", 16, 2048)
+    assert len(sim.events) == 65_536
+    start = time.perf_counter()
+    out = draw_timeline(sim, tmp_path / "huge.png")
+    assert time.perf_counter() - start < 20.0
+    data = out.read_bytes()
+    assert data[:8] == _PNG_MAGIC
+    assert int.from_bytes(data[16:20], "big") == 8000  # capped width: 80 in at 100 dpi
