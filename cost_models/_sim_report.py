@@ -76,9 +76,10 @@ def steady_result(
     """Steady state per batch of a flush-free run (PipeDream-2BW).
 
     The window runs from the completion of batch ``measured_batch - 1`` to that of
-    ``measured_batch`` (completion = last end of any action of the batch's microbatches). The all-reduce of a batch overlaps the next
-    batch's compute (2BW cost model, dissertation L2675-2694: max of compute and all-reduce per
-    batch), so iteration = max(window, largest all-reduce) and AR is not on the timeline.
+    ``measured_batch`` (completion = last end of any action of the batch's microbatches). The
+    all-reduce of a batch overlaps the next batch's compute (2BW cost model, dissertation
+    L2675-2694: max of compute and all-reduce per batch), so iteration = max(window, largest
+    all-reduce) and AR is not on the timeline.
     """
     m = num_microbatches
     done = [0.0, 0.0]

@@ -46,7 +46,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
     """Simulate one training iteration of a plan (one data-parallel pipeline replica).
 

@@ -75,4 +75,7 @@ def plan(
 
 
 def uniform_layers(num: int, forward_s: float, backward_s: float, **kwargs: object) -> list[LayerProfile]:
-    return [LayerProfile(name=f"l{i}", forward_s=forward_s, backward_s=backward_s, **kwargs) for i in range(num)]  # type: ignore[arg-type]
+    return [
+        LayerProfile(name=f"l{i}", forward_s=forward_s, backward_s=backward_s, **kwargs)  # type: ignore[arg-type]
+        for i in range(num)
+    ]
