@@ -11,17 +11,20 @@ from typing import Any
 
 from planner.errors import InvalidProblemError
 from planner.schema import PipelineProblem, Plan
-from solvers import even
+from solvers import even, pipedream_dp
 
 SolveFn = Callable[..., Plan]
 
 SOLVERS: dict[str, SolveFn] = {
     "even": even.solve,
+    "pipedream": pipedream_dp.solve,
 }
 
 DESCRIPTIONS: dict[str, str] = {
     "even": "Megatron-even baseline: equal layer counts per stage and chunk, cheapest uniform "
     "recompute that fits memory",
+    "pipedream": "PipeDream's partitioning DP: contiguous stages with per-stage replication over a "
+    "hierarchical topology (dissertation ch. 2)",
 }
 
 
