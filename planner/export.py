@@ -25,7 +25,8 @@ import logging
 import shlex
 from dataclasses import dataclass, field
 
-from cost_models.schedules import build_actions, validate_actions
+from cost_models import simulate
+from cost_models.schedules import validate_actions
 from planner.errors import InvalidProblemError
 from planner.schema import KNOWN_RECOMPUTE, Action, Plan
 
@@ -60,12 +61,10 @@ def plan_actions(plan: Plan) -> tuple[tuple[Action, ...], ...]:
         InvalidProblemError: a custom action list that is malformed (see ``validate_actions``)
             or a built-in schedule that does not fit the plan's degrees.
     """
-    p, v = plan.degrees.pipeline, plan.degrees.virtual
-    if plan.schedule != "custom":
-        return build_actions(plan.schedule, num_stages=p, num_chunks=v, num_microbatches=plan.num_microbatches)
-    assert plan.actions is not None  # the schema requires actions for schedule 'custom'
-    actions = tuple(tuple(Action.parse(a) for a in rank) for rank in plan.actions)
-    validate_actions(actions, num_virtual_stages=p * v, num_microbatches=plan.num_microbatches)
+    actions = simulate.plan_actions(plan)
+    if plan.schedule == "custom":  # built-in orders are valid by construction
+        p, v = plan.degrees.pipeline, plan.degrees.virtual
+        validate_actions(actions, num_virtual_stages=p * v, num_microbatches=plan.num_microbatches)
     return actions
 
 
