@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from planner.schema import Plan, SimResult
@@ -28,7 +29,7 @@ def mfu(plan: Plan, iteration_time_s: float) -> float | None:
     return per_iteration / (iteration_time_s * devices * plan.cluster.device.peak_flops)
 
 
-def plan_table(plan: Plan) -> str:
+def plan_table(plan: Plan, *, max_candidates: int = 10) -> str:
     lines = [plan_title(plan), f"status {plan.status}, solved in {plan.solve_time_s:.3f} s"]
     pred = plan.predicted
     if pred is not None:
@@ -54,7 +55,33 @@ def plan_table(plan: Plan) -> str:
         lines.append(f"{stage.index:>5}  {ranks:>11}  {layers:<24}  {recompute:<22}  {peak}")
     for note in plan.notes:
         lines.append(f"note: {note}")
+    if plan.candidates:
+        shown = plan.candidates[:max_candidates]
+        lines += ["", f"top {len(shown)} of {len(plan.candidates)} configurations (--json has them all):"]
+        lines.append(table(shown))
     return "\n".join(lines)
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows of scalars as an aligned text table, columns in the first row's key order."""
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    cells = [[_cell(row.get(k)) for k in keys] for row in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    out = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def sim_table(plan: Plan, result: SimResult) -> str:

@@ -471,6 +471,9 @@ class Plan(_Frozen):
     """Per-rank compute actions (``"2F0"``...) for schedule ``custom``."""
     predicted: Predicted | None = None
     notes: tuple[str, ...] = ()
+    candidates: tuple[dict[str, Any], ...] = ()
+    """The solver's ranked alternatives (a sweep or search table), best first: one flat row of
+    scalars per configuration, the same keys in every row; empty for solvers that have none."""
 
     @model_validator(mode="after")
     def _check(self) -> Plan:

@@ -6,6 +6,7 @@ CLI and the Python API look names up here; a typo lists the valid names.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,9 +16,24 @@ from solvers import even, pipedream_dp
 
 SolveFn = Callable[..., Plan]
 
+
+
+def _lazy(module: str) -> SolveFn:
+    """A solver imported on first use (keeps ``import solvers`` cheap)."""
+
+    def call(problem: PipelineProblem, *, options: Mapping[str, Any] | None = None) -> Plan:
+        solve_fn: SolveFn = importlib.import_module(f"solvers.{module}").solve
+        return solve_fn(problem, options=options)
+
+    call.__name__ = f"{module}.solve"
+    return call
+
+
 SOLVERS: dict[str, SolveFn] = {
     "even": even.solve,
     "pipedream": pipedream_dp.solve,
+    "pipedream-2bw": _lazy("pipedream_2bw"),
+    "ptdp": _lazy("ptdp"),
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -25,6 +41,10 @@ DESCRIPTIONS: dict[str, str] = {
     "recompute that fits memory",
     "pipedream": "PipeDream's partitioning DP: contiguous stages with per-stage replication over a "
     "hierarchical topology (dissertation ch. 2)",
+    "pipedream-2bw": "PipeDream-2BW's planner: sweeps depth, width, microbatch size and recompute for the "
+    "2BW and Flush schedules with the chapter's throughput and memory models (dissertation ch. 3)",
+    "ptdp": "PTD-P configuration search: tensor x pipeline x data degrees, interleaving, microbatch size "
+    "and recompute for Megatron-LM (dissertation ch. 4)",
 }
 
 
