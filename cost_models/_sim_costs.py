@@ -22,7 +22,6 @@ profile and cluster:
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from planner.schema import Plan
 
 __all__ = ["PipelineCosts", "bottleneck_s", "pipeline_costs"]
 
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,13 +191,7 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         params = math.fsum(layer.param_bytes for layer in own)
         extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
         static.append(math.fsum(layer.static_bytes for layer in own) + extra)
-        d = stage.replicas
-        if d != plan.degrees.data:
-            log.warning(
-                "stage %d has %d replicas but degrees.data=%d: the all-reduce uses %d replicas; the "
-                "compute of a replicated stage is not divided among its replicas",
-                x, d, plan.degrees.data, d,
-            )
+        d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (_sim_rr)
         if d > 1 and params > 0:
             bandwidth, latency = plan.cluster.link(_replica_rank(plan, x, 0), _replica_rank(plan, x, 1))
             allreduce.append(allreduce_time_s(params, d, bandwidth, latency))

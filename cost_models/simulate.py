@@ -12,6 +12,8 @@ Model (docs/simulator.md has the full statement and the closed forms it reproduc
 - the data-parallel gradient all-reduce is a ring, 2 (d-1)/d x gradient bytes / bandwidth plus
   2 (d-1) latencies (PipeDream's 2(m-1)/m |w| traffic, dissertation L1168-1180), run by each rank
   after its last compute;
+- stages replicated differently from ``degrees.data`` run PipeDream's 1F1B-RR with weight
+  stashing and no flush (``cost_models._sim_rr``), reported as a steady state like 2BW;
 - 2BW (no flush) reports the steady state per batch: batches run back to back in 1F1B order
   and the iteration is the time between the completions of two consecutive batches past the
   pipeline fill.
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 
 from cost_models import _sim_engine as engine
 from cost_models import _sim_report as report
+from cost_models import _sim_rr as rr
 from cost_models._sim_costs import PipelineCosts, bottleneck_s, pipeline_costs
 from cost_models.schedules import build_actions, validate_actions
 from planner.errors import InvalidProblemError
@@ -34,6 +37,7 @@ from planner.schema import Action, Plan, Predicted, SimResult
 
 __all__ = [
     "PipelineCosts",
+    "check_pipeline_ranks",
     "bottleneck_s",
     "pipeline_costs",
     "plan_actions",
@@ -63,6 +67,9 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
     """
     costs = pipeline_costs(plan)
     samples = float(plan.global_batch_size)
+    if rr.is_round_robin(plan):
+        _check_round_robin(plan)
+        return rr.simulate_rr(plan, costs, include_events=include_events)
     if plan.schedule == "2bw":
         if plan.degrees.virtual != 1:
             raise InvalidProblemError(
@@ -81,8 +88,39 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
     )
 
 
+def _check_round_robin(plan: Plan) -> None:
+    if plan.schedule != "1f1b" or plan.degrees.virtual != 1:
+        raise InvalidProblemError(
+            f"stages replicated differently from degrees.data={plan.degrees.data} run PipeDream's 1F1B-RR, "
+            f"which has one chunk per stage and schedule '1f1b'; got schedule {plan.schedule!r} with "
+            f"degrees.virtual={plan.degrees.virtual}. Give every stage replicas={plan.degrees.data} or "
+            "use schedule '1f1b' with one chunk"
+        )
+
+
+def check_pipeline_ranks(plan: Plan) -> None:
+    """Reject plans without one action list per pipeline rank (PipeDream's 1F1B-RR).
+
+    Raises:
+        InvalidProblemError: stages are replicated differently from ``degrees.data``.
+    """
+    if rr.is_round_robin(plan):
+        raise InvalidProblemError(
+            "the plan replicates stages differently from degrees.data (PipeDream's 1F1B-RR, replicas "
+            f"{[s.replicas for s in plan.stages]}): it has no per-pipeline-rank action lists and no "
+            "torch.distributed.pipelining or Megatron-LM equivalent; plan with solver 'even', "
+            "'pipedream-2bw' or 'ptdp', or give every stage replicas = degrees.data"
+        )
+
+
 def plan_actions(plan: Plan) -> tuple[tuple[Action, ...], ...]:
-    """Per-rank action lists of a plan: its own for ``custom``, else the built-in schedule's."""
+    """Per-rank action lists of a plan: its own for ``custom``, else the built-in schedule's.
+
+    Raises:
+        InvalidProblemError: the plan replicates stages unequally (PipeDream's 1F1B-RR has one
+            action list per worker, not per pipeline rank; ``simulate`` runs it).
+    """
+    check_pipeline_ranks(plan)
     if plan.schedule == "custom":
         assert plan.actions is not None  # Plan validation requires actions for 'custom'
         return tuple(tuple(Action.parse(text) for text in rank) for rank in plan.actions)
@@ -206,6 +244,13 @@ def predicted(plan: Plan, sim: SimResult) -> Predicted:
         iteration_time_s=sim.iteration_time_s,
         throughput_samples_per_s=plan.global_batch_size / sim.iteration_time_s if sim.iteration_time_s > 0 else 0.0,
         bubble_fraction=sim.bubble_fraction,
-        bottleneck_s=bottleneck_s(pipeline_costs(plan)),
+        bottleneck_s=_plan_bottleneck_s(plan),
         peak_memory_bytes=tuple(s.peak_memory_bytes for s in sim.stages),
     )
+
+
+def _plan_bottleneck_s(plan: Plan) -> float:
+    costs = pipeline_costs(plan)
+    if rr.is_round_robin(plan):
+        return rr.rr_bottleneck_s(costs, [stage.replicas for stage in plan.stages])
+    return bottleneck_s(costs)

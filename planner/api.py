@@ -174,12 +174,13 @@ def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
 
 def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     """The plan as Megatron-LM arguments or as torch's per-rank action CSV."""
-    from planner import export as exporters
+    # By name: ``planner.export`` is this function in the package namespace, not the module.
+    from planner.export import megatron_args_text, to_torch_csv
 
     if fmt == "megatron":
-        return exporters.megatron_args_text(plan)
+        return megatron_args_text(plan)
     if fmt == "torch-csv":
-        return exporters.to_torch_csv(plan)
+        return to_torch_csv(plan)
     raise InvalidProblemError(f"unknown export format {fmt!r}; choose from ['megatron', 'torch-csv']")
 
 

@@ -187,6 +187,7 @@ def megatron_args_text(plan: Plan) -> str:
 
 
 def _megatron_export(plan: Plan) -> _MegatronExport:
+    simulate.check_pipeline_ranks(plan)
     export = _MegatronExport()
     d = plan.degrees
     export.add("--tensor-model-parallel-size", d.tensor)

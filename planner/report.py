@@ -23,9 +23,11 @@ def mfu(plan: Plan, iteration_time_s: float) -> float | None:
     flops = [layer.flops for layer in plan.model.layers]
     if any(f is None for f in flops) or plan.cluster.device is None or iteration_time_s <= 0:
         return None
-    d = plan.degrees
-    per_iteration = sum(flops) * d.tensor * d.data * plan.num_microbatches  # type: ignore[arg-type]
-    devices = d.tensor * d.pipeline * d.data
+    t = plan.degrees.tensor
+    # Per microbatch per tensor rank, times the microbatches of the whole global batch; devices
+    # from the stages' replicas (PipeDream plans replicate stages unequally).
+    per_iteration = sum(flops) * t * plan.global_batch_size / plan.microbatch_size  # type: ignore[arg-type]
+    devices = t * sum(stage.replicas for stage in plan.stages)
     return per_iteration / (iteration_time_s * devices * plan.cluster.device.peak_flops)
 
 
@@ -39,8 +41,14 @@ def plan_table(plan: Plan, *, max_candidates: int = 10) -> str:
             f"bubble {100 * pred.bubble_fraction:.1f}%, bottleneck {pred.bottleneck_s:.4g} s/microbatch"
             + (f", MFU {100 * util:.1f}%" if util is not None else "")
         )
-    lines.append(f"global batch {plan.global_batch_size} = {plan.num_microbatches} microbatches x "
-                 f"{plan.microbatch_size} x {plan.degrees.data} replicas")
+    replicas = [stage.replicas for stage in plan.stages]
+    if len(set(replicas)) > 1 or replicas[0] != plan.degrees.data:
+        lines.append(f"global batch {plan.global_batch_size} = {plan.num_microbatches} microbatches x "
+                     f"{plan.microbatch_size} x {replicas[0]} input-stage replicas; replicas per stage "
+                     f"{'-'.join(map(str, replicas))} (1F1B-RR)")
+    else:
+        lines.append(f"global batch {plan.global_batch_size} = {plan.num_microbatches} microbatches x "
+                     f"{plan.microbatch_size} x {plan.degrees.data} replicas")
     lines.append("")
     lines.append(f"{'stage':>5}  {'ranks':>11}  {'layers':<24}  {'recompute':<22}  {'peak GiB':>8}")
     for stage in plan.stages:

@@ -428,6 +428,8 @@ class Chunk(_Frozen):
 class Stage(_Frozen):
     index: NonNegativeInt
     replicas: PositiveInt = 1
+    """Copies of the stage. Left out, a plan sets it to ``degrees.data``; a different value on
+    some stage is PipeDream's per-stage replication (1F1B-RR, simulated without flush)."""
     ranks: tuple[NonNegativeInt, ...] = ()
     """Global ranks holding the stage: replicas x tensor-parallel ranks, replica-major."""
     chunks: tuple[Chunk, ...] = Field(min_length=1)
@@ -478,6 +480,12 @@ class Plan(_Frozen):
     @model_validator(mode="after")
     def _check(self) -> Plan:
         p, v = self.degrees.pipeline, self.degrees.virtual
+        if any("replicas" not in stage.model_fields_set for stage in self.stages):
+            # Frozen model: set the default replication (degrees.data) once, during validation.
+            object.__setattr__(self, "stages", tuple(
+                stage if "replicas" in stage.model_fields_set
+                else stage.model_copy(update={"replicas": self.degrees.data}) for stage in self.stages
+            ))
         if len(self.stages) != p:
             raise ValueError(f"degrees.pipeline={p} but the plan has {len(self.stages)} stages")
         for stage in self.stages:

@@ -288,9 +288,11 @@ def build_plan(
 
     ``num_microbatches`` counts the inputs each input-stage replica admits per iteration: the
     problem's, else global batch / (microbatch x input-stage replicas), else 4 x NOAM (as many as
-    PipeDream keeps in flight, four times over, so that fill and drain stay small; PipeDream
-    itself never flushes). ``predicted`` comes from the simulator when every stage has the same
-    replication; otherwise from the steady-state model of ``steady_state_prediction``.
+    PipeDream keeps in flight, four times over). Equal replication r is r parallel pipelines
+    (``degrees.data`` = r, dissertation Sec. 3.2.3), simulated as 1F1B with a flush per iteration;
+    unequal replication sets ``degrees.data`` = 1 and the simulator runs PipeDream's 1F1B-RR with
+    weight stashing and no flush (``cost_models._sim_rr``). ``predicted`` comes from the
+    simulator, except ``bottleneck_s``, which is the DP's objective.
 
     Raises:
         InvalidProblemError: the global batch is not a multiple of microbatch x input-stage replicas.
@@ -312,13 +314,9 @@ def build_plan(
         ),
         notes=_notes(problem, replicas, noam, m, bottleneck_s, options),
     )
-    if len(set(replicas)) == 1:
-        plan, _ = with_prediction(plan)
-        assert plan.predicted is not None
-        predicted = plan.predicted.model_copy(update={"bottleneck_s": bottleneck_s})
-    else:
-        predicted = steady_state_prediction(plan, bottleneck_s=bottleneck_s)
-    return plan.model_copy(update={"predicted": predicted})
+    plan, _ = with_prediction(plan)
+    assert plan.predicted is not None
+    return plan.model_copy(update={"predicted": plan.predicted.model_copy(update={"bottleneck_s": bottleneck_s})})
 
 
 def _num_microbatches(problem: PipelineProblem, noam: int, r0: int) -> int:
@@ -358,45 +356,10 @@ def _notes(
     if num_workers < available:
         notes.append(f"uses {num_workers} of the cluster's {available} workers (option levels)")
     if len(set(replicas)) > 1:
-        notes.append("predicted: steady-state model (round trip + (inputs - 1) x bottleneck); the simulator "
-                     "does not model unequal replication (1F1B-RR)")
+        notes.append(f"predicted: the simulator's 1F1B-RR steady state for {m * replicas[0]} inputs per iteration "
+                     "(no flush, weight stashing: static memory + (in-flight - 1) weight versions)")
+    else:
+        notes.append(f"predicted: the simulator's 1F1B with a flush per iteration over {replicas[0]} parallel "
+                     "pipelines (PipeDream-Flush; PipeDream itself does not flush, so its steady state is "
+                     "faster by the fill and drain)")
     return tuple(notes)
-
-
-def steady_state_prediction(plan: Plan, *, bottleneck_s: float) -> Predicted:
-    """PipeDream's steady state for unequal replication (no simulator support for 1F1B-RR).
-
-    An iteration admits n = num_microbatches x input-stage replicas inputs; the first one makes a
-    full round trip (every stage's forward and backward plus both transfers of every boundary)
-    and each later one finishes one bottleneck interval after the previous:
-    iteration = round trip + (n - 1) x bottleneck. Bubble = 1 - busy / (iteration x workers),
-    busy = n x the stages' compute. Memory per stage: static + (k - 1) stashed weight versions
-    + k activation sets, k = min(ceil(workers from this stage on / replicas), ceil(n / replicas))
-    in-flight inputs per replica.
-    """
-    layers, cluster = plan.model.layers, plan.cluster
-    compute = [math.fsum(layers[i].forward_s + layers[i].backward_s for i in range(*s.chunks[0].layers))
-               for s in plan.stages]
-    transfers = []
-    for x in range(len(plan.stages) - 1):
-        bandwidth, latency = cluster.link(plan.stages[x].ranks[0], plan.stages[x + 1].ranks[0])
-        transfers.append(latency + layers[plan.stages[x].chunks[0].layers[1] - 1].output_bytes / bandwidth)
-    inputs = plan.num_microbatches * plan.stages[0].replicas
-    iteration = math.fsum(compute) + 2 * math.fsum(transfers) + (inputs - 1) * bottleneck_s
-    num_workers = sum(s.replicas for s in plan.stages)
-    busy = inputs * math.fsum(compute)
-    peaks, downstream = [], num_workers
-    for stage in plan.stages:
-        own = [layers[i] for i in range(*stage.chunks[0].layers)]
-        inflight = min(-(-downstream // stage.replicas), -(-inputs // stage.replicas))
-        downstream -= stage.replicas
-        peaks.append(math.fsum(layer.static_bytes for layer in own)
-                     + (inflight - 1) * math.fsum(layer.param_bytes for layer in own)
-                     + inflight * math.fsum(layer.strategies()["none"].activation_bytes for layer in own))
-    return Predicted(
-        iteration_time_s=iteration,
-        throughput_samples_per_s=plan.global_batch_size / iteration,
-        bubble_fraction=max(0.0, 1.0 - busy / (iteration * num_workers)),
-        bottleneck_s=bottleneck_s,
-        peak_memory_bytes=tuple(peaks),
-    )

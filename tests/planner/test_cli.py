@@ -168,3 +168,20 @@ def test_transformer_plan_from_presets(tmp_path: Path, capsys) -> None:
     args = capsys.readouterr().out
     assert "--tensor-model-parallel-size 8" in args
     assert f"--pipeline-model-parallel-size {d['pipeline']}" in args
+
+
+def test_fresh_process_plan_and_export(tmp_path: Path) -> None:
+    """The console entry point in a new interpreter (imports resolve as they do for users)."""
+    import subprocess
+    import sys
+
+    plan_path = tmp_path / "plan.json"
+    env_cmd = [sys.executable, "-m", "planner.cli"]
+    done = subprocess.run(
+        [*env_cmd, "plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:1x8", "--pipeline", "2", "-o", str(plan_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([*env_cmd, "export", str(plan_path), "--format", "megatron"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--pipeline-model-parallel-size 2" in done.stdout

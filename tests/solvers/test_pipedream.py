@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cost_models.profiles import pipedream_profile
+from cost_models.profiles import list_pipedream_profiles, pipedream_profile
+from planner import api
 from cost_models.simulate import simulate
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Cluster, Device, LayerProfile, ModelProfile, PipelineProblem, Plan
@@ -237,11 +238,14 @@ def test_fig_2_7_two_one_configuration() -> None:
     assert plan.predicted is not None and plan.predicted.bottleneck_s == 3.0
     assert plan.options["noam"] == 2 and plan.degrees.data == 1 and plan.degrees.pipeline == 2
     assert any("NOAM = ceil(3 workers / 2 input-stage replicas) = 2" in n for n in plan.notes)
-    # unequal replication: steady-state model, 4 x NOAM = 8 microbatches per input replica,
-    # 16 inputs: round trip 6 + 3 + 2 x 1.5 plus 15 x 3
+    # 1F1B-RR steady state: 4 x NOAM = 8 microbatches per input replica, 16 inputs, one every
+    # 3 s; both replicas of stage 0 (6 s per input, every other input) and stage 1 (3 s) are busy
     assert plan.num_microbatches == 8 and plan.global_batch_size == 16
-    assert plan.predicted.iteration_time_s == pytest.approx(12 + 15 * 3)
-    assert plan.predicted.bubble_fraction == pytest.approx(1 - 16 * 9 / (57 * 3))
+    assert plan.predicted.iteration_time_s == pytest.approx(16 * 3)
+    assert plan.predicted.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+    sim = simulate(plan)
+    # NOAM per stage: ceil(3 / 2) = 2 in flight on a stage-0 replica, ceil(1 / 1) = 1 on stage 1
+    assert [s.peak_inflight_microbatches for s in sim.stages] == [2, 1]
 
 
 def test_pure_data_parallelism_when_communication_is_cheap() -> None:
@@ -418,3 +422,29 @@ def test_invalid_inputs(options: dict[str, object], update: dict[str, object], m
     problem = PipelineProblem(model=_fig27(), cluster=_cluster(3)).model_copy(update=update)
     with pytest.raises(InvalidProblemError, match=match):
         solve(problem, options=options)
+
+
+@pytest.mark.parametrize("cluster_spec", ["v100:4", "v100:2x8"])
+def test_plans_simulate_to_the_dp_steady_state(cluster_spec: str) -> None:
+    """Tolerance: 5 % between the simulator and the DP's n x bottleneck for unequal replication
+    (1F1B-RR steady state; the gap is the DP charging each boundary 2 a_s / B as a busy link),
+    and the flush's (m + p - 1) / m on top for equal replication (parallel pipelines with flush)."""
+    for name in list_pipedream_profiles():
+        plan = solve(api.make_problem(f"pipedream:{name}", cluster_spec))
+        assert plan.predicted is not None
+        replicas = [s.replicas for s in plan.stages]
+        n = plan.num_microbatches * replicas[0]
+        sim = simulate(plan)
+        assert sim.iteration_time_s == pytest.approx(plan.predicted.iteration_time_s, rel=1e-12)
+        ratio = sim.iteration_time_s / (n * plan.predicted.bottleneck_s)
+        if len(set(replicas)) > 1:
+            assert abs(ratio - 1) <= 0.05, (name, replicas, ratio)
+        else:
+            m, p = plan.num_microbatches, len(replicas)
+            assert 0.95 <= ratio <= (m + p - 1) / m + 0.05, (name, replicas, ratio)
+
+
+def test_memory_constrained_plans_fit_in_simulation() -> None:
+    for name in ("vgg16", "resnet50", "gnmt"):
+        plan = solve(api.make_problem(f"pipedream:{name}", "v100:2x8"), options={"memory": True})
+        assert simulate(plan).fits_memory, name
