@@ -302,22 +302,8 @@ class PipelineProblem(_Frozen):
     def _check(self) -> PipelineProblem:
         if self.cluster.device is None:
             raise ValueError("pipeline planning needs a cluster with a 'device' (not only 'worker_types')")
-        num_layers = self.model.num_layers
-        tp = self.model.tensor_parallel
-        if self.num_stages is not None:
-            if self.num_stages * self.num_chunks > num_layers:
-                raise ValueError(
-                    f"num_stages={self.num_stages} x num_chunks={self.num_chunks} needs at least "
-                    f"{self.num_stages * self.num_chunks} layers but the model has {num_layers}; "
-                    f"use at most {max(1, num_layers // self.num_chunks)} stages"
-                )
-            devices = self.num_stages * tp * (self.data_parallel or 1)
-            if devices > self.cluster.num_devices:
-                raise ValueError(
-                    f"num_stages={self.num_stages} x tensor_parallel={tp} x data_parallel="
-                    f"{self.data_parallel or 1} = {devices} devices but the cluster has "
-                    f"{self.cluster.num_devices}"
-                )
+        # Stages vs layers and devices are checked by the solvers (solvers.common.resolve_layout):
+        # they are infeasibility (exit 3, with the largest depth that works), not malformed input.
         if self.schedule == "interleaved-1f1b" and self.num_chunks < 2:
             raise ValueError("schedule 'interleaved-1f1b' needs num_chunks >= 2 (use '1f1b' for one chunk)")
         if self.num_chunks > 1 and self.schedule not in ("interleaved-1f1b", "custom"):

@@ -45,16 +45,27 @@ def resolve_layout(problem: PipelineProblem, num_stages: int) -> Layout:
     count is the user's, or global_batch / (d b), or 4 p when neither is given.
 
     Raises:
-        InvalidProblemError: the batch cannot be split as asked.
-        InfeasibleError: the cluster has too few devices for t x p x d.
+        InvalidProblemError: num_microbatches and global_batch_size contradict each other, or the
+            interleaved schedule gets a microbatch count it cannot take.
+        InfeasibleError: fewer layers than p v, too few devices for t x p x d, or a global batch
+            that d x b does not divide.
     """
     t = problem.model.tensor_parallel
     b = problem.model.microbatch_size
     devices = problem.cluster.num_devices
-    if num_stages * t > devices:
+    v, num_layers = problem.num_chunks, problem.model.num_layers
+    if num_stages * v > num_layers:
         raise InfeasibleError(
-            f"{num_stages} stages x tensor_parallel {t} need {num_stages * t} devices but cluster "
-            f"{problem.cluster.name!r} has {devices}; use fewer stages or a larger cluster"
+            f"{num_stages} stages x {v} chunks need at least {num_stages * v} layers but model "
+            f"{problem.model.name!r} has {num_layers}; use at most {max(1, num_layers // v)} stages"
+            + (" or fewer chunks" if v > 1 else "")
+        )
+    d_asked = problem.data_parallel or 1
+    if num_stages * t * d_asked > devices:
+        raise InfeasibleError(
+            f"{num_stages} stages x tensor_parallel {t} x data_parallel {d_asked} need "
+            f"{num_stages * t * d_asked} devices but cluster {problem.cluster.name!r} has {devices}; use at most "
+            f"{max(1, devices // (t * d_asked))} stages or a larger cluster"
         )
     d = problem.data_parallel or max(1, devices // (num_stages * t))
     if problem.num_microbatches is not None:
@@ -66,9 +77,11 @@ def resolve_layout(problem: PipelineProblem, num_stages: int) -> Layout:
             )
     elif problem.global_batch_size is not None:
         if problem.global_batch_size % (b * d):
-            raise InvalidProblemError(
+            lo = problem.global_batch_size // (b * d) * (b * d)
+            raise InfeasibleError(
                 f"global_batch_size={problem.global_batch_size} is not divisible by microbatch_size "
-                f"{b} x data_parallel {d} = {b * d}; use a multiple of {b * d}"
+                f"{b} x data_parallel {d} = {b * d}; use a multiple of {b * d} ({lo or b * d} or "
+                f"{lo + b * d}) or another data-parallel degree"
             )
         m = problem.global_batch_size // (b * d)
     else:

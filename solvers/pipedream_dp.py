@@ -331,7 +331,7 @@ def _num_microbatches(problem: PipelineProblem, noam: int, r0: int) -> int:
     if problem.global_batch_size is not None:
         if problem.global_batch_size % unit:
             lo = problem.global_batch_size // unit * unit
-            raise InvalidProblemError(
+            raise InfeasibleError(
                 f"global_batch_size={problem.global_batch_size} is not a multiple of microbatch_size "
                 f"{problem.model.microbatch_size} x {r0} input-stage replicas = {unit}; use "
                 f"{lo or unit} or {lo + unit}")

@@ -81,6 +81,21 @@ def test_plan_table_is_readable(files: dict[str, Path], capsys) -> None:
     assert "[0,4)" in text and "[4,8)" in text
 
 
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--pipeline", "9"], "need at least 9 layers but model 'toy' has 8; use at most 8 stages"),
+        (["--pipeline", "2", "--data-parallel", "2"], "need 4 devices but cluster 'toy2' has 2; use at most 1 stages"),
+        (["--pipeline", "1", "--global-batch", "5"], "use a multiple of 2 (4 or 6)"),
+    ],
+)
+def test_infeasible_shapes_exit_3(files: dict[str, Path], extra: list[str], needle: str, capsys) -> None:
+    code = main(["plan", "--model", str(files["model"]), "--cluster", str(files["cluster"]), *extra])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert needle in err and "Traceback" not in err
+
+
 def test_infeasible_exits_3_with_needed_memory(files: dict[str, Path], capsys) -> None:
     code = main(["plan", "--model", str(files["model"]), "--cluster", str(files["small"]), "--pipeline", "2",
                  "--microbatches", "4"])
@@ -111,7 +126,6 @@ def test_bad_model_file_exits_2(tmp_path: Path, files: dict[str, Path], content:
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["--pipeline", "9"], "needs at least 9 layers but the model has 8"),
         (["--schedule", "interleaved-1f1b", "--chunks", "2", "--pipeline", "2", "--microbatches", "3"],
          "multiple of num_stages=2"),
         (["--solver", "nope"], "unknown solver 'nope'"),

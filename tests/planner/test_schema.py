@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import InvalidProblemError
+from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import (
     Action,
     Chunk,
@@ -142,10 +142,14 @@ def test_plan_rejects_unknown_strategy() -> None:
         Plan.from_dict(data)
 
 
-def test_problem_more_stages_than_layers() -> None:
+def test_problem_more_stages_than_layers_is_left_to_the_solvers() -> None:
+    # infeasibility (exit 3) is the solvers' to report, with the depth that would work
+    from solvers.common import resolve_layout
+
     model = ModelProfile.from_json(PROFILE_JSON)
-    with pytest.raises(ValueError, match="needs at least 2 layers but the model has 1"):
-        PipelineProblem(model=model, cluster=Cluster.from_json(CLUSTER_JSON), num_stages=2)
+    problem = PipelineProblem(model=model, cluster=Cluster.from_json(CLUSTER_JSON), num_stages=2)
+    with pytest.raises(InfeasibleError, match="need at least 2 layers but model .* has 1; use at most 1 stages"):
+        resolve_layout(problem, 2)
 
 
 def test_problem_interleaved_microbatches_multiple_of_stages() -> None:

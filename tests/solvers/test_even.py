@@ -108,5 +108,5 @@ def test_global_batch_must_split() -> None:
     problem = PipelineProblem(model=_model(), cluster=_cluster(1e9), num_stages=2, global_batch_size=6, data_parallel=1)
     assert solve(problem).num_microbatches == 6
     bad = PipelineProblem(model=_model(), cluster=_cluster(1e9, 4), num_stages=2, global_batch_size=5)
-    with pytest.raises(InvalidProblemError, match="global_batch_size=5 is not divisible by .* data_parallel 2"):
+    with pytest.raises(InfeasibleError, match=r"global_batch_size=5 is not divisible by .* data_parallel 2 = 2; use a multiple of 2 \(4 or 6\)"):
         solve(bad)

@@ -415,13 +415,19 @@ def test_levels_needing_more_workers_are_infeasible() -> None:
         ({"bogus": 1}, {}, "no option 'bogus'"),
         ({}, {"num_stages": 2}, "remove num_stages=2"),
         ({}, {"schedule": "gpipe"}, "schedule='gpipe'"),
-        ({}, {"global_batch_size": 3}, "global_batch_size=3 is not a multiple"),
     ],
 )
 def test_invalid_inputs(options: dict[str, object], update: dict[str, object], match: str) -> None:
     problem = PipelineProblem(model=_fig27(), cluster=_cluster(3)).model_copy(update=update)
     with pytest.raises(InvalidProblemError, match=match):
         solve(problem, options=options)
+
+
+def test_global_batch_no_replication_can_form_is_infeasible() -> None:
+    # the 2-1 configuration takes inputs in pairs (2 input-stage replicas)
+    problem = PipelineProblem(model=_fig27(), cluster=_cluster(3), global_batch_size=3)
+    with pytest.raises(InfeasibleError, match=r"global_batch_size=3 is not a multiple of .* = 2; use 2 or 4"):
+        solve(problem)
 
 
 @pytest.mark.parametrize("cluster_spec", ["v100:4", "v100:2x8"])
