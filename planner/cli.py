@@ -7,6 +7,8 @@ document on stdout and nothing else there; logs and progress go to stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -23,6 +25,10 @@ from planner.errors import InvalidProblemError, PlannerError
 from planner.progress import progress
 
 log = logging.getLogger("paraplan")
+
+# Modules adding sub-commands: each has ``add_parsers(sub)`` and imports heavy packages
+# (torch, cvxpy) only inside its handlers.
+_EXTENSION_MODULES = ("planner.cli_gavel", "planner.cli_runtime")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--global-batch", type=int, default=1, help="batch for flops_per_iteration (default 1)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(handler=cmd_model_info)
+
+    for module in _EXTENSION_MODULES:
+        if importlib.util.find_spec(module) is not None:  # sub-commands of packages being built
+            importlib.import_module(module).add_parsers(sub)
 
     sub.add_parser("solvers", help="list the solvers").set_defaults(handler=cmd_solvers)
     pr = sub.add_parser("presets", help="list device, cluster and model presets")

@@ -281,8 +281,9 @@ class Cluster(_Frozen):
 class PipelineProblem(_Frozen):
     """What the pipeline solvers take: a model, a cluster and the user's constraints.
 
-    ``None`` means the solver chooses. Validation of cross-field consistency (more stages
-    than layers, microbatches the interleaved schedule cannot take) happens here, once.
+    ``None`` means the solver chooses. Malformed combinations (microbatches the interleaved
+    schedule cannot take) are rejected here; shapes the cluster or model cannot hold (more
+    stages than layers or devices) are the solvers' infeasibility (exit 3).
     """
 
     model: ModelProfile

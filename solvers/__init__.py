@@ -34,6 +34,9 @@ SOLVERS: dict[str, SolveFn] = {
     "pipedream": pipedream_dp.solve,
     "pipedream-2bw": _lazy("pipedream_2bw"),
     "ptdp": _lazy("ptdp"),
+    "stage-ilp": _lazy("stage_ilp"),
+    "merak": _lazy("merak"),
+    "adapipe": _lazy("adapipe"),
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -45,6 +48,10 @@ DESCRIPTIONS: dict[str, str] = {
     "2BW and Flush schedules with the chapter's throughput and memory models (dissertation ch. 3)",
     "ptdp": "PTD-P configuration search: tensor x pipeline x data degrees, interleaving, microbatch size "
     "and recompute for Megatron-LM (dissertation ch. 4)",
+    "stage-ilp": "holistic ILP over layer-to-stage/chunk assignment and per-layer recompute, minimizing "
+    "recompute, imbalance and warm-up bubbles together (poster, seed 002)",
+    "merak": "Merak baseline: even split with stage-aware recompute (more recompute on early stages)",
+    "adapipe": "AdaPipe baseline: per-stage recompute by knapsack plus a partitioning DP",
 }
 
 
