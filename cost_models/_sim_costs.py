@@ -12,8 +12,9 @@ profile and cluster:
 - transfer k -> k+1 (and the gradient back): latency + output bytes of k's last layer /
   bandwidth of the link between the two stages' first ranks; zero on the same rank;
 - all-reduce of rank x with d replicas (``transformer.allreduce_time_s``): a ring,
-  2 (d-1)/d x gradient bytes / bandwidth + 2 (d-1) latencies, over the link between replica 0
-  and replica 1 of the stage; zero without gradient bytes (PipeDream sends and receives
+  2 (d-1)/d x gradient bytes / bandwidth + 2 (d-1) latencies; inside a node over the
+  intra-node link, across nodes over min(intra, k x inter) with k replicas per node (one ring
+  per NIC, ``_ring_link``); zero without gradient bytes (PipeDream sends and receives
   (d-1)/d |w| per worker, dissertation L1168-1180; each of the 2 (d-1) ring steps pays one
   latency);
 - PipeDream-2BW keeps two weight versions (dissertation L2794-2807): its static bytes add one
@@ -193,11 +194,30 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         static.append(math.fsum(layer.static_bytes for layer in own) + extra)
         d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (_sim_rr)
         if d > 1 and params > 0:
-            bandwidth, latency = plan.cluster.link(_replica_rank(plan, x, 0), _replica_rank(plan, x, 1))
+            bandwidth, latency = _ring_link(plan, x, d)
             allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
         else:
             allreduce.append(0.0)
     return static, allreduce
+
+
+def _ring_link(plan: Plan, stage_index: int, num_replicas: int) -> tuple[float, float]:
+    """Bandwidth and latency of the all-reduce ring over a stage's replicas.
+
+    Inside one node: the intra-node link. Across nodes the ring's slowest hop is the inter-node
+    link, whose bandwidth is per device; the k replicas that share a node drive k links at once
+    (NCCL runs one ring per NIC), so the ring gets min(intra, k x inter), k counted on replica
+    0's node.
+    """
+    cluster = plan.cluster
+    ranks = [_replica_rank(plan, stage_index, j) for j in range(num_replicas)]
+    nodes = [cluster.node_of(r) for r in ranks]
+    if len(set(nodes)) == 1:
+        return cluster.link(ranks[0], ranks[1])
+    intra, _ = cluster.link(ranks[0], ranks[0])
+    inter, latency = cluster.link(ranks[0], next(r for r, n in zip(ranks, nodes) if n != nodes[0]))
+    per_node = nodes.count(nodes[0])
+    return min(intra, per_node * inter) if intra > 0 else per_node * inter, latency
 
 
 def _replica_rank(plan: Plan, stage_index: int, replica: int) -> int:

@@ -213,3 +213,21 @@ def test_result_is_schema_valid_and_round_trips() -> None:
     again = SimResult.from_json(result.to_json())
     assert again == result.model_copy(update={"events": ()})
     assert SimResult.from_json(result.to_json(include_events=True)).events == result.events
+
+
+def test_allreduce_ring_across_nodes_uses_one_nic_per_replica_on_a_node() -> None:
+    from cost_models._sim_costs import pipeline_costs
+    from tests.cost_models.sim_helpers import cluster as make_cluster
+    from tests.cost_models.sim_helpers import plan as make_plan
+    from tests.cost_models.sim_helpers import uniform_layers
+
+    layers = uniform_layers(2, 1.0, 2.0, param_bytes=1e9)
+    nodes = make_cluster(num_nodes=2, devices_per_node=4, intra_bytes_per_s=100e9, inter_bytes_per_s=10e9)
+    # stage 0 on ranks 0, 1 | 4, 5 (2 replicas per node): ring over min(100, 2 x 10) GB/s
+    costs = pipeline_costs(make_plan(layers, num_stages=2, num_microbatches=2, data_parallel=4, the_cluster=nodes,
+                                     ranks=[(0, 1, 4, 5), (2, 3, 6, 7)]))
+    assert costs.allreduce_s[0] == pytest.approx(2 * 3 / 4 * 1e9 / 20e9)
+    # inside one node: the intra-node link
+    costs = pipeline_costs(make_plan(layers, num_stages=2, num_microbatches=2, data_parallel=2, the_cluster=nodes,
+                                     ranks=[(0, 1), (2, 3)]))
+    assert costs.allreduce_s[0] == pytest.approx(2 * 1 / 2 * 1e9 / 100e9)

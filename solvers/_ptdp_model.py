@@ -1,0 +1,210 @@
+"""Closed-form cost model of one PTD-P configuration (dissertation ch. 4, seed 001).
+
+The ``ptdp`` search (``solvers/ptdp.py``) ranks thousands of (t, p, d, v, b, recompute)
+configurations with this model and simulates only the best few. Everything per layer comes
+from ``cost_models.transformer.transformer_profile`` (Eq. 4.2 FLOPs L4119-4164, TP all-reduces
+L3709-3713 and L3778-3823, scatter/gather p2p bytes bsh/t L4008-4039); this module only adds
+them up per pipeline rank and applies the schedule:
+
+- ideal time m T_rank plus the bubble (p - 1)/v of one rank's work (L3512-3652; the interleaved
+  bubble (1/v)(p-1)/m of the ideal time);
+- every microbatch crosses 2 v stage boundaries per rank (forward and backward, v chunks:
+  pipeline traffic grows by v, L3644-3648), each a point-to-point transfer of the last layer's
+  ``output_bytes`` on the link between the two stages;
+- the data-parallel gradient all-reduce of rank 0 (the last rank to finish its backward) is a
+  ring over d replicas (1 - 1/d scaling, L3866-3873), over NVLink while the d replicas of a
+  stage sit in one node and over InfiniBand otherwise;
+- memory: static bytes (16 B per parameter, split over t) plus the activations of the
+  microbatches in flight: min(p - r, m) stages on rank r for 1F1B (L3561-3588) and Megatron's
+  warm-up plus one, min(2(p - r - 1) + (v - 1)p + 1, m v) chunks, for interleaved 1F1B
+  (ptdp-gavel-cloud.md Sec. 1.2). Tests check both counts against the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cost_models.transformer import allreduce_time_s, flops_per_iteration, model_flops_per_sample, transformer_profile
+from planner.schema import Cluster, LayerProfile, TransformerConfig
+
+INTERLEAVED = "interleaved-1f1b"
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCosts:
+    """Per-microbatch costs of the three layer kinds at one (t, b): embedding, decoder, head."""
+
+    embedding: LayerProfile
+    decoder: LayerProfile
+    head: LayerProfile
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """One point of the search space."""
+
+    tensor: int
+    pipeline: int
+    data: int
+    virtual: int
+    microbatch_size: int
+    num_microbatches: int
+    recompute: str
+
+    @property
+    def schedule(self) -> str:
+        return INTERLEAVED if self.virtual > 1 else "1f1b"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """Closed-form iteration time and peak memory of a configuration."""
+
+    iteration_s: float
+    pipeline_s: float
+    """Compute and point-to-point part (ideal + bubble + p2p)."""
+    allreduce_s: float
+    peak_memory_bytes: float
+    fits: bool
+
+
+def unit_costs(
+    cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int, efficiency: float,
+    scatter_gather: bool,
+) -> UnitCosts:
+    """Layer costs at (t, b) from a one-block copy of the model (per-layer costs do not depend on
+    the number of layers, and one block keeps the search fast)."""
+    assert cluster.device is not None
+    link = tp_link_bytes_per_s(cluster, tensor)
+    profile = transformer_profile(
+        cfg.model_copy(update={"num_layers": 1}), device=cluster.device, microbatch_size=microbatch_size,
+        tensor_parallel=tensor, efficiency=efficiency, intra_node_bytes_per_s=link,
+        scatter_gather=scatter_gather and tensor > 1,
+    )
+    embedding, decoder, head = profile.layers
+    return UnitCosts(embedding=embedding, decoder=decoder, head=head)
+
+
+def tp_link_bytes_per_s(cluster: Cluster, tensor: int) -> float:
+    """NVLink while a tensor-parallel group fits in a node, the inter-node link otherwise."""
+    fits = tensor <= cluster.devices_per_node
+    return float(cluster.intra_node_bytes_per_s if fits else cluster.inter_node_bytes_per_s)  # type: ignore[arg-type]
+
+
+def p2p_link(cluster: Cluster, c: Config) -> tuple[float, float]:
+    """(bandwidth, latency) of the slowest stage boundary: stage x starts at rank x d t, so all
+    stages share one node only when p d t fits in it."""
+    if c.pipeline * c.data * c.tensor <= cluster.devices_per_node:
+        return float(cluster.intra_node_bytes_per_s or 0.0), cluster.intra_node_latency_s
+    return float(cluster.inter_node_bytes_per_s or 0.0), cluster.inter_node_latency_s
+
+
+def dp_link(cluster: Cluster, c: Config) -> tuple[float, float]:
+    """(bandwidth, latency) of the data-parallel ring of one stage. Its d replicas are t ranks
+    apart: the ring stays in a node while d t fits in it; otherwise each node holds
+    k = devices_per_node / t replicas of the ring, whose traffic leaves over their k network
+    cards (one per GPU on Selene, L4081-4086), so the ring runs at min(intra, k x inter)."""
+    intra, inter = float(cluster.intra_node_bytes_per_s or 0.0), float(cluster.inter_node_bytes_per_s or 0.0)
+    if c.data * c.tensor <= cluster.devices_per_node:
+        return intra, cluster.intra_node_latency_s
+    per_node = max(1, cluster.devices_per_node // c.tensor)
+    return min(intra, per_node * inter), cluster.inter_node_latency_s
+
+
+def inflight_chunks(c: Config, rank: int) -> int:
+    """Peak chunk activations held by a rank: 1F1B min(p - r, m); interleaved Megatron's warm-up
+    (p - r - 1) 2 + (v - 1) p plus the steady-state forward, capped at m v."""
+    p, v, m = c.pipeline, c.virtual, c.num_microbatches
+    if v == 1:
+        return min(p - rank, m)
+    return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
+
+
+def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
+    """Per-rank compute per microbatch: l/p decoder blocks (F + B + recompute), plus the
+    embedding on rank 0 and the head on rank p - 1."""
+    dec = u.decoder
+    per_block = dec.forward_s + dec.backward_s + dec.strategies()[c.recompute].extra_s
+    blocks = cfg.num_layers // c.pipeline
+    work = [blocks * per_block] * c.pipeline
+    work[0] += u.embedding.forward_s + u.embedding.backward_s
+    work[-1] += u.head.forward_s + u.head.backward_s
+    return work
+
+
+@lru_cache(maxsize=4096)
+def first_chunk_inflight(p: int, v: int, m: int) -> int:
+    """Peak activations of chunk 0 (the one with the embedding) on rank 0, following Megatron's
+    order: forward k runs chunk (k mod p v) div p, backward k chunk v - 1 - (k mod p v) div p."""
+    total = m * v
+    warmup = min(p - 1, m) if v == 1 else min(2 * (p - 1) + (v - 1) * p, total)
+    held = peak = 0
+    for k in range(total + warmup):
+        if k < total and (k % (p * v)) // p == 0:  # forward k
+            held += 1
+            peak = max(peak, held)
+        j = k - warmup  # backward j follows forward j + warmup
+        if 0 <= j < total and v - 1 - (j % (p * v)) // p == 0:
+            held -= 1
+    return peak
+
+
+def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
+    """Peak bytes over ranks 0 and p - 1 (rank 0 holds the most activations and the embedding;
+    rank p - 1 the head; middle ranks hold less than rank 0). The head's chunk runs each
+    forward right before its backward (1F1B, and Megatron's interleaved order once m >= p), so
+    it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``. Both peaks
+    are added to the rank's total, an upper bound within the embedding's share."""
+    blocks_per_chunk = cfg.num_layers // (c.pipeline * c.virtual)
+    dec = u.decoder
+    chunk_act = blocks_per_chunk * dec.strategies()[c.recompute].activation_bytes
+    blocks_static = cfg.num_layers // c.pipeline * dec.static_bytes
+    first = first_chunk_inflight(c.pipeline, c.virtual, c.num_microbatches)
+    rank0 = blocks_static + u.embedding.static_bytes + inflight_chunks(c, 0) * chunk_act + first * (
+        u.embedding.activation_bytes or 0.0)
+    last = blocks_static + u.head.static_bytes + inflight_chunks(c, c.pipeline - 1) * chunk_act + (
+        u.head.activation_bytes or 0.0)
+    if c.pipeline == 1:
+        return rank0 + u.head.static_bytes + (u.head.activation_bytes or 0.0)
+    return max(rank0, last)
+
+
+def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config) -> Estimate:
+    """Closed-form iteration time and memory of one configuration."""
+    assert cluster.device is not None
+    p, v, m = c.pipeline, c.virtual, c.num_microbatches
+    work = rank_work_s(u, cfg, c)
+    t_max, t_avg = max(work), math.fsum(work) / p
+    send_s = 0.0
+    if p > 1:
+        bandwidth, latency = p2p_link(cluster, c)
+        send_s = latency + u.decoder.output_bytes / bandwidth
+    # Each microbatch waits on 2 v transfers per rank in the steady state and 2 (p - 1) more to fill
+    # and drain the pipeline (Megatron's 1F1B sends are blocking).
+    pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
+    allreduce = 0.0
+    if c.data > 1:
+        bandwidth, latency = dp_link(cluster, c)
+        blocks = cfg.num_layers // p
+        params = u.embedding.param_bytes + blocks * u.decoder.param_bytes
+        allreduce = allreduce_time_s(params, c.data, bandwidth, latency)
+    peak = peak_memory_bytes(u, cfg, c)
+    return Estimate(iteration_s=pipeline_s + allreduce, pipeline_s=pipeline_s, allreduce_s=allreduce,
+                    peak_memory_bytes=peak, fits=peak <= cluster.device.memory_bytes)
+
+
+def throughput_row(cfg: TransformerConfig, cluster: Cluster, c: Config, iteration_s: float) -> dict[str, float]:
+    """Samples/s, TFLOP/s per GPU in the paper's Eq. 4.2 accounting (which counts a recompute
+    forward, L4166-4190) and MFU (model FLOPs, no recompute) at a given iteration time."""
+    assert cluster.device is not None
+    batch = c.num_microbatches * c.microbatch_size * c.data
+    devices = c.tensor * c.pipeline * c.data
+    eq42 = flops_per_iteration(cfg, global_batch_size=batch, recompute=True)
+    model = model_flops_per_sample(cfg) * batch
+    return {
+        "samples_per_s": batch / iteration_s,
+        "tflops_per_gpu": eq42 / iteration_s / devices / 1e12,
+        "mfu": model / iteration_s / devices / cluster.device.peak_flops,
+    }
