@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
-from planner.schema import Plan
+from planner.schema import Cluster, Plan
 
-__all__ = ["PipelineCosts", "bottleneck_s", "pipeline_costs"]
+__all__ = ["PipelineCosts", "allreduce_link", "bottleneck_s", "pipeline_costs"]
 
 
 
@@ -202,22 +202,24 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
 
 
 def _ring_link(plan: Plan, stage_index: int, num_replicas: int) -> tuple[float, float]:
-    """Bandwidth and latency of the all-reduce ring over a stage's replicas.
+    return allreduce_link(plan.cluster, [_replica_rank(plan, stage_index, j) for j in range(num_replicas)])
+
+
+def allreduce_link(cluster: Cluster, ranks: Sequence[int]) -> tuple[float, float]:
+    """Bandwidth and latency of a ring all-reduce over the given ranks (one per replica).
 
     Inside one node: the intra-node link. Across nodes the ring's slowest hop is the inter-node
-    link, whose bandwidth is per device; the k replicas that share a node drive k links at once
-    (NCCL runs one ring per NIC), so the ring gets min(intra, k x inter), k counted on replica
-    0's node.
+    link, whose bandwidth is per device; the k ring members that share a node drive k links at
+    once (NCCL runs one ring per NIC; Selene has one NIC per GPU, dissertation L4081-4086), so
+    the ring gets min(intra, k x inter), k counted on the first rank's node.
     """
-    cluster = plan.cluster
-    ranks = [_replica_rank(plan, stage_index, j) for j in range(num_replicas)]
     nodes = [cluster.node_of(r) for r in ranks]
     if len(set(nodes)) == 1:
-        return cluster.link(ranks[0], ranks[1])
+        return cluster.link(ranks[0], ranks[-1])
     intra, _ = cluster.link(ranks[0], ranks[0])
     inter, latency = cluster.link(ranks[0], next(r for r, n in zip(ranks, nodes) if n != nodes[0]))
     per_node = nodes.count(nodes[0])
-    return min(intra, per_node * inter) if intra > 0 else per_node * inter, latency
+    return (min(intra, per_node * inter) if intra > 0 else per_node * inter), latency
 
 
 def _replica_rank(plan: Plan, stage_index: int, replica: int) -> int:

@@ -30,13 +30,14 @@ from collections.abc import Sequence
 from cost_models import _sim_engine as engine
 from cost_models import _sim_report as report
 from cost_models import _sim_rr as rr
-from cost_models._sim_costs import PipelineCosts, bottleneck_s, pipeline_costs
+from cost_models._sim_costs import PipelineCosts, allreduce_link, bottleneck_s, pipeline_costs
 from cost_models.schedules import build_actions, validate_actions
 from planner.errors import InvalidProblemError
 from planner.schema import Action, Plan, Predicted, SimResult
 
 __all__ = [
     "PipelineCosts",
+    "allreduce_link",
     "check_pipeline_ranks",
     "bottleneck_s",
     "pipeline_costs",

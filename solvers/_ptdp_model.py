@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cost_models.simulate import allreduce_link
 from cost_models.transformer import allreduce_time_s, flops_per_iteration, model_flops_per_sample, transformer_profile
 from planner.schema import Cluster, LayerProfile, TransformerConfig
 
@@ -106,11 +107,8 @@ def dp_link(cluster: Cluster, c: Config) -> tuple[float, float]:
     apart: the ring stays in a node while d t fits in it; otherwise each node holds
     k = devices_per_node / t replicas of the ring, whose traffic leaves over their k network
     cards (one per GPU on Selene, L4081-4086), so the ring runs at min(intra, k x inter)."""
-    intra, inter = float(cluster.intra_node_bytes_per_s or 0.0), float(cluster.inter_node_bytes_per_s or 0.0)
-    if c.data * c.tensor <= cluster.devices_per_node:
-        return intra, cluster.intra_node_latency_s
-    per_node = max(1, cluster.devices_per_node // c.tensor)
-    return min(intra, per_node * inter), cluster.inter_node_latency_s
+    # Stage 0's replicas in Megatron's order (rank = replica x t); the simulator's ring.
+    return allreduce_link(cluster, [j * c.tensor for j in range(c.data)])
 
 
 def inflight_chunks(c: Config, rank: int) -> int:

@@ -1,0 +1,155 @@
+"""Closed-form cost model of PipeDream-2BW's planner (dissertation Sec. 3.3.3, seed 001 L2589-2821).
+
+For one configuration (depth p, width d, microbatch size b, recompute r, m microbatches per
+batch) the per-microbatch time of an equi-replicated pipeline is (L2675-2694, L2696-2726)
+
+    t = max_i max( T^comp_i + T^comm_{i-1 -> i},  T^comm_i / m )
+
+with T^comp_i the stage's forward + backward (+ recompute) time, T^comm_{i-1 -> i} = 2 x (one
+activation transfer) charged to the receiving stage (L2743-2759, the factor 2 covers the gradient
+sent back) and T^comm_i the ring all-reduce of the stage's gradients among its d replicas
+(L2761-2781), at the intra-node bandwidth when the stage's d t ranks share a node and the
+inter-node one otherwise (the chapter's B_high / B_low with "<=": d replicas that fill a server
+still communicate inside it). The recompute overhead c_extra is not the chapter's constant 4/3 but each layer's
+measured ``extra_s`` (the chapter allows a measured c_extra, L2698-2702; for the analytic
+transformer profile it is one more forward, i.e. 4/3 when backward = 2 x forward).
+
+- 2BW (no flush) runs one batch every m t seconds (throughput b d / t, per-GPU microbatch over t
+  times the d parallel pipelines, L2728-2730).
+- Flush adds the pipeline bubble, (p - 1)/m for identical stages (Ch. 4, L3518-3551); with
+  unequal stages the fill and drain take sum_i t_i - max_i t_i, and the gradient all-reduce runs
+  after the flush instead of overlapping the next batch:
+  iteration = (m - 1) max_i t_i + sum_i t_i + max_i T^comm_i, with t_i = T^comp_i + T^comm_{i-1 -> i}.
+
+Memory per device of stage s (0-based), consistent with the simulator (``cost_models.simulate``):
+
+    static_s (weights + gradients + optimizer state) [+ weights_s for 2BW's second version]
+    + min(p - s, m) x activations_s(r)              (1F1B in-flight microbatches, L2314-2322)
+    + [with recompute] the activations re-materialized during one backward: the largest
+      recomputed layer's full activations less what it keeps anyway
+
+The chapter checkpoints only the stage input and re-materializes the whole stage, |A^total(b)| / p
+(L2324-2331, L2809-2821); the profiles' ``full`` strategy keeps every layer's input (per-layer
+checkpointing, as Megatron-LM), so the backward re-materializes one layer at a time.
+
+The chapter's MEMORY(.) counts weights only (2|W|/p); it omits gradients and optimizer state,
+which are real for Adam (L3197-3201), so ``static_bytes`` of the profile is used instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.simulate import allreduce_link
+from cost_models.transformer import allreduce_time_s
+from planner.schema import Cluster, ModelProfile
+
+SCHEDULES = ("2bw", "flush")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTerms:
+    """Per-stage inputs of the closed forms, index = stage."""
+
+    compute_s: tuple[float, ...]
+    """T^comp_i: forward + backward + recompute of one microbatch."""
+    comm_in_s: tuple[float, ...]
+    """T^comm_{i-1 -> i}: activation in and gradient back (0 for the first stage)."""
+    allreduce_s: tuple[float, ...]
+    """T^comm_i: ring all-reduce of the stage's gradients over its d replicas."""
+    static_bytes: tuple[float, ...]
+    weight_bytes: tuple[float, ...]
+    """One copy of the stage's weights (2BW's second version)."""
+    activation_bytes: tuple[float, ...]
+    """Bytes kept per in-flight microbatch under the recompute strategy."""
+    working_bytes: tuple[float, ...]
+    """Activations re-materialized at once: the largest recomputed layer's full activations
+    less what it keeps anyway (0 without recompute)."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.compute_s)
+
+
+def stage_terms(
+    model: ModelProfile,
+    cluster: Cluster,
+    bounds: Sequence[int],
+    *,
+    recompute: str,
+    data_parallel: int,
+    tensor_parallel: int,
+) -> StageTerms:
+    """The closed-form terms of every stage of an equi-replicated pipeline.
+
+    Args:
+        bounds: p + 1 layer indices; stage x holds layers [bounds[x], bounds[x+1]).
+        recompute: the strategy applied to every layer that offers it (others keep ``none``).
+        data_parallel: d, the replicas of every stage.
+        tensor_parallel: t, devices per stage replica (ranks are stage-major, see
+            ``solvers.common.stage_ranks``), used to find the links.
+    """
+    p, d, t = len(bounds) - 1, data_parallel, tensor_parallel
+    compute, comm, allreduce, static, weights, act, work = [], [], [], [], [], [], []
+    for x in range(p):
+        own = model.layers[bounds[x] : bounds[x + 1]]
+        names = [recompute if recompute in layer.strategies() else "none" for layer in own]
+        chosen = [layer.strategies()[name] for layer, name in zip(own, names)]
+        full = [layer.strategies()["none"].activation_bytes for layer in own]
+        compute.append(math.fsum(layer.forward_s + layer.backward_s + o.extra_s for layer, o in zip(own, chosen)))
+        act.append(math.fsum(o.activation_bytes for o in chosen))
+        work.append(max((f - o.activation_bytes for f, o, n in zip(full, chosen, names) if n != "none"), default=0.0))
+        static.append(math.fsum(layer.static_bytes for layer in own))
+        params = math.fsum(layer.param_bytes for layer in own)
+        weights.append(params)
+        base = x * d * t  # tensor rank 0 of replica 0 of stage x
+        if x == 0:
+            comm.append(0.0)
+        else:
+            bandwidth, latency = cluster.link(base - d * t, base)
+            comm.append(2 * (latency + model.layers[bounds[x] - 1].output_bytes / bandwidth))
+        if d > 1 and params > 0:
+            # bwdth_cross-pipeline(d) (L2769-2781): intra-node while the d replicas share a node;
+            # across nodes the simulator's ring (one NIC per replica on a node, allreduce_link)
+            bandwidth, latency = allreduce_link(cluster, [base + j * t for j in range(d)])
+            allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
+        else:
+            allreduce.append(0.0)
+    return StageTerms(
+        compute_s=tuple(compute), comm_in_s=tuple(comm), allreduce_s=tuple(allreduce),
+        static_bytes=tuple(static), weight_bytes=tuple(weights), activation_bytes=tuple(act),
+        working_bytes=tuple(work),
+    )
+
+
+def time_per_microbatch_s(terms: StageTerms, num_microbatches: int) -> float:
+    """The chapter's t: max over stages of max(compute + incoming transfers, all-reduce / m)."""
+    return max(
+        max(c + k, a / num_microbatches)
+        for c, k, a in zip(terms.compute_s, terms.comm_in_s, terms.allreduce_s)
+    )
+
+
+def iteration_time_s(terms: StageTerms, schedule: str, num_microbatches: int) -> float:
+    """Seconds per batch of m microbatches on every pipeline (see the module docstring)."""
+    m = num_microbatches
+    if schedule == "2bw":
+        return m * time_per_microbatch_s(terms, m)
+    assert schedule == "flush", schedule
+    per_stage = [c + k for c, k in zip(terms.compute_s, terms.comm_in_s)]
+    return (m - 1) * max(per_stage) + math.fsum(per_stage) + max(terms.allreduce_s)
+
+
+def stage_memory_bytes(terms: StageTerms, schedule: str, num_microbatches: int) -> tuple[float, ...]:
+    """Peak bytes per device of every stage (see the module docstring)."""
+    p, m = terms.num_stages, num_microbatches
+    out = []
+    for s in range(p):
+        versions = terms.weight_bytes[s] if schedule == "2bw" else 0.0
+        inflight = min(p - s, m)
+        out.append(
+            terms.static_bytes[s] + versions + inflight * terms.activation_bytes[s] + terms.working_bytes[s]
+        )
+    return tuple(out)
