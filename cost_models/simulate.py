@@ -14,6 +14,8 @@ Model (docs/simulator.md has the full statement and the closed forms it reproduc
   after its last compute;
 - stages replicated differently from ``degrees.data`` run PipeDream's 1F1B-RR with weight
   stashing and no flush (``cost_models._sim_rr``), reported as a steady state like 2BW;
+- plans with ``bpipe`` set also run BPipe's activation evictions and loads between paired
+  stages as timed link transfers (``cost_models._sim_bpipe``, seed 004);
 - 2BW (no flush) reports the steady state per batch: batches run back to back in 1F1B order
   and the iteration is the time between the completions of two consecutive batches past the
   pipeline fill.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from cost_models import _sim_bpipe as bpipe_sim
 from cost_models import _sim_engine as engine
 from cost_models import _sim_report as report
 from cost_models import _sim_rr as rr
@@ -66,6 +69,8 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
         InvalidProblemError: the plan's cluster has no device, a custom action list is malformed
             or deadlocks, or the schedule needs weight-gradient times the profile lacks.
     """
+    if plan.bpipe is not None:
+        return bpipe_sim.simulate_bpipe(plan, include_events=include_events)  # evictions and loads
     costs = pipeline_costs(plan)
     samples = float(plan.global_batch_size)
     if rr.is_round_robin(plan):

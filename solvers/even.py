@@ -7,6 +7,11 @@ output head the last, the blocks are split as evenly as possible over p x v virt
 and the recompute strategy is the cheapest uniform one whose simulated peak memory fits the
 device (stage-ilp-spipe-bpipe.md §A.6.8, "Megatron-Even"). When the pipeline depth is not
 given, the smallest depth that fits is used (PTD-P takeaway #2, L3897-3900).
+
+With ``problem.bpipe`` (BPipe, seed 004; docs/bpipe.md) every candidate of 4 or more stages
+gets ``plan.bpipe`` (pairs (s, p-1-s), target mu_opt), pair-adjacent ranks (seed L156-180) and
+the appendix's link check; the simulator then runs the evictions and loads, so the recompute
+strategy is chosen against the balanced memory.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cost_models import bpipe
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import ModelProfile, PipelineProblem, Plan
+from planner.schema import BPipeSpec, ModelProfile, PipelineProblem, Plan, Stage
 from solvers.common import (
     build_plan,
     even_split,
@@ -45,7 +51,13 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         InfeasibleError: no depth and strategy fit; the message gives the memory needed.
     """
     opts = parse_options(Options, options, solver="even")
+    if problem.bpipe and problem.schedule not in bpipe.SUPPORTED_SCHEDULES:
+        raise InvalidProblemError(
+            f"bpipe balances the 1F1B and interleaved 1F1B schedules; schedule {problem.schedule!r} "
+            "has no memory imbalance to balance or is not supported: use '1f1b' or 'interleaved-1f1b', or drop bpipe"
+        )
     start = time.perf_counter()
+    link_error: InfeasibleError | None = None
     strategies = _strategy_order(problem.model, opts)
     smallest_peak = float("inf")
     layout_error: InvalidProblemError | None = None
@@ -64,19 +76,51 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
                 problem, layout, bounds=bounds, strategies=per_layer, solver="even",
                 options={"recompute": opts.recompute} if opts.recompute else {},
             )
+            try:
+                plan, bpipe_notes = with_bpipe(plan) if problem.bpipe else (plan, ())
+            except InfeasibleError as e:
+                link_error = e  # the pair link is too slow for this configuration
+                continue
             plan, result = with_prediction(plan)
             if result.fits_memory:
-                notes = (f"uniform recompute {strategy!r} on every layer that offers it",)
+                notes = (f"uniform recompute {strategy!r} on every layer that offers it", *bpipe_notes)
                 return plan.model_copy(
                     update={"solve_time_s": time.perf_counter() - start, "notes": notes}
                 )
             smallest_peak = min(smallest_peak, max(s.peak_memory_bytes for s in result.stages))
     if smallest_peak == float("inf") and layout_error is not None:
         raise InvalidProblemError(f"no pipeline depth can split the batch: {layout_error}")
+    if smallest_peak == float("inf") and link_error is not None:
+        raise link_error
     what = f"the even split of {problem.model.name}" + (
         f" on {problem.num_stages} stages" if problem.num_stages else " at every pipeline depth"
     )
     raise InfeasibleError(memory_shortfall_message(problem, smallest_peak, what))
+
+
+def with_bpipe(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
+    """The plan with BPipe: pairs (s, p-1-s), target mu_opt, pair-adjacent ranks; and notes.
+
+    Below 4 stages BPipe moves nothing (seed L100): the plan is returned without it, with a note.
+
+    Raises:
+        InfeasibleError: a pair link fails the appendix's relaxed bandwidth bound.
+    """
+    p, v = plan.degrees.pipeline, plan.degrees.virtual
+    if p < 4:
+        return plan, (f"bpipe: {p} stages hold at most mu_opt activation sets already (BPipe acts from "
+                      "4 stages, seed 004 L100); planned without it",)
+    ranks = bpipe.pair_adjacent_ranks(p, data_parallel=plan.degrees.data, tensor_parallel=plan.degrees.tensor)
+    stages = tuple(Stage(index=s.index, replicas=s.replicas, ranks=ranks[s.index], chunks=s.chunks)
+                   for s in plan.stages)
+    spec = BPipeSpec(pairs=bpipe.pairs(p), target_inflight=bpipe.optimal_inflight(p, num_chunks=v))
+    plan = plan.model_copy(update={"stages": stages, "bpipe": spec})
+    warnings = bpipe.check_link_bandwidth(plan)
+    for warning in warnings:
+        log.warning("%s", warning)
+    note = (f"bpipe: pairs {[list(x) for x in spec.pairs]}, at most {spec.target_inflight} activation sets "
+            "per evictor, pair-adjacent ranks")
+    return plan, (note, *warnings)
 
 
 def even_bounds(model: ModelProfile, num_parts: int) -> list[int]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cost_models.simulate import simulate
+from planner.cli import main
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import Cluster, Device, LayerProfile, ModelProfile, PipelineProblem, RecomputeOption
+from planner.schema import Cluster, Device, LayerProfile, ModelProfile, PipelineProblem, Plan, RecomputeOption
 from solvers import get_solver
 from solvers.even import even_bounds, solve
 
@@ -110,3 +113,79 @@ def test_global_batch_must_split() -> None:
     bad = PipelineProblem(model=_model(), cluster=_cluster(1e9, 4), num_stages=2, global_batch_size=5)
     with pytest.raises(InfeasibleError, match=r"global_batch_size=5 is not divisible by .* data_parallel 2 = 2; use a multiple of 2 \(4 or 6\)"):
         solve(bad)
+
+
+# ---------------------------------------------------------------- BPipe (seed 004, docs/bpipe.md)
+
+
+def _plain_layer(name: str) -> LayerProfile:
+    # static 8 bytes, keeps 8 bytes for backward, no recompute strategy to fall back on
+    return LayerProfile(name=name, forward_s=1.0, backward_s=2.0, static_bytes=8, activation_bytes=8)
+
+
+def _bpipe_problem(memory_bytes: float, *, bpipe: bool, bandwidth: float = 1e18, **kwargs: object) -> PipelineProblem:
+    # p = 4, m = 8, two layers per stage: 16 static bytes and 16 bytes per activation set.
+    # 1F1B holds 4, 3, 2, 1 sets (stage 0: 16 + 4 x 16 = 80 bytes); BPipe holds 3, 3, 2, 1 + 2 (64 bytes).
+    model = kwargs.pop("model", ModelProfile(name="toy", layers=tuple(_plain_layer(f"l{i}") for i in range(8))))
+    cluster = Cluster(
+        name="toy", device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
+        devices_per_node=4, intra_node_bytes_per_s=bandwidth, inter_node_bytes_per_s=bandwidth,
+    )
+    return PipelineProblem(model=model, cluster=cluster, num_stages=4, num_microbatches=8, bpipe=bpipe, **kwargs)
+
+
+def test_bpipe_fits_where_the_plain_even_plan_does_not() -> None:
+    with pytest.raises(InfeasibleError, match="needs 80 B per device"):
+        solve(_bpipe_problem(64, bpipe=False))
+    plan = solve(_bpipe_problem(64, bpipe=True))
+    assert plan.bpipe is not None
+    assert plan.bpipe.pairs == ((0, 3), (1, 2)) and plan.bpipe.target_inflight == 3
+    assert [s.ranks for s in plan.stages] == [(0,), (2,), (3,), (1,)]  # pair-adjacent: [0, 3, 1, 2]
+    result = simulate(plan)
+    assert result.fits_memory and [s.peak_memory_bytes for s in result.stages] == [64, 64, 48, 64]
+    assert plan.predicted is not None and plan.predicted.iteration_time_s == pytest.approx((8 + 3) * 6)
+    assert any(n.startswith("bpipe: pairs [[0, 3], [1, 2]]") for n in plan.notes)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and simulate(again).iteration_time_s == result.iteration_time_s
+
+
+def test_bpipe_picks_recompute_with_the_balanced_counts() -> None:
+    # With full recompute offered (1 byte per layer, +1 s): plain needs full (none peaks at 80 > 64);
+    # with BPipe none fits (64), so the plan runs (m + p - 1)(F + B) = 11 x 6 instead of 11 x 8.
+    plain = solve(_bpipe_problem(64, bpipe=False, model=_model(8)))
+    balanced = solve(_bpipe_problem(64, bpipe=True, model=_model(8)))
+    assert {s for st in plain.stages for c in st.chunks for s in c.layer_strategies()} == {"full"}
+    assert {s for st in balanced.stages for c in st.chunks for s in c.layer_strategies()} == {"none"}
+    assert plain.predicted is not None and balanced.predicted is not None
+    assert (plain.predicted.iteration_time_s, balanced.predicted.iteration_time_s) == pytest.approx((88, 66))
+
+
+def test_bpipe_link_check_rejects_or_warns() -> None:
+    # A set of 16 bytes over the pair link; stage F = 2 s, B = 4 s.
+    # 4 bytes/s: 4 s per transfer, 2 x 4 > F + B: rejected (App. B relaxed bound).
+    with pytest.raises(InfeasibleError, match="pair link too slow for stage 0 -> 3"):
+        solve(_bpipe_problem(1e9, bpipe=True, bandwidth=4.0))
+    # 6.4 bytes/s: 2.5 s > F but 2 x 2.5 <= F + B: planned, with a warning note.
+    plan = solve(_bpipe_problem(1e9, bpipe=True, bandwidth=6.4))
+    assert plan.bpipe is not None and any("longer than the forward" in n for n in plan.notes)
+
+
+def test_bpipe_below_four_stages_and_unsupported_schedules() -> None:
+    plan = solve(PipelineProblem(model=_model(), cluster=_cluster(1e9), num_stages=2, num_microbatches=4, bpipe=True))
+    assert plan.bpipe is None and any("planned without it" in n for n in plan.notes)
+    with pytest.raises(InvalidProblemError, match="bpipe balances the 1F1B"):
+        solve(_bpipe_problem(1e9, bpipe=True, schedule="gpipe"))
+
+
+def test_cli_plan_with_bpipe(tmp_path: Path) -> None:
+    problem = _bpipe_problem(64, bpipe=True)
+    model, cluster = tmp_path / "model.json", tmp_path / "cluster.json"
+    model.write_text(problem.model.to_json())
+    cluster.write_text(problem.cluster.to_json())
+    args = ["plan", "--model", str(model), "--cluster", str(cluster), "--pipeline", "4", "--microbatches", "8"]
+    assert main(args) == 3  # the plain even plan does not fit
+    out = tmp_path / "plan.json"
+    assert main([*args, "--bpipe", "-o", str(out)]) == 0
+    plan = Plan.from_json(out.read_text())
+    assert plan.bpipe is not None and simulate(plan).fits_memory
+    assert main(["simulate", str(out), "--json"]) == 0
