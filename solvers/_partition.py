@@ -1,0 +1,204 @@
+"""Partitioning pieces shared by the baselines of the stage-ILP (reading stage-ilp-spipe-bpipe.md §A.6.8).
+
+- ``partition_bounds``: the min-max dynamic program over contiguous partitions of a layer chain
+  into a fixed number of parts, where a part's cost may depend on its position (its in-flight
+  count): best[q][j] = min_i max(best[q-1][i], cost(i, j, q)) (PipeDream's bottleneck objective,
+  dissertation L1237-1245, for a fixed depth and one replica per stage).
+- ``recompute_frontier``: the per-stage recompute knapsack (AdaPipe, ASPLOS'24: per-stage
+  recompute chosen to use the memory a stage has): over the layers of a range, the Pareto set
+  of (activation bytes, recompute time) of all strategy assignments; layers of one type are
+  interchangeable, so an assignment is a count per (type, strategy).
+- ``pipedream_fixed``: the benchmark's "pipedream" baseline, the bottleneck partition for the
+  problem's fixed p with one uniform recompute strategy (the cheapest whose partition fits);
+  the registered ``pipedream`` solver chooses its own depth and replication instead.
+
+Memory of a part on rank x, chunk c: static bytes + k_{c,x} x activation bytes, where k_{c,x} is
+the chunk's peak in-flight count in the schedule's action order (``_stage_ilp_model``); with
+C > 1 chunks each chunk gets 1/C of the device memory (a conservative split).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import time
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from planner.errors import InfeasibleError, InvalidProblemError
+from planner.schema import PipelineProblem, Plan
+from solvers._stage_ilp_model import LayerType, StageModel, build_model
+from solvers.common import build_plan, memory_shortfall_message, resolve_layout, with_prediction
+
+Frontier = tuple[tuple[float, float, tuple[tuple[int, ...], ...]], ...]
+"""(activation bytes, recompute seconds, counts per type and strategy), bytes ascending, time descending."""
+
+
+def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, int], float]) -> tuple[float, list[int]]:
+    """Min over contiguous partitions into non-empty parts of the largest part cost.
+
+    Args:
+        cost: cost(i, j, q) of layers [i, j) as part q; ``math.inf`` when they cannot be part q.
+
+    Returns:
+        (value, bounds) with bounds[0] = 0, bounds[-1] = num_layers; value inf if none is feasible.
+        Ties go to the smallest last boundary at every step (deterministic).
+    """
+    inf = math.inf
+    best = [[inf] * (num_layers + 1) for _ in range(num_parts + 1)]
+    arg = [[0] * (num_layers + 1) for _ in range(num_parts + 1)]
+    best[0][0] = 0.0
+    for q in range(1, num_parts + 1):
+        left = num_parts - q  # parts still to come need a layer each
+        for j in range(q, num_layers - left + 1):
+            for i in range(q - 1, j):
+                if best[q - 1][i] >= best[q][j]:
+                    continue
+                value = max(best[q - 1][i], cost(i, j, q - 1))
+                if value < best[q][j]:
+                    best[q][j], arg[q][j] = value, i
+    value = best[num_parts][num_layers]
+    if math.isinf(value):
+        return value, []
+    bounds = [num_layers]
+    for q in range(num_parts, 0, -1):
+        bounds.append(arg[q][bounds[-1]])
+    return value, bounds[::-1]
+
+
+def composition(types: tuple[LayerType, ...], i: int, j: int) -> tuple[int, ...]:
+    """Layers of each type in the range [i, j)."""
+    return tuple(max(0, min(j, t.first + t.num_layers) - max(i, t.first)) for t in types)
+
+
+@lru_cache(maxsize=4096)
+def _type_frontier(t: LayerType, n: int) -> Frontier:
+    r = len(t.strategies)
+    points = []
+    for split in itertools.combinations(range(n + r - 1), r - 1):  # stars and bars: counts summing to n
+        edges = (-1, *split, n + r - 1)
+        counts = tuple(edges[a + 1] - edges[a] - 1 for a in range(r))
+        act = math.fsum(c * b for c, b in zip(counts, t.activation_bytes))
+        extra = math.fsum(c * e for c, e in zip(counts, t.extra_s))
+        points.append((act, extra, (counts,)))
+    return _prune(points)
+
+
+def _prune(points: list[tuple[float, float, tuple[tuple[int, ...], ...]]]) -> Frontier:
+    points.sort(key=lambda p: (p[0], p[1]))
+    out: list[tuple[float, float, tuple[tuple[int, ...], ...]]] = []
+    for point in points:
+        if not out or point[1] < out[-1][1]:
+            out.append(point)
+    return tuple(out)
+
+
+@lru_cache(maxsize=65536)
+def recompute_frontier(types: tuple[LayerType, ...], comp: tuple[int, ...]) -> Frontier:
+    """Pareto set of (activation bytes, recompute time) over strategy counts for a composition."""
+    front: Frontier = ((0.0, 0.0, ()),)
+    for t, n in zip(types, comp):
+        own = _type_frontier(t, n) if n else ((0.0, 0.0, (tuple(0 for _ in t.strategies),)),)
+        front = _prune([(a1 + a2, e1 + e2, c1 + c2) for a1, e1, c1 in front for a2, e2, c2 in own])
+    return front
+
+
+def cheapest_within(front: Frontier, budget_bytes: float) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
+    """Least recompute time whose activation bytes fit the budget, with its counts; None if none."""
+    pos = bisect.bisect_right([p[0] for p in front], budget_bytes * (1 + 1e-12)) - 1
+    if pos < 0:
+        return None
+    return front[pos][1], front[pos][2]
+
+
+def chunk_inflight(model: StageModel, k: int) -> int:
+    """Peak in-flight count of virtual stage k's chunk on its rank."""
+    p = model.num_stages
+    return max(vec[k // p] for vec in model.inflight[k % p])
+
+
+def static_bytes(types: tuple[LayerType, ...], comp: tuple[int, ...]) -> float:
+    return math.fsum(n * t.static_bytes for n, t in zip(comp, types))
+
+
+def compute_s(types: tuple[LayerType, ...], comp: tuple[int, ...]) -> float:
+    return math.fsum(n * (t.forward_s + t.backward_s) for n, t in zip(comp, types))
+
+
+def strategies_of(types: tuple[LayerType, ...], bounds: list[int], choice: list[tuple[tuple[int, ...], ...]]) -> list[str]:
+    """Per-layer strategies from per-part counts (the most recompute first within each type run)."""
+    out: list[str] = []
+    for per_type in choice:
+        for t, counts in zip(types, per_type):
+            for name, c in zip(t.strategies, counts):
+                out.extend([name] * c)
+    assert len(out) == bounds[-1]
+    return out
+
+
+def finish_plan(problem: PipelineProblem, model: StageModel, *, bounds: list[int], strategies: list[str], solver: str,
+                options: dict[str, Any], notes: tuple[str, ...], began: float) -> Plan:
+    """Build, simulate and check a baseline's plan.
+
+    Raises:
+        InfeasibleError: the simulated peak memory exceeds the device.
+    """
+    plan = build_plan(problem, model.layout, bounds=bounds, strategies=strategies, solver=solver, options=options,
+                      notes=notes)
+    plan, result = with_prediction(plan)
+    if not result.fits_memory:
+        peak = max(s.peak_memory_bytes for s in result.stages)
+        raise InfeasibleError(memory_shortfall_message(problem, peak, f"the {solver} plan on {model.num_stages} stages"))
+    return plan.model_copy(update={"solve_time_s": time.perf_counter() - began})
+
+
+def fixed_depth_model(problem: PipelineProblem, solver: str) -> StageModel:
+    """The stage model of a problem with a fixed depth (the baselines need ``num_stages``).
+
+    Raises:
+        InvalidProblemError: no depth given or a schedule the baselines do not model.
+    """
+    if problem.num_stages is None:
+        raise InvalidProblemError(
+            f"solver {solver!r} partitions for a fixed pipeline depth; give num_stages (--pipeline P)")
+    return build_model(problem, resolve_layout(problem, problem.num_stages), strategies=None)
+
+
+def pipedream_fixed(problem: PipelineProblem, options: Mapping[str, Any] | None = None) -> Plan:
+    """PipeDream-style bottleneck partition at the problem's p with one uniform strategy.
+
+    Strategies are tried from the least recompute time (as ``even``); the first whose
+    memory-constrained min-max partition exists is returned.
+
+    Raises:
+        InfeasibleError: no uniform strategy admits a partition that fits.
+    """
+    began = time.perf_counter()
+    model = fixed_depth_model(problem, "pipedream-fixed")
+    types, num_k = model.types, model.num_virtual
+    share = model.capacity_bytes / model.num_chunks
+    names = sorted({s for t in types for s in t.strategies},
+                   key=lambda s: (sum(t.num_layers * t.extra_s[t.strategies.index(s)] for t in types if s in t.strategies), s))
+    for name in names:
+        pick = [t.strategies.index(name) if name in t.strategies else t.strategies.index("none") for t in types]
+
+        def cost(i: int, j: int, q: int, pick: list[int] = pick) -> float:
+            comp = composition(types, i, j)
+            act = math.fsum(n * t.activation_bytes[s] for n, t, s in zip(comp, types, pick))
+            if static_bytes(types, comp) + chunk_inflight(model, q) * act > share:
+                return math.inf
+            return compute_s(types, comp) + math.fsum(n * t.extra_s[s] for n, t, s in zip(comp, types, pick))
+
+        value, bounds = partition_bounds(model.num_layers, num_k, cost)
+        if math.isinf(value):
+            continue
+        strategies = [types[next(a for a, t in enumerate(types) if t.first <= i < t.first + t.num_layers)].strategies[
+            pick[next(a for a, t in enumerate(types) if t.first <= i < t.first + t.num_layers)]] for i in range(bounds[-1])]
+        return finish_plan(problem, model, bounds=bounds, strategies=strategies, solver="pipedream-fixed",
+                           options={"recompute": name}, notes=(f"bottleneck partition, uniform recompute {name!r}",),
+                           began=began)
+    raise InfeasibleError(
+        f"no uniform recompute strategy gives a bottleneck partition of {problem.model.name} on {model.num_stages} "
+        "stages that fits device memory (each chunk gets 1/C of the device); use more stages or a larger device")

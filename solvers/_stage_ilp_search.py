@@ -1,0 +1,115 @@
+"""Re-ranking of stage-ILP candidates with the one simulator (issue 4: choose by simulated time).
+
+The ILP minimizes the *modelled* iteration time, which equals the simulated one for uniform
+stages but only estimates it for imbalanced ones (two stages of 13 and 12 units per microbatch,
+4 microbatches: modelled 13 + 12 + 3 x 13 = 64, simulated 63). So the returned plan is chosen
+by simulation: the ILP optimum and the warm-start plans are simulated, then a best-improvement
+local search moves one layer across a chunk boundary or changes one layer's recompute strategy
+at a time, simulating the ``width`` neighbours with the smallest modelled time, until no
+neighbour is faster or ``max_simulations`` is spent. Only plans whose memory fits (exact
+in-flight check, ``_stage_ilp_model.fits``) are simulated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from cost_models.schedules import build_actions
+from cost_models.simulate import simulate_costs
+from solvers._stage_ilp_model import Counts, StageModel, candidate_costs, fits, modelled_time_s
+
+
+@dataclass(slots=True)
+class Search:
+    model: StageModel
+    max_simulations: int
+    width: int = 16
+    time_budget_s: float = 30.0
+    simulated: dict[Counts, float] = field(default_factory=dict)
+    source: dict[Counts, str] = field(default_factory=dict)
+    _actions: tuple[object, ...] | None = None
+    _began: float = field(default_factory=time.perf_counter)
+
+    def simulate(self, counts: Counts, label: str) -> float:
+        if counts not in self.simulated:
+            if self._actions is None:
+                m = self.model
+                self._actions = build_actions(m.schedule, num_stages=m.num_stages, num_chunks=m.num_chunks,
+                                              num_microbatches=m.num_microbatches)
+            result = simulate_costs(candidate_costs(self.model, counts), self._actions,  # type: ignore[arg-type]
+                                    num_microbatches=self.model.num_microbatches, include_events=False, validate=False)
+            self.simulated[counts] = result.iteration_time_s
+            self.source[counts] = label
+        return self.simulated[counts]
+
+    @property
+    def exhausted(self) -> bool:
+        return (len(self.simulated) >= self.max_simulations
+                or time.perf_counter() - self._began > self.time_budget_s)
+
+    def run(self, seeds: Sequence[tuple[str, Counts]]) -> Counts:
+        """The fastest plan found by simulation, starting from the seeds (all must fit)."""
+        for label, counts in seeds:
+            self.simulate(counts, label)
+        best = min((c for _, c in seeds), key=lambda c: self.simulated[c])
+        while not self.exhausted:
+            ranked = sorted({c for c in neighbours(best) if c not in self.simulated and fits(self.model, c)},
+                            key=lambda c: modelled_time_s(self.model, c))
+            improved = best
+            for counts in ranked[: self.width]:
+                if self.exhausted:
+                    break
+                if self.simulate(counts, "local search") < self.simulated[improved] * (1 - 1e-12):
+                    improved = counts
+            if improved == best:
+                break
+            best = improved
+        return best
+
+    def table(self, limit: int = 10) -> list[tuple[Counts, float, str]]:
+        """The best simulated plans, fastest first."""
+        rows = sorted(self.simulated.items(), key=lambda kv: kv[1])[:limit]
+        return [(c, t, self.source[c]) for c, t in rows]
+
+
+def _with(counts: Counts, k: int, t: int, j: int, delta: int) -> list[list[list[int]]]:
+    out = [[list(n) for n in per_type] for per_type in counts]
+    out[k][t][j] += delta
+    return out
+
+
+def _freeze(rows: list[list[list[int]]]) -> Counts:
+    return tuple(tuple(tuple(n) for n in per_type) for per_type in rows)
+
+
+def neighbours(counts: Counts) -> Iterator[Counts]:
+    """Plans one move away: one layer across a boundary, or one layer's strategy changed."""
+    num_k = len(counts)
+    sizes = [sum(sum(n) for n in per_type) for per_type in counts]
+    for k in range(num_k - 1):
+        last_t = max(t for t, n in enumerate(counts[k]) if sum(n))
+        first_t = min(t for t, n in enumerate(counts[k + 1]) if sum(n))
+        if sizes[k] > 1:  # last layer of k joins k + 1
+            for j, nj in enumerate(counts[k][last_t]):
+                if nj:
+                    rows = _with(counts, k, last_t, j, -1)
+                    rows[k + 1][last_t][j] += 1
+                    yield _freeze(rows)
+        if sizes[k + 1] > 1:  # first layer of k + 1 joins k
+            for j, nj in enumerate(counts[k + 1][first_t]):
+                if nj:
+                    rows = _with(counts, k + 1, first_t, j, -1)
+                    rows[k][first_t][j] += 1
+                    yield _freeze(rows)
+    for k, per_type in enumerate(counts):
+        for t, n in enumerate(per_type):
+            for j, nj in enumerate(n):
+                if not nj:
+                    continue
+                for j2 in range(len(n)):
+                    if j2 != j:
+                        rows = _with(counts, k, t, j, -1)
+                        rows[k][t][j2] += 1
+                        yield _freeze(rows)

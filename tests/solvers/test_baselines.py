@@ -1,0 +1,132 @@
+"""Baselines of the stage-ILP: the partition DP, the recompute knapsack, Merak, AdaPipe, pipedream-fixed."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from cost_models.simulate import simulate
+from planner.errors import InfeasibleError, InvalidProblemError
+from planner.schema import Cluster, Device, LayerProfile, ModelProfile, PipelineProblem, RecomputeOption
+from solvers import get_solver
+from solvers._partition import partition_bounds, pipedream_fixed, recompute_frontier
+from solvers._stage_ilp_model import layer_types
+from solvers.merak import stage_fraction
+
+
+def _cluster(memory_bytes: float) -> Cluster:
+    return Cluster(name="toy", device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
+                   devices_per_node=8, intra_node_bytes_per_s=1e30, inter_node_bytes_per_s=1e30)
+
+
+def _layer(i: int, f: float = 1.0) -> LayerProfile:
+    return LayerProfile(name=f"l{i}", forward_s=f, backward_s=2 * f, static_bytes=8, recompute={
+        "none": RecomputeOption(activation_bytes=8), "selective": RecomputeOption(activation_bytes=4, extra_s=0.25 * f),
+        "full": RecomputeOption(activation_bytes=1, extra_s=f)})
+
+
+def _problem(memory: float, n: int = 8, p: int = 2, m: int = 4, sizes: list[float] | None = None) -> PipelineProblem:
+    layers = tuple(_layer(i, (sizes or [1.0] * n)[i]) for i in range(n))
+    return PipelineProblem(model=ModelProfile(name="toy", layers=layers), cluster=_cluster(memory), num_stages=p,
+                           num_microbatches=m)
+
+
+def test_partition_dp_equals_brute_force() -> None:
+    rng = random.Random(0)
+    for _ in range(30):
+        n, parts = rng.randint(3, 8), rng.randint(1, 3)
+        w = [rng.randint(1, 9) for _ in range(n)]
+        forbid = {(rng.randrange(n), rng.randrange(n + 1), rng.randrange(parts)) for _ in range(3)}
+
+        def cost(i: int, j: int, q: int) -> float:
+            return math.inf if (i, j, q) in forbid else sum(w[i:j]) * (1 + 0.1 * q)
+
+        best = math.inf
+        for cuts in itertools.combinations(range(1, n), parts - 1):
+            b = (0, *cuts, n)
+            best = min(best, max(cost(b[q], b[q + 1], q) for q in range(parts)))
+        value, bounds = partition_bounds(n, parts, cost)
+        assert value == best
+        if math.isfinite(best):
+            assert max(cost(bounds[q], bounds[q + 1], q) for q in range(parts)) == best
+
+
+def test_recompute_frontier_is_the_pareto_set_of_all_assignments() -> None:
+    layers = [_layer(i) for i in range(4)] + [LayerProfile(name="h", kind="head", forward_s=1, backward_s=1,
+                                                           activation_bytes=3)]
+    types = layer_types(layers, None)
+    front = recompute_frontier(types, (4, 1))
+    points = set()
+    for assign in itertools.product(range(3), repeat=4):
+        act = 3 + sum([8, 4, 1][a] for a in assign)
+        extra = sum([0.0, 0.25, 1.0][a] for a in assign)
+        points.add((act, extra))
+    pareto = sorted(p for p in points if not any(q != p and q[0] <= p[0] and q[1] <= p[1] for q in points))
+    assert [(a, pytest.approx(e)) for a, e, _ in front] == [(a, pytest.approx(e)) for a, e in pareto]
+
+
+def test_merak_stage_fractions_hand_values() -> None:
+    # r_k = max(0, 1 - (1 - r_0)(P - 1)/(P - 1 - k)), last stage none (reading §A.6.8)
+    assert [stage_fraction(0.5, k, 4) for k in range(4)] == [0.5, 0.25, 0.0, 0.0]
+    assert [stage_fraction(1.0, k, 4) for k in range(4)] == [1.0, 1.0, 1.0, 0.0]
+    assert stage_fraction(0.0, 0, 4) == 0.0
+
+
+def test_merak_uses_the_smallest_ratio_that_fits() -> None:
+    # p = 2, 4 layers per stage; stage 0 holds 2 microbatches: 32 static + 2 x act. With 'full' on j
+    # layers act = 8 (4 - j) + j: 70 bytes -> j = 3 (32 + 2 x 11 = 54 fits, j = 2: 32 + 36 = 68 fits)
+    plan = get_solver("merak")(_problem(68), options={"recompute": "full"})
+    assert [s for c in plan.stages[0].chunks for s in c.layer_strategies()] == ["full", "full", "none", "none"]
+    assert all(s == "none" for c in plan.stages[1].chunks for s in c.layer_strategies())
+    assert simulate(plan).fits_memory
+    with pytest.raises(InfeasibleError, match="needs"):
+        get_solver("merak")(_problem(30))
+    with pytest.raises(InvalidProblemError, match="recompute"):
+        get_solver("merak")(_problem(68), options={"recompute": "offload"})
+
+
+def test_adapipe_equals_brute_force_of_its_objective() -> None:
+    # largest stage time F + B + R over partitions and per-layer strategies that fit, C = 1
+    sizes = [1.0, 2.0, 1.0, 1.5, 1.0, 0.5]
+    problem = _problem(60, n=6, sizes=sizes)
+    best = math.inf
+    for cut in range(1, 6):
+        for assign in itertools.product(range(3), repeat=6):
+            times, ok = [], True
+            for q, (i, j) in enumerate([(0, cut), (cut, 6)]):
+                act = sum([8, 4, 1][assign[a]] for a in range(i, j))
+                ok &= 8 * (j - i) + (2 - q) * act <= 60
+                times.append(sum(3 * sizes[a] + [0, 0.25, 1][assign[a]] * sizes[a] for a in range(i, j)))
+            if ok:
+                best = min(best, max(times))
+    plan = get_solver("adapipe")(problem)
+    stage_times = []
+    for st in plan.stages:
+        chunk = st.chunks[0]
+        stage_times.append(sum(3 * sizes[i] + {"none": 0, "selective": 0.25, "full": 1}[s] * sizes[i]
+                               for i, s in zip(range(*chunk.layers), chunk.layer_strategies())))
+    assert max(stage_times) == pytest.approx(best)
+    assert simulate(plan).fits_memory
+
+
+def test_pipedream_fixed_balances_unequal_layers_with_one_strategy() -> None:
+    plan = pipedream_fixed(_problem(1e9, n=4, sizes=[3.0, 1.0, 1.0, 1.0]))
+    assert [c.layers for s in plan.stages for c in s.chunks] == [(0, 1), (1, 4)]
+    assert plan.options == {"recompute": "none"}
+    # memory 40: with none every split overflows a stage (3 layers on stage 1: 24 + 24 = 48); selective fits
+    tight = pipedream_fixed(_problem(40, n=4, sizes=[3.0, 1.0, 1.0, 1.0]))
+    assert {s for st in tight.stages for c in st.chunks for s in c.layer_strategies()} == {"selective"}
+    assert simulate(tight).fits_memory
+
+
+def test_baselines_need_a_fixed_depth_and_run_interleaved() -> None:
+    with pytest.raises(InvalidProblemError, match="num_stages"):
+        get_solver("adapipe")(_problem(1e9).model_copy(update={"num_stages": None}))
+    inter = PipelineProblem(model=_problem(1e9).model, cluster=_cluster(200), schedule="interleaved-1f1b",
+                            num_stages=2, num_chunks=2, num_microbatches=4)
+    for name in ("merak", "adapipe"):
+        plan = get_solver(name)(inter)
+        assert plan.degrees.virtual == 2 and simulate(plan).fits_memory
