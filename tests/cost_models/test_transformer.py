@@ -14,7 +14,8 @@ from planner.errors import InvalidProblemError
 from planner.schema import Device, TransformerConfig
 
 A100 = hardware.device_preset("a100-80gb")
-GPT_PRESETS = [n for n in models.list_model_presets() if n.startswith("gpt")]
+# Eq. 4.3 assumes tied embeddings: the GPT presets of the papers (gpt-tiny, the runtime test model, unties them)
+GPT_PRESETS = [n for n in models.list_model_presets() if n.startswith("gpt") and models.model_preset(n).tied_embeddings]
 
 # PTD-P Table 1 (dissertation Table 4.1; ptdp-gavel-cloud.md Sec. 1.12): parameters in billions.
 TABLE_4_1 = [

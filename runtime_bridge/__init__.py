@@ -1,0 +1,16 @@
+"""Execute paraplan plans with torch.distributed.pipelining, and profile real layers.
+
+The only package of paraplan that imports torch (architecture.md, dependency direction). This
+``__init__`` imports nothing heavy, so that ``runtime_bridge.validate`` (the pre-launch checks)
+works without torch; import the submodules you need:
+
+- ``validate``: plan against model and launch, before anything starts (no torch);
+- ``model``: the bundled GPT-style decoder; ``stages``: a rank's chunks from a plan, for the
+  bundled model or a user's ordered list of blocks;
+- ``torch_pp``: the adapter over torch's schedule classes and its custom-schedule runtime;
+- ``launch``: torchrun launch and the measured-versus-predicted report; ``check``: the
+  single-process reference; ``worker``: the per-rank program;
+- ``profile``: per-layer costs measured on CPU or CUDA, written as a layer profile.
+
+See docs/runtime-bridge.md.
+"""

@@ -1,0 +1,128 @@
+"""The one adapter over torch.distributed.pipelining (torch 2.11 and 2.13).
+
+Built-in schedules go through torch's classes: ``gpipe`` -> ``ScheduleGPipe``, ``1f1b`` and
+``flush`` -> ``Schedule1F1B``, ``interleaved-1f1b`` -> ``ScheduleInterleaved1F1B`` (its loop
+placement, virtual stage k on rank k % p, is the plan's). The zero-bubble schedules ``zb-h1`` /
+``zb-h2`` and ``custom`` run the plan's own per-rank action list, the order the simulator
+produced (``cost_models.simulate.plan_actions``), through the runtime's custom-schedule path:
+``_PipelineScheduleRuntime`` + ``_prepare_schedule_with_comms``, which validates the list, infers
+stage -> rank from it and inserts the sends and receives (shared/design/ecosystem.md Sec. 2.5).
+Any schedule can be forced down that path (``executor="actions"``) to run exactly the
+simulated order.
+
+The private names (``_Action``, ``_PipelineScheduleRuntime``) are confined to this module; only
+keyword arguments present in both torch 2.11 and 2.13 are passed (ecosystem.md Sec. 2.1, 2.5:
+no ``defer_pp_recv``, ``loss_kwargs``, ``output_grads``, ``get_mesh``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+from unittest import mock
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+from cost_models.simulate import plan_actions
+from planner.errors import InvalidProblemError
+from planner.schema import Plan
+
+__all__ = ["Executor", "build_schedule", "executor_for", "lower_offline", "make_stage", "torch_actions"]
+
+Executor = Literal["auto", "builtin", "actions"]
+_BUILTIN = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "flush": Schedule1F1B}
+
+
+def executor_for(plan: Plan, executor: Executor = "auto") -> Literal["builtin", "actions"]:
+    """Which path a plan takes: torch's schedule class, or the plan's action list.
+
+    Raises:
+        InvalidProblemError: ``builtin`` asked for a schedule torch has no class for.
+    """
+    has_class = plan.schedule in _BUILTIN or plan.schedule == "interleaved-1f1b"
+    if executor == "auto":
+        return "builtin" if has_class else "actions"
+    if executor == "builtin" and not has_class:
+        raise InvalidProblemError(
+            f"schedule {plan.schedule!r} has no torch schedule class the plan's order maps to; "
+            "use executor 'actions' (the plan's own action list)"
+        )
+    return executor
+
+
+def torch_actions(plan: Plan) -> dict[int, list[_Action]]:
+    """The plan's per-rank compute actions as torch ``_Action`` objects (compute_only format)."""
+    return {rank: [_Action.from_str(str(a)) for a in acts] for rank, acts in enumerate(plan_actions(plan))}
+
+
+def lower_offline(plan: Plan) -> dict[int, list[str]]:
+    """Lower the plan's action list with mock stages, no process group: torch validates the list
+    and inserts sends/receives exactly as it will at run time (ecosystem.md Sec. 2.5).
+
+    Returns:
+        Per rank, the lowered action strings (with SEND/RECV/REDUCE_GRAD).
+
+    Raises:
+        InvalidProblemError: torch rejects the list (malformed or deadlocking); its table follows.
+    """
+    p, v = plan.degrees.pipeline, plan.degrees.virtual
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, p, None, p * v
+    runtime = _PipelineScheduleRuntime([stage] * v, plan.num_microbatches)
+    try:
+        runtime._prepare_schedule_with_comms(torch_actions(plan))
+    except (AssertionError, ValueError, RuntimeError) as e:
+        raise InvalidProblemError(f"torch.distributed.pipelining rejects the plan's action list: {e}") from None
+    return {rank: [str(a) for a in acts if a is not None] for rank, acts in runtime.pipeline_order_with_comms.items()}
+
+
+def make_stage(module: nn.Module, *, stage_index: int, num_stages: int, device: torch.device,
+               group: Any = None) -> PipelineStage:
+    """A manual-frontend stage (dynamic shape inference on the first step); ``group`` by keyword,
+    the one spelling torch 2.11 and 2.13 share."""
+    return PipelineStage(module, stage_index, num_stages, device, group=group)
+
+
+def build_schedule(
+    plan: Plan,
+    stages: Sequence[PipelineStage],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    executor: Executor = "auto",
+) -> Any:
+    """The schedule object that runs this rank's stages.
+
+    Args:
+        plan: the plan (schedule, microbatches, actions).
+        stages: this rank's stages, ordered by virtual stage.
+        loss_fn: mean-reduced per-microbatch loss (``scale_grads=True`` divides by m).
+        executor: ``auto`` (torch's class where the plan's schedule has one), ``builtin`` or
+            ``actions`` (the plan's own order through the custom-schedule runtime).
+
+    Returns:
+        A torch schedule with ``step(...)``.
+    """
+    path = executor_for(plan, executor)
+    m = plan.num_microbatches
+    if path == "builtin":
+        if plan.schedule == "interleaved-1f1b":
+            return ScheduleInterleaved1F1B(list(stages), m, loss_fn=loss_fn)
+        (stage,) = stages
+        return _BUILTIN[plan.schedule](stage, m, loss_fn=loss_fn)
+    runtime = _PipelineScheduleRuntime(list(stages), m, loss_fn=loss_fn)
+    runtime._prepare_schedule_with_comms(torch_actions(plan))
+    return runtime
+
+
+def run_step(schedule: Any, stages: Sequence[PipelineStage], inputs: torch.Tensor,
+             targets: torch.Tensor) -> list[torch.Tensor]:
+    """One training step of the pipeline on this rank; returns the per-microbatch losses this rank
+    computed (empty unless it holds the last stage)."""
+    losses: list[torch.Tensor] = []
+    args = (inputs,) if any(s.is_first for s in stages) else ()
+    kwargs: dict[str, Any] = {"target": targets, "losses": losses} if any(s.is_last for s in stages) else {}
+    schedule.step(*args, **kwargs)
+    return losses

@@ -1,0 +1,163 @@
+"""Checks a plan against the model and the launch before any process starts (no torch here).
+
+A plan that cannot run as asked is refused with ``InvalidProblemError`` (CLI exit 2) naming the
+field, the value and the fix: layer counts, devices, microbatches dividing the batch, the
+constraints torch.distributed.pipelining puts on its schedules (shared/design/ecosystem.md
+Sec. 2.3 and the pitfalls of Sec. 3.5), and the placement of custom actions.
+"""
+
+from __future__ import annotations
+
+from planner.errors import InvalidProblemError
+from planner.schema import Action, ModelProfile, Plan, TransformerConfig
+
+__all__ = ["RUNNABLE_SCHEDULES", "check_plan", "num_ranks", "resolve_config"]
+
+RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "flush", "interleaved-1f1b", "zb-h1", "zb-h2", "custom")
+"""Schedules the bridge executes; ``2bw`` updates weights asynchronously, which torch's
+synchronous schedules cannot reproduce."""
+
+
+def num_ranks(plan: Plan) -> int:
+    """Processes a plan needs: pipeline x data x tensor degrees."""
+    d = plan.degrees
+    return d.pipeline * d.data * d.tensor
+
+
+def resolve_config(plan: Plan, model: TransformerConfig | None = None) -> TransformerConfig:
+    """The transformer to build: the one given, else the plan's, else the preset named like the
+    plan's profile (a profile written by ``paraplan profile --model gpt-tiny`` is named gpt-tiny).
+
+    Raises:
+        InvalidProblemError: none of the three is available.
+    """
+    if model is not None:
+        return model
+    if plan.transformer is not None:
+        return plan.transformer
+    from cost_models import models
+
+    try:
+        return models.model_preset(plan.model.name)
+    except InvalidProblemError:
+        raise InvalidProblemError(
+            f"the plan's model {plan.model.name!r} is a layer profile without a transformer config and "
+            "not a model preset; pass the model to build with --model (a preset name or a transformer JSON)"
+        ) from None
+
+
+def check_plan(plan: Plan, cfg: TransformerConfig, *, world_size: int | None = None) -> None:
+    """Refuse a plan that does not match the bundled model built from ``cfg`` or the launch.
+
+    Args:
+        plan: the plan to execute.
+        cfg: the transformer the ranks will build (embedding + ``cfg.num_layers`` blocks + head).
+        world_size: processes the launch starts (``nproc_per_node x nnodes``), when known.
+
+    Raises:
+        InvalidProblemError: the first mismatch found, with the numbers and the fix.
+    """
+    _check_layers(plan.model, cfg)
+    _check_degrees(plan, world_size)
+    _check_batch(plan, cfg)
+    _check_schedule(plan)
+
+
+def _check_layers(profile: ModelProfile, cfg: TransformerConfig) -> None:
+    expected = cfg.num_layers + 2
+    if profile.num_layers != expected:
+        raise InvalidProblemError(
+            f"the plan has {profile.num_layers} layers but model {cfg.name!r} has {expected} "
+            f"(embedding + {cfg.num_layers} blocks + head); plan again with --model {cfg.name}"
+        )
+    kinds = [layer.kind for layer in profile.layers]
+    wrong = [
+        (i, kind) for i, kind in enumerate(kinds)
+        if kind != "layer" and kind != ("embedding" if i == 0 else "head" if i == expected - 1 else "decoder")
+    ]
+    if wrong:
+        i, kind = wrong[0]
+        raise InvalidProblemError(
+            f"plan layer {i} is a {kind!r} layer but layer {i} of model {cfg.name!r} is "
+            f"{'the embedding' if i == 0 else 'the head' if i == expected - 1 else 'a decoder block'}; "
+            f"plan again with --model {cfg.name}"
+        )
+    if profile.tokens_per_sample is not None and profile.tokens_per_sample != cfg.seq_length:
+        raise InvalidProblemError(
+            f"the plan's profile has tokens_per_sample={profile.tokens_per_sample} but model {cfg.name!r} "
+            f"has seq_length={cfg.seq_length}; plan again with --model {cfg.name}"
+        )
+
+
+def _check_degrees(plan: Plan, world_size: int | None) -> None:
+    d = plan.degrees
+    if d.tensor != 1:
+        raise InvalidProblemError(
+            f"degrees.tensor={d.tensor}: the runtime bridge runs pipeline and data parallelism only; "
+            "plan with --tensor-parallel 1"
+        )
+    replicas = [stage.replicas for stage in plan.stages]
+    if any(r != d.data for r in replicas):
+        raise InvalidProblemError(
+            f"stage replicas {replicas} differ from degrees.data={d.data} (PipeDream 1F1B-RR); the bridge "
+            "runs one data-parallel degree for all stages: plan with solver 'even' or 'ptdp'"
+        )
+    for stage in plan.stages:
+        megatron = tuple(range(stage.index * d.data, (stage.index + 1) * d.data))
+        if stage.ranks and tuple(stage.ranks) != megatron:
+            raise InvalidProblemError(
+                f"stage {stage.index} has ranks {list(stage.ranks)}; the bridge places ranks in Megatron "
+                f"order (rank = stage x data + replica), i.e. {list(megatron)}"
+            )
+    needed = num_ranks(plan)
+    if world_size is not None and world_size != needed:
+        raise InvalidProblemError(
+            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data}) but the launch "
+            f"starts {world_size}; set --nproc-per-node x --nnodes = {needed}"
+        )
+
+
+def _check_batch(plan: Plan, cfg: TransformerConfig) -> None:
+    d, b, m = plan.degrees.data, plan.microbatch_size, plan.num_microbatches
+    if plan.global_batch_size != d * m * b:
+        raise InvalidProblemError(
+            f"global_batch_size={plan.global_batch_size} is not data {d} x microbatches {m} x microbatch "
+            f"size {b} = {d * m * b}; torch splits each replica's batch into equal microbatches "
+            "(uneven ones crash its receive buffers), so fix the plan's batch fields"
+        )
+    if plan.model.microbatch_size != b:
+        raise InvalidProblemError(
+            f"microbatch_size={b} but the plan's layer costs are for microbatch size "
+            f"{plan.model.microbatch_size}; plan again with --microbatch-size {b}"
+        )
+
+
+def _check_schedule(plan: Plan) -> None:
+    p, v, m = plan.degrees.pipeline, plan.degrees.virtual, plan.num_microbatches
+    if plan.schedule not in RUNNABLE_SCHEDULES:
+        raise InvalidProblemError(
+            f"schedule {plan.schedule!r} cannot run: PipeDream-2BW updates weights asynchronously and "
+            f"torch.distributed.pipelining runs synchronous schedules; use one of {list(RUNNABLE_SCHEDULES)}"
+        )
+    if plan.schedule in ("1f1b", "flush") and m < p:
+        raise InvalidProblemError(
+            f"schedule {plan.schedule!r} in torch needs num_microbatches >= pipeline stages; got {m} "
+            f"microbatches for {p} stages: use at least {p} microbatches or schedule 'gpipe'"
+        )
+    if plan.schedule == "interleaved-1f1b":
+        rounds = max(1, m // p)
+        if m % rounds:
+            raise InvalidProblemError(
+                f"torch's interleaved 1F1B needs num_microbatches divisible by max(1, m // p) = {rounds}; "
+                f"got m={m} for p={p}: use a multiple of {p}"
+            )
+    if plan.schedule == "custom":
+        assert plan.actions is not None  # Plan validation requires actions for 'custom'
+        for rank, actions in enumerate(plan.actions):
+            for text in actions:
+                stage = Action.parse(text).stage
+                if stage % p != rank or stage >= p * v:
+                    raise InvalidProblemError(
+                        f"actions[{rank}] has {text!r}, but virtual stage {stage} lives on pipeline rank "
+                        f"{stage % p} (virtual stage k is chunk k // p of stage k % p); move the action"
+                    )

@@ -1,0 +1,96 @@
+"""Plans that cannot run are refused before launch (exit 2), without torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cost_models.models import model_preset
+from planner import api
+from planner.cli import main
+from planner.errors import InvalidProblemError
+from planner.schema import Plan
+from runtime_bridge.validate import check_plan, num_ranks, resolve_config
+
+TINY = model_preset("gpt-tiny")
+
+
+def _plan(**kwargs) -> Plan:
+    args = {"num_stages": 2, "global_batch_size": 4} | kwargs
+    return api.plan(api.make_problem("gpt-tiny", f"cpu:{args.pop('devices', 2)}", **args))
+
+
+def _edit(plan: Plan, **fields) -> Plan:
+    return Plan.from_dict(plan.model_dump(mode="json") | fields)
+
+
+def test_even_plan_passes_and_names_its_ranks() -> None:
+    plan = _plan()
+    check_plan(plan, TINY, world_size=2)
+    assert num_ranks(plan) == 2
+    assert resolve_config(plan) == TINY
+
+
+def test_other_model_is_refused_with_layer_counts() -> None:
+    with pytest.raises(InvalidProblemError, match=r"6 layers but model 'gpt-1.7b' has 26"):
+        check_plan(_plan(), model_preset("gpt-1.7b"))
+
+
+def test_wrong_world_size_is_refused() -> None:
+    with pytest.raises(InvalidProblemError, match=r"needs 2 processes .* starts 4"):
+        check_plan(_plan(), TINY, world_size=4)
+
+
+def test_batch_that_microbatches_do_not_divide_is_refused() -> None:
+    plan = _edit(_plan(), global_batch_size=5)
+    with pytest.raises(InvalidProblemError, match=r"global_batch_size=5 is not data 1 x microbatches 4"):
+        check_plan(plan, TINY)
+
+
+def test_torch_schedule_constraints() -> None:
+    with pytest.raises(InvalidProblemError, match=r"needs num_microbatches >= pipeline stages; got 1"):
+        check_plan(_edit(_plan(), num_microbatches=1, global_batch_size=1), TINY)
+    with pytest.raises(InvalidProblemError, match="PipeDream-2BW updates weights asynchronously"):
+        check_plan(_edit(_plan(), schedule="2bw"), TINY)
+
+
+def test_tensor_parallel_is_refused() -> None:
+    plan = _edit(_plan(), degrees={"data": 1, "tensor": 2, "pipeline": 2, "virtual": 1})
+    with pytest.raises(InvalidProblemError, match=r"degrees.tensor=2"):
+        check_plan(plan, TINY)
+
+
+def test_custom_action_on_the_wrong_rank_is_refused() -> None:
+    plan = _plan()
+    rows = [["0F0", "1F1"], ["1F0", "0B0"]]
+    with pytest.raises(InvalidProblemError, match=r"actions\[0\] has '1F1'.* lives on pipeline rank 1"):
+        check_plan(_edit(plan, schedule="custom", actions=rows), TINY)
+
+
+def test_profile_without_a_known_model_needs_model_flag() -> None:
+    plan = _plan()
+    data = plan.model_dump(mode="json")
+    data["transformer"] = None
+    data["model"]["name"] = "my-net"
+    with pytest.raises(InvalidProblemError, match="pass the model to build with --model"):
+        resolve_config(Plan.from_dict(data))
+
+
+def test_cli_refuses_mismatch_with_exit_2_before_torch(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    api.save(_plan(), path)
+    assert main(["run", str(path), "--model", "gpt-1.7b"]) == 2
+    assert "plan again with --model gpt-1.7b" in capsys.readouterr().err
+
+
+def test_cli_parser_with_run_and_profile_does_not_load_torch() -> None:
+    code = (
+        "import sys\nfrom planner.cli import build_parser\np = build_parser()\n"
+        "p.parse_args(['run', 'x.json', '--check']); p.parse_args(['profile', '--model', 'gpt-tiny'])\n"
+        "assert 'torch' not in sys.modules\nprint('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
