@@ -1,0 +1,256 @@
+"""Sub-commands ``schedule``, ``cluster-sim`` and ``policies`` (Gavel, dissertation ch. 5).
+
+Added to ``paraplan`` by ``planner.cli`` through ``add_parsers``. Handlers import the
+solvers (and so cvxpy) only when they run. Also holds the input loaders of the cluster
+scheduling formats: jobs (``paraplan.jobs/v1`` JSON or a Gavel trace) and clusters (a cluster
+JSON with ``worker_types``, or ``v100:36,p100:36,k80:36``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InvalidProblemError
+from planner.progress import progress
+from planner.schema_gavel import Allocation, ClusterProblem, ClusterSimResult, JobsFile
+
+_WORKERS_RE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*[:=]\s*(\d+)\s*$")
+
+
+def add_parsers(sub: Any) -> None:
+    """Register the Gavel sub-commands on the ``paraplan`` sub-parser set."""
+    s = sub.add_parser("schedule", help="one Gavel allocation of a cluster among jobs")
+    s.add_argument("--jobs", required=True, help="jobs JSON (paraplan.jobs/v1) or a Gavel .trace file")
+    s.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or e.g. v100:1,k80:1")
+    s.add_argument("--policy", required=True, help="policy name (`paraplan policies` lists them)")
+    _common_flags(s)
+    s.add_argument("--json", action="store_true", help="print the allocation JSON on stdout")
+    s.set_defaults(handler=cmd_schedule)
+
+    c = sub.add_parser("cluster-sim", help="simulate a cluster under a Gavel policy with 6-minute rounds")
+    c.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or e.g. v100:36,p100:36,k80:36")
+    c.add_argument("--policy", required=True)
+    c.add_argument("--trace", help="jobs JSON or Gavel .trace with arrival times")
+    c.add_argument("--jobs", type=int, help="number of Poisson-arrival jobs from Gavel's job mix")
+    c.add_argument("--rate", type=float, help="arrival rate, jobs per hour")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--multi-gpu", action="store_true", help="scale factors 1/2/4/8 (continuous-multiple)")
+    c.add_argument("--round", type=float, default=360.0, help="round length in seconds (default 360)")
+    c.add_argument("--measure", help="FIRST:LAST job indices the averages cover (steady state)")
+    c.add_argument("--cdf", help="draw the CDF of completion times to a .png or .svg file")
+    _common_flags(c)
+    c.add_argument("--json", action="store_true", help="print the result JSON on stdout")
+    c.set_defaults(handler=cmd_cluster_sim)
+
+    p = sub.add_parser("policies", help="list the Gavel policies")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_policies)
+
+
+def _common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--partitions", type=int, default=1, help="POP sub-problems k (default 1: the full LP)")
+    p.add_argument("--space-sharing", action="store_true", help="add co-location pairs from Gavel's table")
+    p.add_argument("--throughputs", help="a Gavel throughput table JSON (default: the bundled simulation table)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    import solvers.gavel as gavel
+
+    workers = load_worker_types(args.cluster)
+    problem = load_problem(args.jobs, workers, table=args.throughputs, with_pairs=args.space_sharing)
+    with progress(f"solving {args.policy}"):
+        allocation = gavel.solve(problem, policy=args.policy, options=_options(args))
+    print(allocation.model_dump_json(indent=2) if args.json else allocation_table(allocation, problem))
+    return 0
+
+
+def cmd_cluster_sim(args: argparse.Namespace) -> int:
+    from solvers.gavel import get_policy
+    from solvers.gavel.simulator import simulate
+
+    get_policy(args.policy)
+    workers = load_worker_types(args.cluster)
+    jobs = _sim_jobs(args, workers)
+    measure = _window(args.measure)
+    bar = _Bar(len(jobs.jobs))
+    # A live bar on a terminal; in logs, progress() prints one line when it starts and ends.
+    with progress(f"simulating {len(jobs.jobs)} jobs under {args.policy}", delay_s=1.0 if not bar.tty else 1e9):
+        result = simulate(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
+                          options=_options(args), seed=args.seed, measure=measure, on_round=bar.update)
+    bar.close()
+    if args.cdf:
+        from solvers.gavel.plots import draw_jct_cdf
+
+        draw_jct_cdf({args.policy: result}, args.cdf)
+        print(f"wrote {args.cdf}", file=sys.stderr)
+    print(result.model_dump_json(indent=2) if args.json else sim_table(result))
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from solvers.gavel import POLICIES
+
+    if args.json:
+        print(json.dumps({name: spec.description for name, spec in POLICIES.items()}, indent=2))
+    else:
+        for name in sorted(POLICIES):
+            print(f"{name:48s} {POLICIES[name].description}")
+    return 0
+
+
+def load_worker_types(spec: str) -> dict[str, int]:
+    """Accelerator counts from a cluster JSON (``worker_types``, or a ``device`` cluster) or
+    ``type:count[,type:count...]``.
+
+    Raises:
+        InvalidProblemError: unreadable file, malformed spec, or a count below one.
+    """
+    path = Path(spec)
+    if path.suffix == ".json" or path.is_file():
+        from planner.schema import Cluster
+
+        cluster = Cluster.from_dict(_read_json(path, "cluster"))
+        if cluster.worker_types:
+            return dict(cluster.worker_types)
+        assert cluster.device is not None
+        return {cluster.device.name: cluster.num_devices}
+    out: dict[str, int] = {}
+    for part in spec.split(","):
+        match = _WORKERS_RE.match(part)
+        if match is None:
+            raise InvalidProblemError(
+                f"cannot parse cluster {spec!r}; give a cluster JSON or type:count pairs such as 'v100:36,p100:36,k80:36'"
+            )
+        if int(match.group(2)) < 1:
+            raise InvalidProblemError(f"cluster {spec!r}: {match.group(1)} has {match.group(2)} accelerators; need at least 1")
+        out[match.group(1).lower()] = int(match.group(2))
+    return out
+
+
+def load_jobs(source: str, workers: dict[str, int], *, table: str | None = None, with_pairs: bool = False) -> JobsFile:
+    """A jobs file: ``paraplan.jobs/v1`` JSON, or a Gavel trace (10 tab-separated columns)."""
+    from solvers.gavel import throughputs
+
+    path = Path(source)
+    if not path.is_file():
+        raise InvalidProblemError(f"jobs file {source!r} does not exist")
+    if path.suffix != ".json":
+        return throughputs.read_trace(path, worker_types=workers, table=throughputs.load_table(table), with_pairs=with_pairs)
+    jobs = JobsFile.from_dict(_read_json(path, "jobs"))
+    if with_pairs and all(j.job_type for j in jobs.jobs):
+        pairs = throughputs.table_pairs(throughputs.load_table(table), jobs.jobs, workers)
+        jobs = jobs.model_copy(update={"pairs": jobs.pairs + pairs})
+    return jobs
+
+
+def load_problem(source: str, workers: dict[str, int], *, table: str | None = None, with_pairs: bool = False) -> ClusterProblem:
+    """The ClusterProblem of a jobs file on a cluster (throughputs derived where missing)."""
+    from solvers.gavel.throughputs import resolve_problem
+
+    return resolve_problem(load_jobs(source, workers, table=table, with_pairs=with_pairs), worker_types=workers)
+
+
+def allocation_table(allocation: Allocation, problem: ClusterProblem) -> str:
+    """The allocation as a text table: one row per job, one column per type."""
+    types = list(problem.worker_types)
+    head = f"{'job':>10}  " + "  ".join(f"{t:>8}" for t in types) + f"  {'steps/s':>10}"
+    lines = [f"policy {allocation.policy}: objective {allocation.objective:.6g}, solved in "
+             f"{allocation.solve_time_s:.3f} s" + (f", {allocation.num_partitions} partitions" if allocation.num_partitions > 1 else ""),
+             head]
+    for job_id, row in allocation.allocation.items():
+        cells = "  ".join(f"{row.get(t, 0.0):8.4f}" for t in types)
+        lines.append(f"{job_id:>10}  {cells}  {allocation.effective_throughputs.get(job_id, 0.0):10.4g}")
+    for pair in allocation.pairs:
+        fractions = ", ".join(f"{t} {v:.4f}" for t, v in pair.fractions.items() if v > 0)
+        lines.append(f"pair {pair.jobs[0]} + {pair.jobs[1]}: {fractions}")
+    lines += [f"note: {n}" for n in allocation.notes]
+    return "\n".join(lines)
+
+
+def sim_table(result: ClusterSimResult) -> str:
+    util = ", ".join(f"{t} {100 * u:.1f}%" for t, u in result.utilization.items())
+    return "\n".join([
+        f"policy {result.policy}: {result.num_jobs} jobs, {result.num_rounds} rounds of {result.round_s:g} s, "
+        f"{result.num_allocations} allocations, {result.num_preemptions} preemptions",
+        f"average JCT {result.avg_jct_s / 3600:.3f} h (p50 {result.p50_jct_s / 3600:.3f}, p95 {result.p95_jct_s / 3600:.3f}, "
+        f"p99 {result.p99_jct_s / 3600:.3f}) over {len(result.measured_jobs)} jobs",
+        f"makespan {result.makespan_s / 3600:.3f} h; utilization {util}",
+        f"finish-time fairness: average {result.avg_ftf:.3f}, max {result.max_ftf:.3f}; cost ${result.total_cost_usd:,.2f}",
+    ])
+
+
+def _sim_jobs(args: argparse.Namespace, workers: dict[str, int]) -> JobsFile:
+    from solvers.gavel import throughputs
+    from solvers.gavel.workload import generate_jobs
+
+    if (args.trace is None) == (args.jobs is None):
+        raise InvalidProblemError("give either --trace FILE or --jobs N --rate R (Poisson arrivals)")
+    if args.trace is not None:
+        jobs = load_jobs(args.trace, workers, table=args.throughputs, with_pairs=args.space_sharing)
+        return jobs if all(j.throughputs is not None for j in jobs.jobs) else _resolved(jobs, workers)
+    if args.rate is None:
+        raise InvalidProblemError("--jobs N needs --rate R (jobs per hour)")
+    return generate_jobs(args.jobs, rate_per_hour=args.rate, seed=args.seed, worker_types=workers,
+                         multi_gpu=args.multi_gpu, with_pairs=args.space_sharing,
+                         table=throughputs.load_table(args.throughputs))
+
+
+def _resolved(jobs: JobsFile, workers: dict[str, int]) -> JobsFile:
+    from solvers.gavel.throughputs import resolve_problem
+
+    problem = resolve_problem(jobs, worker_types=workers)
+    return jobs.model_copy(update={"jobs": problem.jobs})
+
+
+def _window(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        return int(first), int(last)
+    except ValueError:
+        raise InvalidProblemError(f"--measure {text!r} must be FIRST:LAST job indices, e.g. 4000:5000") from None
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    from planner.cli import _parse_options
+
+    options = _parse_options(args.option)
+    if args.partitions != 1:
+        options["num_partitions"] = args.partitions
+    return options
+
+
+class _Bar:
+    """A one-line progress bar on stderr (only on a terminal) for long simulations."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.shown = total, -1
+        self.tty = sys.stderr.isatty()
+
+    def update(self, done: int, total: int) -> None:
+        percent = 100 * done // max(total, 1)
+        if self.tty and percent != self.shown:
+            self.shown = percent
+            filled = percent // 4
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (25 - filled)}] {done}/{total} jobs done")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty and self.shown >= 0:
+            sys.stderr.write("\n")
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InvalidProblemError(f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except OSError as e:
+        raise InvalidProblemError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from None

@@ -1,0 +1,114 @@
+"""Gavel's round-based scheduling mechanism, dissertation ch. 5 L5220-5244 and L5723-5879.
+
+An allocation X gives time fractions; rounds (6 minutes in the chapter, L5242-5244) turn it
+into whole assignments:
+
+- Priorities (L5787-5800): f_kj = t_kj / sum_k' t_k'j is the share of type-j time combination
+  k has received since the allocation was computed; priority_kj = X_kj / f_kj. A combination
+  that has received nothing gets X_kj x 1e9 (first in line, as in Gavel's code); X_kj = 0
+  gives priority 0 (never run there). Fig. 5.5's "X / rounds received" is the same ratio
+  counted in rounds (reading sec. 2.9 item 6).
+- Greedy selection (Algorithm 2, L5822-5837): take (combination, type) cells in decreasing
+  priority; skip a cell when its type has fewer free accelerators than the scale factor, or
+  when a member job already runs this round (at most one combination per job, L5739-5743).
+  paraplan uses one global priority queue over all types (the chapter's loop ignores types;
+  Gavel's code can do either), and stops when the queue empties (the algorithm as printed
+  has no exit then).
+- Placement (L5873-5879): jobs keep last round's accelerators when they run on the same type
+  again (lease renewal, Table 5.4); the rest are placed in decreasing scale factor, each on
+  the server with the fewest free accelerators that still holds it (less fragmentation),
+  else spread over the fullest-free servers. A job that ran last round and now stops or moves
+  is a preemption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NEVER_RUN_BOOST = 1e9
+
+
+def priorities(allocation: np.ndarray, received_s: np.ndarray) -> np.ndarray:
+    """priority_kj = X_kj / f_kj, with f the per-type share of time received (L5787-5800)."""
+    total = received_s.sum(axis=0, keepdims=True)
+    share = np.divide(received_s, total, out=np.zeros_like(received_s), where=total > 0)
+    ratio = np.divide(allocation, share, out=allocation * NEVER_RUN_BOOST, where=share > 0)
+    return np.where(allocation > 0, ratio, 0.0)
+
+
+def select(
+    allocation: np.ndarray,
+    received_s: np.ndarray,
+    *,
+    combos: tuple[tuple[int, ...], ...],
+    combo_scale: np.ndarray,
+    capacity: np.ndarray,
+) -> list[tuple[int, int]]:
+    """The (combination, type) cells that run this round (Algorithm 2 with a global queue).
+
+    Ties are broken by the allocation, then by combination and type index (deterministic).
+    """
+    prio = priorities(allocation, received_s)
+    cells = np.argwhere(prio > 0)
+    if len(cells) == 0:
+        return []
+    keys = np.lexsort((cells[:, 1], cells[:, 0], -allocation[cells[:, 0], cells[:, 1]], -prio[cells[:, 0], cells[:, 1]]))
+    free = capacity.astype(int).copy()
+    busy: set[int] = set()
+    chosen: list[tuple[int, int]] = []
+    for k, j in cells[keys]:
+        scale = int(combo_scale[k])
+        if scale > free[j] or any(m in busy for m in combos[k]):
+            continue
+        chosen.append((int(k), int(j)))
+        free[j] -= scale
+        busy.update(combos[k])
+        if not free.any():
+            break
+    return chosen
+
+
+@dataclass
+class Placer:
+    """Concrete accelerator ids per type, with leases carried from round to round."""
+
+    capacity: dict[str, int]
+    gpus_per_server: int = 4
+    leases: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """Placement key (job ids joined by '+') -> (type, accelerator ids) of the last round."""
+
+    def place(self, wanted: list[tuple[str, str, int]]) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int]:
+        """Place (key, type, scale) requests; returns the placement and the preemption count."""
+        free = {t: set(range(n)) for t, n in self.capacity.items()}
+        placed: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for key, worker, scale in wanted:  # lease renewal first
+            old = self.leases.get(key)
+            if old is not None and old[0] == worker and len(old[1]) == scale and set(old[1]) <= free[worker]:
+                placed[key] = old
+                free[worker] -= set(old[1])
+        rest = sorted((w for w in wanted if w[0] not in placed), key=lambda w: (-w[2], w[0]))
+        for key, worker, scale in rest:
+            ids = self._take(free[worker], scale)
+            placed[key] = (worker, ids)
+            free[worker] -= set(ids)
+        preempted = sum(1 for key, old in self.leases.items() if placed.get(key) != old)
+        self.leases = placed
+        return placed, preempted
+
+    def _take(self, free: set[int], scale: int) -> tuple[int, ...]:
+        servers: dict[int, list[int]] = {}
+        for gpu in sorted(free):
+            servers.setdefault(gpu // self.gpus_per_server, []).append(gpu)
+        fitting = [s for s, ids in servers.items() if len(ids) >= scale]
+        if fitting:
+            best = min(fitting, key=lambda s: (len(servers[s]), s))
+            return tuple(servers[best][:scale])
+        ids: list[int] = []
+        for server in sorted(servers, key=lambda s: (-len(servers[s]), s)):
+            ids.extend(servers[server][: scale - len(ids)])
+            if len(ids) == scale:
+                break
+        assert len(ids) == scale, "select() never asks for more accelerators than are free"
+        return tuple(ids)

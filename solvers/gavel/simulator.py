@@ -1,0 +1,245 @@
+"""Round-based cluster simulator for the Gavel policies (dissertation ch. 5 sec. 5.6, L5935-6072).
+
+Time advances in rounds (6 minutes, L5761-5763). At the start of a round the jobs that have
+arrived join; if the set of jobs changed (an arrival or a completion: a reset event,
+L5042-5048) the policy is solved again on the remaining steps and the time-received counters
+restart. The mechanism (``mechanism.select``) picks the (combination, type) cells that run;
+each running job advances throughput x round length steps, and a job whose remaining steps
+take less than the round finishes at that exact time (its accelerators then idle until the
+round ends, as in Gavel's simulator). Work is conserved: a job finishes with exactly its
+num_steps.
+
+Metrics (L6064-6072): average and tail job completion time (JCT), makespan (first arrival
+to last completion), utilization per type (busy accelerator-seconds over capacity x
+makespan), finish-time fairness per job rho = JCT / (num_steps / thr(X^iso)), with X^iso
+the 1/n share at the average number of active jobs n over the job's life (Themis's
+contention), and cost at ``prices_per_hour`` for busy accelerator time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from planner.errors import InvalidProblemError
+from planner.schema_gavel import ClusterSimResult, JobResult, JobsFile
+from solvers.gavel import common, get_policy, solve_matrix
+from solvers.gavel.mechanism import Placer, select
+
+log = logging.getLogger(__name__)
+
+ROUND_S = 360.0
+MAX_ROUNDS = 2_000_000
+
+
+@dataclass
+class _JobState:
+    index: int
+    remaining: float
+    completion_s: float | None = None
+    num_rounds: int = 0
+    contention_sum: float = 0.0
+    contention_rounds: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass
+class _Round:
+    """The allocation in force: its formulation rows map to global job indices."""
+
+    f: common.Formulation
+    x: np.ndarray
+    jobs: list[int]
+    received_s: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.received_s = np.zeros_like(self.x)
+
+
+def simulate(
+    jobs: JobsFile,
+    *,
+    worker_types: dict[str, int],
+    policy: str,
+    round_s: float = ROUND_S,
+    options: dict[str, Any] | None = None,
+    seed: int | None = None,
+    measure: tuple[int, int] | None = None,
+    prices_per_hour: dict[str, float] | None = None,
+    on_round: Callable[[int, int], None] | None = None,
+) -> ClusterSimResult:
+    """Run a trace through a policy and the round-based mechanism.
+
+    Args:
+        jobs: the jobs with arrival times (``workload.generate_jobs`` or a trace).
+        worker_types: accelerator counts by type.
+        policy: a name of ``solvers.gavel.POLICIES``.
+        round_s: round length in seconds.
+        options: policy options (``num_partitions``...).
+        seed: recorded in the result (the trace carries the randomness).
+        measure: [first, last) job indices the averages are over (steady state); all if None.
+        prices_per_hour: dollars per accelerator-hour (GCP defaults for v100/p100/k80).
+        on_round: called with (jobs done, jobs total) after every round (progress bars).
+
+    Raises:
+        InvalidProblemError: bad round length or window; InfeasibleError from the policy.
+    """
+    if round_s <= 0:
+        raise InvalidProblemError(f"round length {round_s} s must be positive")
+    get_policy(policy)
+    missing = [j.id for j in jobs.jobs if j.throughputs is None]
+    if missing:
+        raise InvalidProblemError(f"jobs {missing[:5]} have no throughputs; derive them first (throughputs.resolve_problem)")
+    sim = _Simulation(jobs, worker_types, policy, round_s, options or {}, prices_per_hour or {})
+    sim.run(on_round)
+    return sim.result(seed=seed, measure=measure)
+
+
+class _Simulation:
+    def __init__(self, jobs: JobsFile, worker_types: dict[str, int], policy: str, round_s: float,
+                 options: dict[str, Any], prices: dict[str, float]) -> None:
+        self.jobs, self.worker_types, self.policy, self.round_s = jobs, worker_types, policy, round_s
+        self.options, self.prices = options, {**common.DEFAULT_PRICES_PER_HOUR, **prices}
+        self.types = tuple(worker_types)
+        self.capacity = np.array([worker_types[t] for t in self.types], dtype=float)
+        self.state = [_JobState(i, j.num_steps) for i, j in enumerate(jobs.jobs)]
+        self.order = sorted(range(len(jobs.jobs)), key=lambda i: (jobs.jobs[i].arrival_time_s, i))
+        self.busy_s = np.zeros(len(self.types))
+        self.placer = Placer(capacity=dict(worker_types))
+        self.num_rounds = self.num_allocations = self.num_preemptions = 0
+        self.now = jobs.jobs[self.order[0]].arrival_time_s if jobs.jobs else 0.0
+
+    def run(self, on_round: Callable[[int, int], None] | None) -> None:
+        next_arrival, active, current = 0, [], None
+        done = 0
+        while done < len(self.state):
+            changed = False
+            while next_arrival < len(self.order) and self.jobs.jobs[self.order[next_arrival]].arrival_time_s <= self.now:
+                active.append(self.order[next_arrival])
+                next_arrival += 1
+                changed = True
+            if not active:
+                self.now = self.jobs.jobs[self.order[next_arrival]].arrival_time_s
+                continue
+            if changed or current is None:
+                current = self._allocate(active)
+            finished = self._run_round(current, active)
+            if finished:
+                done += len(finished)
+                active = [m for m in active if m not in finished]
+                current = None
+            self.now += self.round_s
+            self.num_rounds += 1
+            if on_round is not None:
+                on_round(done, len(self.state))
+            if self.num_rounds > MAX_ROUNDS:
+                raise InvalidProblemError(f"simulation passed {MAX_ROUNDS} rounds; lengthen --round or shorten jobs")
+
+    def _allocate(self, active: list[int]) -> _Round:
+        f, x, _, _ = solve_matrix(self._problem(active), policy=self.policy, options=self.options)
+        self.num_allocations += 1
+        return _Round(f=f, x=x, jobs=list(active))
+
+    def _problem(self, active: list[int]) -> Any:
+        from planner.schema_gavel import ClusterProblem
+
+        ids = {self.jobs.jobs[m].id for m in active}
+        jobs = [self.jobs.jobs[m].model_copy(update={
+            "num_steps": max(self.state[m].remaining, 1e-9),
+            "elapsed_s": max(0.0, self.now - self.jobs.jobs[m].arrival_time_s),
+        }) for m in active]
+        pairs = tuple(p for p in self.jobs.pairs if p.jobs[0] in ids and p.jobs[1] in ids)
+        return ClusterProblem.model_construct(
+            jobs=tuple(jobs), worker_types=self.worker_types, pairs=pairs,
+            entities=dict(self.jobs.entities), prices_per_hour={t: self.prices[t] for t in self.types if t in self.prices},
+        )
+
+    def _run_round(self, current: _Round, active: list[int]) -> set[int]:
+        f = current.f
+        cells = select(current.x, current.received_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity)
+        wanted = [("+".join(f.job_ids[m] for m in f.combos[k]), self.types[j], int(f.combo_scale[k])) for k, j in cells]
+        _, preempted = self.placer.place(wanted)
+        self.num_preemptions += preempted
+        for m in active:
+            self.state[m].contention_sum += len(active)
+            self.state[m].contention_rounds += 1
+        finished: set[int] = set()
+        for k, j in cells:
+            current.received_s[k, j] += self.round_s
+            busy_until = 0.0
+            for slot, local in enumerate(f.combos[k]):
+                busy_until = max(busy_until, self._advance(current.jobs[local], f.combo_throughput[k, j, slot], finished))
+            busy = busy_until * f.combo_scale[k]
+            self.busy_s[j] += busy
+            dollars = busy * self.prices.get(self.types[j], 0.0) / 3600.0
+            for local in f.combos[k]:
+                self.state[current.jobs[local]].cost_usd += dollars / len(f.combos[k])
+        return finished
+
+    def _advance(self, m: int, thr: float, finished: set[int]) -> float:
+        """Run job m for a round at ``thr`` steps/s; returns the seconds it was busy."""
+        st = self.state[m]
+        st.num_rounds += 1
+        if thr <= 0:
+            return self.round_s
+        if st.remaining <= thr * self.round_s:
+            busy = st.remaining / thr
+            st.remaining = 0.0
+            st.completion_s = self.now + busy
+            finished.add(m)
+            return busy
+        st.remaining -= thr * self.round_s
+        return self.round_s
+
+    def result(self, *, seed: int | None, measure: tuple[int, int] | None) -> ClusterSimResult:
+        records = [self._job_result(st) for st in self.state]
+        lo, hi = measure or (0, len(records))
+        if not 0 <= lo < hi <= len(records):
+            raise InvalidProblemError(f"measure window [{lo}, {hi}) is outside the {len(records)} jobs")
+        window = records[lo:hi]
+        jct = np.array([r.jct_s for r in window])
+        ftf = np.array([r.ftf for r in window])
+        start = min(j.arrival_time_s for j in self.jobs.jobs)
+        makespan = max(r.completion_s for r in records) - start
+        return ClusterSimResult(
+            policy=self.policy, seed=seed, round_s=self.round_s, num_jobs=len(records), num_rounds=self.num_rounds,
+            num_allocations=self.num_allocations,
+            avg_jct_s=float(jct.mean()), p50_jct_s=float(np.percentile(jct, 50)),
+            p95_jct_s=float(np.percentile(jct, 95)), p99_jct_s=float(np.percentile(jct, 99)),
+            makespan_s=makespan, avg_ftf=float(ftf.mean()), max_ftf=float(ftf.max()),
+            utilization={t: float(self.busy_s[j] / (self.capacity[j] * makespan)) if makespan > 0 else 0.0
+                         for j, t in enumerate(self.types)},
+            total_cost_usd=float(sum(r.cost_usd for r in records)), num_preemptions=self.num_preemptions,
+            measured_jobs=tuple(r.id for r in window), jobs=tuple(records),
+        )
+
+    def _job_result(self, st: _JobState) -> JobResult:
+        job = self.jobs.jobs[st.index]
+        assert st.completion_s is not None and st.remaining == 0.0, f"job {job.id} did not finish"
+        jct = st.completion_s - job.arrival_time_s
+        contention = st.contention_sum / max(st.contention_rounds, 1)
+        return JobResult(
+            id=job.id, arrival_s=job.arrival_time_s, completion_s=st.completion_s, num_steps=job.num_steps,
+            steps_done=job.num_steps - st.remaining, scale_factor=job.scale_factor, jct_s=jct,
+            ftf=jct / _isolated_time_s(job.num_steps, job.throughputs or {}, job.scale_factor, self.worker_types, contention),
+            num_rounds=st.num_rounds, cost_usd=st.cost_usd,
+        )
+
+
+def _isolated_time_s(steps: float, thr: dict[str, float], scale: int, workers: dict[str, int], n: float) -> float:
+    """num_steps / thr(X^iso) with 1/n of every type (rows capped at one), Themis's baseline."""
+    share = {t: min(workers[t] / n / scale, 1.0) for t in workers if thr.get(t, 0.0) > 0 and workers[t] >= scale}
+    total = sum(share.values())
+    scaled = {t: v / max(total, 1.0) for t, v in share.items()}
+    rate = sum(thr[t] * v for t, v in scaled.items())
+    return steps / rate
+
+
+def cdf_points(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted values and their empirical CDF (for the completion-time plot)."""
+    xs = np.sort(np.asarray(values, dtype=float))
+    return xs, np.arange(1, len(xs) + 1) / len(xs)
