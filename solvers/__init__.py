@@ -37,6 +37,9 @@ SOLVERS: dict[str, SolveFn] = {
     "stage-ilp": _lazy("stage_ilp"),
     "merak": _lazy("merak"),
     "adapipe": _lazy("adapipe"),
+    "spipe": _lazy("spipe"),
+    "mobius": _lazy("mobius"),
+    "zero-offload": _lazy("zero_offload"),
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -52,6 +55,10 @@ DESCRIPTIONS: dict[str, str] = {
     "recompute, imbalance and warm-up bubbles together (poster, seed 002)",
     "merak": "Merak baseline: even split with stage-aware recompute (more recompute on early stages)",
     "adapipe": "AdaPipe baseline: per-stage recompute by knapsack plus a partitioning DP",
+    "spipe": "SPipe: hybrid GPU/CPU pipeline for models whose states exceed GPU memory (parameters and "
+    "optimizer on the CPU, forward and backward stages per GPU)",
+    "mobius": "Mobius-style offloaded pipeline baseline (stages swapped in from CPU memory)",
+    "zero-offload": "ZeRO-Offload-style data parallelism baseline (optimizer state and step on the CPU)",
 }
 
 
