@@ -211,6 +211,11 @@ def _megatron_export(plan: Plan) -> _MegatronExport:
         _recompute_flags(plan, export)
     if plan.schedule in _SCHEDULE_NOTES:
         export.warnings.append(_SCHEDULE_NOTES[plan.schedule])
+    if plan.bpipe is not None:
+        export.warnings.append(
+            "the plan balances activations with BPipe (evictions to the paired stage); stock Megatron-LM has no "
+            "BPipe: only the compute schedule is exported, so stages may need the unbalanced memory"
+        )
     expected = plan.microbatch_size * plan.num_microbatches * d.data
     if plan.global_batch_size != expected:
         export.warnings.append(

@@ -569,6 +569,8 @@ class SimResult(_Frozen):
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every input and output format, by file name."""
+    from planner import schema_gavel  # imports this module; a top-level import would be circular
+
     return {
         "profile.schema.json": ModelProfile.model_json_schema(),
         "transformer.schema.json": TransformerConfig.model_json_schema(),
@@ -576,4 +578,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         "problem.schema.json": PipelineProblem.model_json_schema(),
         "plan.schema.json": Plan.model_json_schema(),
         "simulation.schema.json": SimResult.model_json_schema(),
+        "jobs.schema.json": schema_gavel.JobsFile.model_json_schema(),
+        "allocation.schema.json": schema_gavel.Allocation.model_json_schema(),
+        "cluster-sim.schema.json": schema_gavel.ClusterSimResult.model_json_schema(),
     }
