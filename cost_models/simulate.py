@@ -71,6 +71,11 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
     """
     if plan.bpipe is not None:
         return bpipe_sim.simulate_bpipe(plan, include_events=include_events)  # evictions and loads
+    if "offload" in plan.options:
+        # SPipe / Mobius / ZeRO-Offload plans: host transfers and CPU optimizer steps as resources.
+        from cost_models import _sim_offload
+
+        return _sim_offload.simulate_offload(plan, include_events=include_events).sim
     costs = pipeline_costs(plan)
     samples = float(plan.global_batch_size)
     if rr.is_round_robin(plan):
