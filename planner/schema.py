@@ -569,7 +569,7 @@ class SimResult(_Frozen):
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every input and output format, by file name."""
-    from planner import schema_gavel  # imports this module; a top-level import would be circular
+    from planner import schema_fill, schema_gavel  # they import this module: no top-level import
 
     return {
         "profile.schema.json": ModelProfile.model_json_schema(),
@@ -581,4 +581,6 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         "jobs.schema.json": schema_gavel.JobsFile.model_json_schema(),
         "allocation.schema.json": schema_gavel.Allocation.model_json_schema(),
         "cluster-sim.schema.json": schema_gavel.ClusterSimResult.model_json_schema(),
+        "fill-jobs.schema.json": schema_fill.FillJobsFile.model_json_schema(),
+        "fill.schema.json": schema_fill.FillPlan.model_json_schema(),
     }

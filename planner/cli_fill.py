@@ -1,0 +1,138 @@
+"""CLI sub-command ``fill`` (architecture.md CLI contract): PipeFill over ``solvers.fill``.
+
+``paraplan fill PLAN.json --fill-jobs F [--policy P] [-o fill.json] [--json]`` fills one plan's
+bubbles; ``paraplan fill --scale [--gpus 1024,2048,...] [--plot out.png]`` runs the paper's
+40B main job on 1K-16K GPUs with a stream of fill jobs (docs/pipefill.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``fill`` to the ``paraplan`` sub-command parser."""
+    f = sub.add_parser("fill", help="fill a plan's pipeline bubbles with other jobs (PipeFill)")
+    f.add_argument("plan", nargs="?", help="plan JSON (not with --scale)")
+    f.add_argument("--fill-jobs", help="preset (bert-large-inference), name:count,..., a mix (paper-mix) or JSON")
+    f.add_argument("--policy", default="sjf", help="scheduler score: sjf, makespan or fifo")
+    f.add_argument("--fill-fraction", type=float, default=0.68, help="share of each bubble to fill (paper 0.68)")
+    f.add_argument("--free-memory-gb", type=float, help="fixed free memory per bubble (paper 4.5); default: simulated")
+    f.add_argument("--fill-efficiency", type=float, help="fraction of peak FLOP/s fill kernels reach (default 0.5)")
+    f.add_argument("--scale", action="store_true", help="the paper's 40B job on 1K-16K GPUs with a job stream")
+    f.add_argument("--gpus", default="1024,2048,4096,8192,16384", help="cluster sizes of --scale")
+    f.add_argument("--horizon-h", type=float, default=12.0, help="simulated hours of --scale")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--plot", help="--scale: draw utilization against cluster size to a .png/.svg")
+    f.add_argument("-o", "--output", help="write the JSON result here")
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(handler=cmd_fill)
+
+
+def _fill_options(args: argparse.Namespace, *, scale: bool) -> Any:
+    from solvers.fill.bubbles import PAPER_FREE_MEMORY_BYTES, BubbleOptions
+    from solvers.fill.simulate import FillOptions
+
+    memory = args.free_memory_gb * 1e9 if args.free_memory_gb else (PAPER_FREE_MEMORY_BYTES if scale else None)
+    kwargs = {"efficiency": args.fill_efficiency} if args.fill_efficiency else {}
+    return FillOptions(policy=args.policy, bubbles=BubbleOptions(fill_fraction=args.fill_fraction,
+                                                                 free_memory_bytes=memory), **kwargs)
+
+
+def cmd_fill(args: argparse.Namespace) -> int:
+    from planner import api
+    from planner.errors import InvalidProblemError
+
+    if args.scale:
+        return _cmd_scale(args)
+    if not args.plan or not args.fill_jobs:
+        raise InvalidProblemError("paraplan fill needs PLAN.json and --fill-jobs F (or --scale)")
+    from solvers.fill.jobs import parse_fill_jobs
+    from solvers.fill.simulate import fill_plan
+
+    result = fill_plan(api.load_plan(args.plan), parse_fill_jobs(args.fill_jobs), _fill_options(args, scale=False))
+    _emit(args, result, _fill_table(result))
+    return 0
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    from planner.errors import InvalidProblemError
+    from solvers.fill.scale import ScaleOptions, scale_sweep
+
+    try:
+        gpus = tuple(int(x) for x in args.gpus.split(",") if x.strip())
+    except ValueError:
+        raise InvalidProblemError(f"--gpus {args.gpus!r} must be comma-separated integers, e.g. 1024,8192") from None
+    if args.horizon_h <= 0:
+        raise InvalidProblemError(f"--horizon-h={args.horizon_h} must be positive")
+    result = scale_sweep(ScaleOptions(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
+                                      seed=args.seed, fill=_fill_options(args, scale=True)))
+    if args.plot:
+        plot_scale(result, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    _emit(args, result, _scale_table(result))
+    return 0
+
+
+def _emit(args: argparse.Namespace, result: Any, table: str) -> None:
+    if args.output:
+        from planner import api
+
+        api.save(result, args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+    print(result.model_dump_json(indent=2) if args.json else table)
+
+
+def _fill_table(r: Any) -> str:
+    lines = [f"iteration {r.iteration_time_s:.4g} s, bubble fraction {r.bubble_fraction:.3f}, {r.num_devices} GPUs",
+             f"{len(r.assignments)} fill jobs, makespan {r.makespan_s:.4g} s, mean JCT {r.mean_completion_time_s:.4g} s",
+             f"main {r.main_flops_per_device_s / 1e12:.3g} TFLOP/s/GPU, fill {r.fill_flops_per_device_s / 1e12:.3g} "
+             f"TFLOP/s/GPU: recovered utilization {100 * r.recovered_utilization:.1f}%, "
+             f"main-job slowdown {100 * r.main_job_slowdown:.2f}%",
+             "job                          stage  batch ckpt offload  k   n  samples/s"]
+    for e in r.executor_plans:
+        lines.append(f"{e.job_id:28s} {e.stage:5d} {e.batch_size:6d} {e.checkpointing!s:5s} {e.offload!s:7s}"
+                     f"{e.num_iterations:4d} {e.num_cycles:3d} {e.throughput_samples_per_s:10.4g}")
+    return "\n".join(lines)
+
+
+def _scale_table(r: Any) -> str:
+    lines = [" GPUs   m  bubble (closed)  main TF/GPU  fill TF/GPU  recovered  slowdown  GPUs' worth"]
+    for p in r.points:
+        lines.append(f"{p.num_gpus:5d} {p.num_microbatches:3d}  {p.bubble_fraction:.3f} ({p.closed_form_bubble_fraction:.3f})"
+                     f"  {p.main_tflops_per_gpu:11.3g}  {p.fill_tflops_per_gpu:11.3g}  {100 * p.recovered_utilization:8.1f}%"
+                     f"  {100 * p.main_job_slowdown:7.2f}%  {p.gpus_worth_of_fill:11.0f}")
+    return "\n".join(lines)
+
+
+def plot_scale(result: Any, path: str) -> None:
+    """Utilization (main, main + fill) per GPU against cluster size, beside the paper's numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from solvers.fill.scale import PAPER_RESULTS
+
+    gpus = [p.num_gpus for p in result.points]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(gpus, [p.main_tflops_per_gpu for p in result.points], "o-", label="main job")
+    ax.plot(gpus, [p.main_tflops_per_gpu + p.fill_tflops_per_gpu for p in result.points], "s-", label="main + fill")
+    ax2 = ax.twinx()
+    ax2.plot(gpus, [100 * p.recovered_utilization for p in result.points], "^--", color="tab:green",
+             label="recovered (%)")
+    ax2.plot(list(PAPER_RESULTS), [100 * v[0] for v in PAPER_RESULTS.values()], "x", color="tab:red",
+             label="paper, mix (%)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("TFLOP/s per GPU")
+    ax2.set_ylabel("utilization increase (%)")
+    ax.set_title(f"PipeFill, 40B main job, {result.jobs}")
+    fig.legend(loc="upper center", fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
