@@ -6,7 +6,7 @@ Every plan is timed by the one simulator (``cost_models.simulate``). Profiles ar
 (``transformer_profile``) with tensor parallelism t inside a node and one pipeline replica
 (d = 1), m = microbatches-per-stage x p.
 
-Usage (the defaults run the issue's full grid; the docs table used a subset, see docs/solver-stage-ilp.md):
+Usage (the defaults run the issue's full grid, as in docs/solver-stage-ilp.md; ``--bpipe`` adds ilp-tri with BPipe):
 
     PYTHONPATH=. python bench/stage_ilp.py --models llama-175b --depths 8 16 32 --out table.md
 """
@@ -14,6 +14,8 @@ Usage (the defaults run the issue's full grid; the docs table used a subset, see
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -34,6 +36,8 @@ SOLVERS: dict[str, Callable[[PipelineProblem], Plan]] = {
     "ilp-dual": lambda pr: get_solver("stage-ilp")(pr, options={"terms": "dual"}),
     "ilp-tri": lambda pr: get_solver("stage-ilp")(pr, options={"terms": "tri"}),
 }
+BPIPE_SOLVER = ("ilp-tri+bpipe", lambda pr: get_solver("stage-ilp")(pr.model_copy(update={"bpipe": True})))
+"""With ``--bpipe``: the tri ILP planning with BPipe (its plan simulated with evictions and loads)."""
 
 
 def problem(model: str, device: str, schedule: str, depth: int, *, tensor_parallel: int, per_stage: int,
@@ -50,7 +54,11 @@ def problem(model: str, device: str, schedule: str, depth: int, *, tensor_parall
 
 
 def run_row(pr: PipelineProblem) -> dict[str, tuple[float, float, float] | str]:
-    """Per solver (iteration time s, peak memory / capacity, solve time s), or the error kind."""
+    """Per solver (iteration time s, peak memory / capacity, solve time s), or the error kind.
+
+    For the ILP solvers also ``<name>:own``: (simulated time of the ILP's own optimum, before
+    re-ranking, nan, nan), read from ``Plan.candidates`` (source ``ilp``).
+    """
     out: dict[str, tuple[float, float, float] | str] = {}
     assert pr.cluster.device is not None
     for name, fn in SOLVERS.items():
@@ -63,7 +71,28 @@ def run_row(pr: PipelineProblem) -> dict[str, tuple[float, float, float] | str]:
         assert plan.predicted is not None
         mem = max(plan.predicted.peak_memory_bytes) / pr.cluster.device.memory_bytes
         out[name] = (plan.predicted.iteration_time_s, mem, time.perf_counter() - began)
+        own = [row["simulated_time_s"] for row in plan.candidates if row.get("source") == "ilp"]
+        if own:
+            out[f"{name}:own"] = (own[0], math.nan, math.nan)
     return out
+
+
+BASELINES = ("even", "pipedream", "merak", "adapipe")
+
+
+def own_verdict(row: dict[str, tuple[float, float, float] | str], name: str) -> str:
+    """Whether the ILP's own plan (before re-ranking) is at least as fast as every baseline:
+    ``yes``, ``no (<baseline> x<ratio>)`` or ``-`` when the ILP returned no plan of its own."""
+    own = row.get(f"{name}:own")
+    if not isinstance(own, tuple):
+        return "-"
+    times = {b: row[b][0] for b in BASELINES if isinstance(row.get(b), tuple)}  # type: ignore[index]
+    if not times:
+        return "yes"
+    best = min(times, key=times.__getitem__)
+    if own[0] <= times[best] * (1 + 1e-9):
+        return "yes"
+    return f"no ({best} {own[0] / times[best]:.4f}x)"
 
 
 def format_row(label: str, row: dict[str, tuple[float, float, float] | str]) -> str:
@@ -77,6 +106,7 @@ def format_row(label: str, row: dict[str, tuple[float, float, float] | str]) -> 
             cells.append(f"{base[0] / got[0]:.3f}x / {got[1]:.0%} / {got[2]:.1f}s")
         else:
             cells.append(f"{got[0]:.2f}s / {got[1]:.0%} / {got[2]:.1f}s")
+    cells += [own_verdict(row, "ilp-dual"), own_verdict(row, "ilp-tri")]
     return f"| {label} | " + " | ".join(cells) + " |"
 
 
@@ -90,12 +120,16 @@ def main() -> None:
     parser.add_argument("--microbatches-per-stage", type=int, default=4)
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--out", default=None, help="also write the Markdown table to this file")
+    parser.add_argument("--jsonl", default=None, help="also append one JSON object per row to this file")
+    parser.add_argument("--bpipe", action="store_true", help="add a column: ilp-tri planning with BPipe")
     args = parser.parse_args()
+    if args.bpipe:
+        SOLVERS[BPIPE_SOLVER[0]] = BPIPE_SOLVER[1]
     lines = [f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}; "
              f"t={args.tensor_parallel}, m={args.microbatches_per_stage}p, d=1, v={args.chunks} when interleaved",
              "", "cells: speedup over even / peak memory of capacity / solve time", "",
-             "| model, device, schedule, p | " + " | ".join(SOLVERS) + " |",
-             "|---|" + "---|" * len(SOLVERS)]
+             "| model, device, schedule, p | " + " | ".join(SOLVERS) + " | dual own >= baselines | tri own >= baselines |",
+             "|---|" + "---|" * (len(SOLVERS) + 2)]
     print("\n".join(lines), flush=True)  # noqa: T201 (a script, not library code)
     for model in args.models:
         for device in args.devices:
@@ -103,9 +137,14 @@ def main() -> None:
                 for depth in args.depths:
                     pr = problem(model, device, schedule, depth, tensor_parallel=args.tensor_parallel,
                                  per_stage=args.microbatches_per_stage, chunks=args.chunks)
-                    line = format_row(f"{model}, {device}, {schedule}, {depth}", run_row(pr))
+                    label = f"{model}, {device}, {schedule}, {depth}"
+                    row = run_row(pr)
+                    line = format_row(label, row)
                     lines.append(line)
                     print(line, flush=True)  # noqa: T201
+                    if args.jsonl:
+                        with open(args.jsonl, "a", encoding="ascii") as fh:
+                            fh.write(json.dumps({"row": label, **row}) + "\n")
     if args.out:
         with open(args.out, "w", encoding="ascii") as fh:
             fh.write("\n".join(lines) + "\n")

@@ -1,6 +1,6 @@
 """OR-Tools CP-SAT engine for the stage-ILP formulation (``_stage_ilp_milp.Formulation``).
 
-CP-SAT takes integer coefficients only (shared/design/ecosystem.md §1.4: scale float costs to
+CP-SAT takes integer coefficients only (shared/design/ecosystem.md Sec. 1.4: scale float costs to
 integers yourself). Times are counted in units of 1e-6 of the model's total time per
 microbatch, bytes in units of 1e-6 of the device memory; memory coefficients are rounded up
 and the capacity down, so a plan CP-SAT accepts fits in floating point too. The objective is
@@ -26,7 +26,8 @@ def solve_cpsat(model: StageModel, f: Formulation, *, time_limit_s: float | None
     time_unit = max(sum(t.num_layers * (t.forward_s + t.backward_s + max(t.extra_s)) for t in model.types), 1e-30) / _UNITS
     byte_unit = model.capacity_bytes / _UNITS
     cp = cp_model.CpModel()
-    scale = [time_unit if f.is_time[i] else (byte_unit if f.names[i] == "M" else 1.0) for i in range(len(f.names))]
+    is_bytes = [name == "M" or name.startswith("act_") for name in f.names]  # BPipe's act_x are bytes too
+    scale = [time_unit if f.is_time[i] else (byte_unit if is_bytes[i] else 1.0) for i in range(len(f.names))]
     big = int(_UNITS * model.num_microbatches * 4)
     xs = [cp.NewIntVar(int(lo), int(hi) if not math.isinf(hi) else big, name)
           for lo, hi, name in zip(f.lower, f.upper, f.names)]

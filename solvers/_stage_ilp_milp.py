@@ -1,6 +1,6 @@
 """The stage-ILP as a mixed-integer program, solved by HiGHS (through PuLP) or OR-Tools CP-SAT.
 
-Formulation: shared/design/stage-ilp-spipe-bpipe.md §A.6 (poster seed 002, Algorithm 1 L57-78).
+Formulation: shared/design/stage-ilp-spipe-bpipe.md Sec. A.6 (poster seed 002, Algorithm 1 L57-78).
 Variables (A.6.2): ``l[k,t,j]`` integer layers of type t with strategy j on virtual stage k;
 ``b[t,k]`` binary, 1 iff type t starts on virtual stage k (the poster's ``b_{t-1,c,x}``: where
 the boundary between types t-1 and t falls); ``tau`` (C = 1) or ``tau_dev``, ``tau_chunk``
@@ -146,6 +146,9 @@ def _add_assignment(model: StageModel, f: Formulation) -> None:
 
 def _add_memory(model: StageModel, f: Formulation, mem_var: int | None) -> None:
     p = model.num_stages
+    if model.bpipe_split is not None:
+        _add_bpipe_memory(model, f, mem_var)
+        return
     for x in range(p):
         for vec in model.inflight[x]:
             row: dict[int, float] = {}
@@ -158,6 +161,34 @@ def _add_memory(model: StageModel, f: Formulation, mem_var: int | None) -> None:
             else:
                 row[mem_var] = -1.0
                 f.rows.append((row, -math.inf, 0.0, "mem"))
+
+
+def _add_bpipe_memory(model: StageModel, f: Formulation, mem_var: int | None) -> None:
+    """C2 with BPipe (seed 004 Eq. 1 with balanced counts, L94-98): ``act_x`` >= the activation
+    set of every chunk of rank x, and static_x + own_x act_x + foreign_x act_{p-1-x} <= D."""
+    p = model.num_stages
+    assert model.bpipe_split is not None
+    act = [f.add_var(f"act_{x}", 0, math.inf, integer=False) for x in range(p)]
+    for x in range(p):
+        for c in range(model.num_chunks):
+            row = {idx: model.types[t].activation_bytes[j] for (k, t, j), idx in f.l_index.items()
+                   if k == c * p + x and model.types[t].activation_bytes[j]}
+            row[act[x]] = -1.0
+            f.rows.append((row, -math.inf, 0.0, "mem"))
+            f.epigraph.append((len(f.rows) - 1, act[x]))
+    for k, bandwidth, latency in model.bpipe_links:  # App. B Eq. 7-9: latency + A_k / bw <= F_k
+        row = {idx: model.types[t].activation_bytes[j] / bandwidth - model.types[t].forward_s
+               for (kk, t, j), idx in f.l_index.items() if kk == k}
+        f.rows.append((row, -math.inf, -latency, "time"))
+    for x, (own, foreign) in enumerate(model.bpipe_split):
+        row = {idx: model.types[t].static_bytes for (k, t, j), idx in f.l_index.items() if k % p == x}
+        _add(row, {act[x]: float(own)}, 1.0)
+        _add(row, {act[p - 1 - x]: float(foreign)}, 1.0)
+        if mem_var is None:
+            f.rows.append((row, -math.inf, model.capacity_bytes, "mem"))
+        else:
+            row[mem_var] = -1.0
+            f.rows.append((row, -math.inf, 0.0, "mem"))
 
 
 def _add_time(model: StageModel, f: Formulation, terms: str) -> None:

@@ -1,7 +1,7 @@
 """The stage-ILP's cost model in plain Python: layer types, in-flight counts, modelled time.
 
 Implements the recommended formulation of the poster (seed 002, L39-78) given in
-shared/design/stage-ilp-spipe-bpipe.md §A.6: layer *types* are maximal runs of identical
+shared/design/stage-ilp-spipe-bpipe.md Sec. A.6: layer *types* are maximal runs of identical
 layers (A.6.1; embedding, decoder blocks, head), a plan is the count ``l[k][t][r]`` of layers of
 type t with recompute strategy r on virtual stage k = c P + x (A.6.2), and the three bubble
 terms (A.6.5, A.6.6)
@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models import bpipe
 from cost_models.schedules import build_actions
 from cost_models.simulate import PipelineCosts
 from cost_models.transformer import allreduce_time_s
@@ -74,6 +75,12 @@ class StageModel:
     """Per rank, the Pareto-maximal per-chunk in-flight count vectors of its action order."""
     layout: Layout
     problem: PipelineProblem
+    bpipe_split: tuple[tuple[int, int], ...] | None = None
+    """With BPipe: per rank, (own, foreign) peak activation-set counts (``bpipe.inflight_split``);
+    rank x's memory is then static_x + own_x A_x + foreign_x A_{p-1-x}, A_x its largest chunk's set."""
+    bpipe_links: tuple[tuple[int, float, float], ...] = ()
+    """With BPipe: (virtual stage, pair-link bytes/s, latency s) of every chunk whose sets an
+    evictor moves; each transfer must fit the chunk's forward (seed 004 App. B Eq. 7-9)."""
 
     @property
     def num_virtual(self) -> int:
@@ -161,11 +168,16 @@ def _pareto(vectors: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 
 def build_model(problem: PipelineProblem, layout: Layout, *, strategies: Sequence[str] | None,
-                inflight: tuple[tuple[tuple[int, ...], ...], ...] | None = None) -> StageModel:
+                inflight: tuple[tuple[tuple[int, ...], ...], ...] | None = None,
+                bpipe_on: bool | None = None) -> StageModel:
     """The stage model of a problem at a resolved layout.
 
+    Args:
+        bpipe_on: plan with BPipe's balanced counts (default ``problem.bpipe``); below 4 stages
+            BPipe moves nothing (seed 004 L100) and the plain counts are used.
+
     Raises:
-        InvalidProblemError: the schedule is not one the ILP models.
+        InvalidProblemError: the schedule is not one the ILP models, or not one BPipe balances.
     """
     if problem.schedule not in SUPPORTED_SCHEDULES:
         raise InvalidProblemError(
@@ -174,11 +186,45 @@ def build_model(problem: PipelineProblem, layout: Layout, *, strategies: Sequenc
         )
     p, v, m = layout.num_stages, layout.num_chunks, layout.num_microbatches
     assert problem.cluster.device is not None  # PipelineProblem requires a device
+    split, links = None, ()
+    if (problem.bpipe if bpipe_on is None else bpipe_on) and p >= 4:
+        if problem.schedule not in bpipe.SUPPORTED_SCHEDULES:
+            raise InvalidProblemError(
+                f"bpipe balances the 1F1B and interleaved 1F1B schedules; schedule {problem.schedule!r} is not "
+                f"supported: use one of {list(bpipe.SUPPORTED_SCHEDULES)}, or drop bpipe")
+        split = tuple(bpipe.inflight_split(p, m, schedule=problem.schedule, num_chunks=v))
+        links = _bpipe_links(problem, layout)
     return StageModel(
         types=layer_types(problem.model.layers, strategies), num_stages=p, num_chunks=v, num_microbatches=m,
         schedule=problem.schedule, capacity_bytes=problem.cluster.device.memory_bytes,
         inflight=inflight or inflight_vectors(problem.schedule, p, v, m), layout=layout, problem=problem,
+        bpipe_split=split, bpipe_links=links,
     )
+
+
+def _bpipe_links(problem: PipelineProblem, layout: Layout) -> tuple[tuple[int, float, float], ...]:
+    """(virtual stage, bandwidth, latency) of every chunk an evictor moves, on its pair link
+    between pair-adjacent ranks (``bpipe.pair_adjacent_ranks``)."""
+    p, v, m = layout.num_stages, layout.num_chunks, layout.num_microbatches
+    ranks = bpipe.pair_adjacent_ranks(p, data_parallel=layout.data_parallel, tensor_parallel=layout.tensor_parallel)
+    actions = build_actions(problem.schedule, num_stages=p, num_chunks=v, num_microbatches=m)
+    out = []
+    for evictor, acceptor in bpipe.pairs(p):
+        moved = {t.stage for t in bpipe.schedule_transfers(actions[evictor], bpipe.optimal_inflight(p, num_chunks=v))}
+        bandwidth, latency = problem.cluster.link(ranks[evictor][0], ranks[acceptor][0])
+        out.extend((k, bandwidth, latency) for k in sorted(moved))
+    return tuple(out)
+
+
+def links_fit(model: StageModel, counts: Counts) -> bool:
+    """BPipe's strict link bound: every moved set's transfer fits its chunk's forward."""
+    for k, bandwidth, latency in model.bpipe_links:
+        per_type = counts[k]
+        act = math.fsum(nj * lt.activation_bytes[j] for n, lt in zip(per_type, model.types) for j, nj in enumerate(n))
+        forward = math.fsum(sum(n) * lt.forward_s for n, lt in zip(per_type, model.types))
+        if latency + act / bandwidth > forward * (1 + 1e-9):
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,23 +286,25 @@ def modelled_time_s(model: StageModel, counts: Counts) -> float:
 
 
 def rank_memory_bytes(model: StageModel, counts: Counts) -> list[float]:
-    """Peak memory of each rank: static bytes plus the worst in-flight vector's activations."""
+    """Peak memory of each rank: static bytes plus the worst in-flight vector's activations
+    (with BPipe: own sets of the rank's largest chunk plus foreign sets of its partner's)."""
     p, v = model.num_stages, model.num_chunks
-    out = []
+    static, act = [], []
     for x in range(p):
-        static = 0.0
-        act = []
-        for c in range(v):
-            per_type = counts[c * p + x]
-            static += sum(sum(n) * lt.static_bytes for n, lt in zip(per_type, model.types))
-            act.append(sum(nj * lt.activation_bytes[j] for n, lt in zip(per_type, model.types) for j, nj in enumerate(n)))
-        peak = max(math.fsum(vec[c] * act[c] for c in range(v)) for vec in model.inflight[x])
-        out.append(static + peak)
-    return out
+        static.append(math.fsum(sum(n) * lt.static_bytes for c in range(v)
+                                for n, lt in zip(counts[c * p + x], model.types)))
+        act.append([math.fsum(nj * lt.activation_bytes[j] for n, lt in zip(counts[c * p + x], model.types)
+                              for j, nj in enumerate(n)) for c in range(v)])
+    if model.bpipe_split is not None:
+        return [static[x] + own * max(act[x]) + foreign * max(act[p - 1 - x])
+                for x, (own, foreign) in enumerate(model.bpipe_split)]
+    return [static[x] + max(math.fsum(vec[c] * act[x][c] for c in range(v)) for vec in model.inflight[x])
+            for x in range(p)]
 
 
 def fits(model: StageModel, counts: Counts) -> bool:
-    return all(mem <= model.capacity_bytes for mem in rank_memory_bytes(model, counts))
+    """Memory of every rank within capacity (and, with BPipe, transfers within a forward)."""
+    return all(mem <= model.capacity_bytes for mem in rank_memory_bytes(model, counts)) and links_fit(model, counts)
 
 
 def plan_layers(model: StageModel, counts: Counts) -> tuple[list[int], list[str]]:

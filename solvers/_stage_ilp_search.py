@@ -13,7 +13,7 @@ in-flight check, ``_stage_ilp_model.fits``) are simulated.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cost_models.schedules import build_actions
@@ -29,10 +29,16 @@ class Search:
     time_budget_s: float = 30.0
     simulated: dict[Counts, float] = field(default_factory=dict)
     source: dict[Counts, str] = field(default_factory=dict)
+    evaluate: Callable[[Counts], float] | None = None
+    """Simulated time of a plan when the fast path does not apply (BPipe plans, simulated with
+    their transfers); ``math.inf`` for a plan that does not fit in simulation."""
     _actions: tuple[object, ...] | None = None
     _began: float = field(default_factory=time.perf_counter)
 
     def simulate(self, counts: Counts, label: str) -> float:
+        if counts not in self.simulated and self.evaluate is not None:
+            self.simulated[counts] = self.evaluate(counts)
+            self.source[counts] = label
         if counts not in self.simulated:
             if self._actions is None:
                 m = self.model
@@ -70,7 +76,7 @@ class Search:
 
     def table(self, limit: int = 10) -> list[tuple[Counts, float, str]]:
         """The best simulated plans, fastest first."""
-        rows = sorted(self.simulated.items(), key=lambda kv: kv[1])[:limit]
+        rows = sorted(((c, t) for c, t in self.simulated.items() if t < float("inf")), key=lambda kv: kv[1])[:limit]
         return [(c, t, self.source[c]) for c, t in rows]
 
 

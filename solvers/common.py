@@ -175,16 +175,36 @@ def with_prediction(plan: Plan) -> tuple[Plan, SimResult]:
     return plan.model_copy(update={"predicted": sim.predicted(plan, result)}), result
 
 
-def memory_shortfall_message(problem: PipelineProblem, needed_bytes: float, what: str) -> str:
-    """The standard 'does not fit' message: the memory per device it would need, and fixes."""
+def bpipe_would_apply(problem: PipelineProblem, num_stages: int | None = None) -> bool:
+    """Whether ``--bpipe`` is a fix worth naming: it is off, the schedule is one BPipe balances
+    (1F1B or interleaved 1F1B) and the pipeline has at least 4 stages (below that BPipe moves
+    nothing, seed 004 L100). Without a depth, the deepest pipeline the cluster allows is used."""
+    from cost_models.bpipe import SUPPORTED_SCHEDULES
+
+    p = num_stages or problem.num_stages or problem.cluster.num_devices // problem.model.tensor_parallel
+    return not problem.bpipe and problem.schedule in SUPPORTED_SCHEDULES and p >= 4
+
+
+def memory_shortfall_message(problem: PipelineProblem, needed_bytes: float, what: str, *,
+                             num_stages: int | None = None) -> str:
+    """The standard 'does not fit' message: the memory per device it would need, and fixes.
+
+    Args:
+        num_stages: the depth that was tried, if not ``problem.num_stages``; decides whether
+            BPipe is suggested (``bpipe_would_apply``).
+    """
     device = problem.cluster.device
     assert device is not None
     ratio = needed_bytes / device.memory_bytes
+    bpipe = ""
+    if bpipe_would_apply(problem, num_stages):
+        bpipe = ("BPipe (--bpipe: stage s hands activations to stage p-1-s, so no stage holds more than "
+                 "about (p+2)/2 microbatches), ")
     return (
         f"{what} does not fit in device memory: it needs {format_bytes(needed_bytes)} per device but "
         f"{device.name} has {format_bytes(device.memory_bytes)} ({ratio:.2f}x). To make it feasible: "
         f"use more pipeline stages (about {math.ceil(ratio)}x as many), a larger tensor-parallel "
-        f"degree, full recompute, or a device with at least {format_bytes(needed_bytes)}"
+        f"degree, full recompute, {bpipe}or a device with at least {format_bytes(needed_bytes)}"
     )
 
 

@@ -2,7 +2,7 @@
 
 Implements the holistic planner of the poster (seed 002, Algorithm 1, L57-78: layer types x
 recompute strategies x chunks x stages, objective B_G = B_R + B_I + B_P under C1-C3) with the
-concrete linear formulation of shared/design/stage-ilp-spipe-bpipe.md §A.6
+concrete linear formulation of shared/design/stage-ilp-spipe-bpipe.md Sec. A.6
 (``_stage_ilp_model`` states it, ``_stage_ilp_milp`` builds it):
 
 1. Phase 1 (pre-computation): layer types are runs of identical layers of the profile; per
@@ -17,7 +17,10 @@ concrete linear formulation of shared/design/stage-ilp-spipe-bpipe.md §A.6
 
 Options: ``terms`` (``tri`` = all three bubble terms, ``dual`` = B_R + B_I), ``engine``,
 ``strategies`` (e.g. ``none,full`` for the two-strategy variant), ``warm_start``, ``rerank``
-(simulations spent re-ranking, 0 returns the ILP optimum), ``mip_gap``.
+(simulations spent re-ranking, 0 returns the ILP optimum), ``mip_gap``, ``ilp_time_s``,
+``budget_s``. With ``problem.bpipe`` (BPipe, seed 004) the memory rows use the balanced own and
+foreign counts plus the pair-link rows, candidates are simulated with their evictions and
+loads, and the plan gets ``bpipe``, pair-adjacent ranks and the link check's notes.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +48,7 @@ from solvers._stage_ilp_model import (
 from solvers._stage_ilp_model import objective as model_objective
 from solvers._stage_ilp_model import plan_layers
 from solvers._stage_ilp_search import Search
-from solvers.common import build_plan, format_bytes, resolve_layout, with_prediction
+from solvers.common import bpipe_would_apply, build_plan, format_bytes, resolve_layout, with_prediction
 from solvers.options import parse_options
 
 log = logging.getLogger(__name__)
@@ -66,9 +69,13 @@ class Options:
     """Simulations spent choosing the plan by simulated time (0: return the ILP optimum)."""
     mip_gap: float = 1e-4
     """Optimality gap, relative to the modelled iteration time, at which the MILP stops."""
-    ilp_time_s: float = 7.0
+    ilp_time_s: float = 6.0
     """MILP time limit when the problem gives no ``time_limit_s`` (the tri objective's bound
     closes slowly with HiGHS; the best plan found is returned with status ``time_limit``)."""
+    budget_s: float = 9.0
+    """Wall-clock target of one depth's whole solve (baselines, MILP, re-ranking): the MILP gets
+    at most what is left after 2 s reserved for re-ranking and the final simulation (issue 4:
+    every benchmark row under 10 s)."""
 
 
 def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | None = None) -> Plan:
@@ -83,10 +90,6 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
             any plan needs and what gets there (more stages, full recompute, BPipe).
     """
     opts = _check(parse_options(Options, options, solver="stage-ilp"))
-    if problem.bpipe:
-        raise InvalidProblemError(
-            "solver 'stage-ilp' does not plan with bpipe=true yet (the simulator does not run BPipe's "
-            "evictions); drop --bpipe")
     if problem.num_stages is not None:
         return solve_depth(problem, problem.num_stages, opts)
     best: Plan | None = None
@@ -111,10 +114,11 @@ def _check(opts: Options) -> Options:
         raise InvalidProblemError(f"option terms={opts.terms!r} of solver 'stage-ilp'; choose from {list(TERMS)}")
     if opts.engine not in ENGINES:
         raise InvalidProblemError(f"option engine={opts.engine!r} of solver 'stage-ilp'; choose from {list(ENGINES)}")
-    if opts.rerank < 0 or not 0 <= opts.mip_gap < 1 or opts.ilp_time_s <= 0:
+    if opts.rerank < 0 or not 0 <= opts.mip_gap < 1 or opts.ilp_time_s <= 0 or opts.budget_s <= 0:
         raise InvalidProblemError(
-            f"options rerank={opts.rerank} and mip_gap={opts.mip_gap} of solver 'stage-ilp': rerank must be >= 0, "
-            f"mip_gap in [0, 1) and ilp_time_s={opts.ilp_time_s} > 0")
+            f"options rerank={opts.rerank}, mip_gap={opts.mip_gap}, ilp_time_s={opts.ilp_time_s}, "
+            f"budget_s={opts.budget_s} of solver 'stage-ilp': rerank must be >= 0, mip_gap in [0, 1), "
+            "ilp_time_s and budget_s > 0")
     return opts
 
 
@@ -149,8 +153,10 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options) -> Pla
     if seeds:
         warm = min(seeds, key=lambda s: model_objective(model, s[1], opts.terms))[1]
         start = milp.start_values(model, form, warm)
-    limit = problem.time_limit_s if problem.time_limit_s is not None else opts.ilp_time_s
-    limit = max(limit - (time.perf_counter() - began), 0.1)  # the baselines spent part of it
+    total_s = problem.time_limit_s if problem.time_limit_s is not None else opts.budget_s
+    cap_s = problem.time_limit_s if problem.time_limit_s is not None else opts.ilp_time_s
+    spent = time.perf_counter() - began  # the baselines and the model build took part of it
+    limit = max(min(cap_s, total_s - min(2.0, total_s / 4)) - spent, 0.1)  # leave time to re-rank
     result = milp.solve_milp(model, form, engine=opts.engine, time_limit_s=limit,
                              mip_gap=opts.mip_gap, start=start, offset=model_constant(model))
     if result.status == "infeasible" or (result.counts is None and not seeds):
@@ -159,9 +165,48 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options) -> Pla
     if result.counts is not None:
         assert fits(model, result.counts), "the MILP's memory rows are exact; a misfit is a formulation bug"
         candidates.insert(0, ("ilp", result.counts))
-    search = Search(model, max_simulations=max(opts.rerank, len(candidates)), time_budget_s=2.0)
+    rerank_s = max(total_s - 0.5 - (time.perf_counter() - began), 0.2)
+    search = Search(model, max_simulations=max(opts.rerank, len(candidates)), time_budget_s=min(rerank_s, 2.0),
+                    evaluate=_bpipe_evaluator(problem, model) if model.bpipe_split is not None else None)
     best = search.run(candidates) if opts.rerank else candidates[0][1]
+    if math.isinf(search.simulated.get(best, 0.0)):
+        raise InfeasibleError(
+            f"every stage-ilp plan of {problem.model.name} on {num_stages} stages with BPipe overflows memory in "
+            "simulation or fails the pair-link check (seed 004 App. B); use more stages, full recompute, or a "
+            "faster link between paired stages")
     return _finish(problem, model, best, search, result, opts, began)
+
+
+def _attach_bpipe(plan: Plan) -> Plan:
+    """The plan with BPipe's pairs (s, p-1-s), target mu_opt and pair-adjacent ranks (seed 004 L79-98, L156-180)."""
+    from cost_models import bpipe
+    from planner.schema import BPipeSpec, Stage
+
+    p, v = plan.degrees.pipeline, plan.degrees.virtual
+    ranks = bpipe.pair_adjacent_ranks(p, data_parallel=plan.degrees.data, tensor_parallel=plan.degrees.tensor)
+    stages = tuple(s.model_copy(update={"ranks": ranks[s.index]}) for s in plan.stages)
+    spec = BPipeSpec(pairs=bpipe.pairs(p), target_inflight=bpipe.optimal_inflight(p, num_chunks=v))
+    return plan.model_copy(update={"stages": stages, "bpipe": spec})
+
+
+def _bpipe_evaluator(problem: PipelineProblem, model: StageModel) -> Callable[[Counts], float]:
+    """Simulated time of a BPipe candidate with its evictions and loads; inf if it overflows
+    memory in simulation or its pair link fails the appendix's relaxed bound."""
+    from cost_models import bpipe
+    from cost_models.simulate import simulate
+
+    def evaluate(counts: Counts) -> float:
+        bounds, strategies = plan_layers(model, counts)
+        plan = _attach_bpipe(build_plan(problem, model.layout, bounds=bounds, strategies=strategies,
+                                        solver="stage-ilp", options={}))
+        try:
+            bpipe.check_link_bandwidth(plan)
+        except InfeasibleError:
+            return math.inf
+        result = simulate(plan, include_events=False)
+        return result.iteration_time_s if result.fits_memory else math.inf
+
+    return evaluate
 
 
 def _baseline_seeds(problem: PipelineProblem, model: StageModel) -> list[tuple[str, Counts]]:
@@ -198,21 +243,32 @@ def _finish(problem: PipelineProblem, model: StageModel, best: Counts, search: S
                  f"chosen by simulation among {len(search.simulated)} plans")
     plan = build_plan(problem, model.layout, bounds=bounds, strategies=strategies, solver="stage-ilp",
                       options=_plan_options(opts), status=status, notes=notes)
+    if problem.bpipe:
+        from solvers.even import with_bpipe
+
+        plan, bpipe_notes = with_bpipe(plan)  # below 4 stages: no BPipe, with a note
+        plan = plan.model_copy(update={"notes": (*plan.notes, *bpipe_notes)})
     plan, sim = with_prediction(plan)
     assert sim.fits_memory, "every re-ranked plan passed the exact in-flight memory check"
+    table = search.table()
+    if result.counts in search.simulated and all(c != result.counts for c, _, _ in table):
+        table.append((result.counts, search.simulated[result.counts], "ilp"))  # always report the ILP's own plan
     rows = tuple({"rank": i, "source": src, "modelled_time_s": modelled_time_s(model, c), "simulated_time_s": t}
-                 for i, (c, t, src) in enumerate(search.table()))
+                 for i, (c, t, src) in enumerate(table))
     return plan.model_copy(update={"solve_time_s": time.perf_counter() - began, "candidates": rows})
 
 
 def _plan_options(opts: Options) -> dict[str, Any]:
     return {"terms": opts.terms, "engine": opts.engine, "strategies": opts.strategies, "warm_start": opts.warm_start,
-            "rerank": opts.rerank, "mip_gap": opts.mip_gap, "ilp_time_s": opts.ilp_time_s}
+            "rerank": opts.rerank, "mip_gap": opts.mip_gap, "ilp_time_s": opts.ilp_time_s,
+            "budget_s": opts.budget_s}
 
 
-def min_memory_bytes(problem: PipelineProblem, num_stages: int, strategies: list[str] | None) -> float:
-    """The smallest per-device peak memory of any plan at a depth (the min-memory MILP)."""
-    model = build_model(problem, resolve_layout(problem, num_stages), strategies=strategies)
+def min_memory_bytes(problem: PipelineProblem, num_stages: int, strategies: list[str] | None, *,
+                     bpipe_on: bool | None = None) -> float:
+    """The smallest per-device peak memory of any plan at a depth (the min-memory MILP); with
+    BPipe (default ``problem.bpipe``) by its balanced own + foreign counts."""
+    model = build_model(problem, resolve_layout(problem, num_stages), strategies=strategies, bpipe_on=bpipe_on)
     form = milp.formulate(model, "tri", min_memory=True)
     got = milp.solve_milp(model, form, engine="highs", time_limit_s=30.0, mip_gap=1e-6, start=None)
     return got.objective if got.counts is not None else math.inf
@@ -241,7 +297,9 @@ def infeasible_message(problem: PipelineProblem, model: StageModel, status: str,
             fixes.append(f"use {deeper} stages: needs {format_bytes(need)}")
             if need <= device.memory_bytes:
                 break
-    fixes.append("BPipe (--bpipe) balances stage 0's in-flight activations with stage p-1 once stage-ilp supports it")
+    if bpipe_would_apply(problem, p):
+        need = min_memory_bytes(problem, p, allowed, bpipe_on=True)
+        fixes.append(f"BPipe (--bpipe, stage s hands activations to stage p-1-s): needs {format_bytes(need)}")
     return (f"no stage-ilp plan of {problem.model.name} on {p} stages fits device memory: the smallest peak any plan "
             f"needs is {format_bytes(here)} per device but {device.name} has {format_bytes(device.memory_bytes)}. "
             f"To make it feasible: " + "; ".join(fixes) + f"; or a device with at least {format_bytes(here)}")
