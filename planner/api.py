@@ -13,6 +13,7 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +21,7 @@ from typing import Any, Literal
 import solvers
 from cost_models import hardware, models, profiles, transformer
 from cost_models import simulate as _simulate
-from planner.errors import InvalidProblemError
+from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema import (
     Cluster,
     ModelProfile,
@@ -33,6 +34,9 @@ from planner.schema import (
 
 ModelSpec = str | Path | ModelProfile | TransformerConfig
 ClusterSpec = str | Path | Cluster
+
+
+log = logging.getLogger(__name__)
 
 
 def load_model(spec: ModelSpec) -> ModelProfile | TransformerConfig:
@@ -162,9 +166,53 @@ def make_problem(
     )
 
 
-def plan(problem: PipelineProblem, *, solver: str = "even", options: Mapping[str, Any] | None = None) -> Plan:
-    """Run a registered solver (``solvers.SOLVERS``); the plan's ``predicted`` comes from the simulator."""
-    return solvers.solve(problem, solver=solver, options=options)
+# Solvers whose plans keep every model state in GPU memory fall back to SPipe (offload) when
+# the states cannot fit even spread over every GPU (issue 8: only when no GPU-resident plan fits).
+OFFLOAD_SOLVERS = ("spipe", "mobius", "zero-offload")
+
+
+def plan(
+    problem: PipelineProblem,
+    *,
+    solver: str = "even",
+    options: Mapping[str, Any] | None = None,
+    offload_fallback: bool = True,
+) -> Plan:
+    """Run a registered solver (``solvers.SOLVERS``); the plan's ``predicted`` comes from the simulator.
+
+    When a GPU-resident solver finds nothing that fits and the model's static state (weights,
+    gradients, optimizer) exceeds the cluster's aggregate GPU memory, so that no GPU-resident
+    plan can fit, the ``spipe`` solver plans a GPU/CPU offloaded pipeline instead and the plan's
+    notes say so. ``offload_fallback=False`` (CLI ``--no-offload``) keeps the original error.
+
+    Raises:
+        InfeasibleError: nothing fits (and the fallback is off, does not apply or fails too).
+    """
+    try:
+        return solvers.solve(problem, solver=solver, options=options)
+    except InfeasibleError as error:
+        state, aggregate = _states_vs_gpu_memory(problem)
+        if not offload_fallback or solver in OFFLOAD_SOLVERS or state <= aggregate:
+            raise
+        try:
+            fallback = solvers.solve(problem, solver="spipe")
+        except PlannerError as offload_error:
+            raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) failed too: {offload_error}") from None
+    note = (
+        f"solver {solver!r} found no GPU-resident plan: the model's states need {state / 2**30:.1f} GiB but the "
+        f"cluster's GPUs hold {aggregate / 2**30:.1f} GiB in all; planned with 'spipe' (parameters, gradients and "
+        "optimizer in CPU memory, streamed to the GPUs)"
+    )
+    log.warning(note)
+    return fallback.model_copy(update={"notes": (note, *fallback.notes)})
+
+
+def _states_vs_gpu_memory(problem: PipelineProblem) -> tuple[float, float]:
+    """(model static bytes over all tensor ranks, total GPU memory of the cluster)."""
+    device = problem.cluster.device
+    assert device is not None  # PipelineProblem requires a device
+    state = sum(layer.static_bytes for layer in problem.model.layers) * problem.model.tensor_parallel
+    return state, device.memory_bytes * problem.cluster.num_devices
 
 
 def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:

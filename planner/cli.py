@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=float, help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
+    p.add_argument("--no-offload", action="store_true",
+                   help="do not fall back to an offloaded (spipe) plan when the model's states exceed all GPU memory")
     p.add_argument("-o", "--output", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON on stdout")
     p.set_defaults(handler=cmd_plan)
@@ -135,7 +137,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         efficiency=args.efficiency,
     )
     with progress(f"planning with {args.solver}"):
-        plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option))
+        plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option),
+                        offload_fallback=not args.no_offload)
     if args.output:
         api.save(plan, args.output)
         print(f"wrote {args.output}", file=sys.stderr)

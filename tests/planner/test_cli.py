@@ -45,6 +45,8 @@ def test_cli_flags_are_pinned() -> None:
     assert {"--model", "--cluster", "--solver", "--schedule", "--pipeline", "--chunks", "--microbatches",
             "--global-batch", "--microbatch-size", "--bpipe", "--time-limit", "--option", "-o", "--json"} <= plan_flags
     assert {"plan", "simulate", "export", "model-info", "solvers", "presets"} <= set(sub.choices)
+    # the architecture's other sub-commands, added by planner.cli_gavel / cli_runtime / cli_fill
+    assert {"schedule", "cluster-sim", "policies", "run", "profile", "fill"} <= set(sub.choices)
 
 
 def test_plan_simulate_export_round_trip(files: dict[str, Path], tmp_path: Path, capsys) -> None:
@@ -199,3 +201,27 @@ def test_fresh_process_plan_and_export(tmp_path: Path) -> None:
     done = subprocess.run([*env_cmd, "export", str(plan_path), "--format", "megatron"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "--pipeline-model-parallel-size 2" in done.stdout
+
+
+def test_offload_fallback_only_when_states_exceed_all_gpu_memory(capsys) -> None:
+    # spipe-19b: 277 GiB of states on 4 x 32 GiB V100s; no GPU-resident plan can fit
+    assert main(["plan", "--model", "spipe-19b", "--cluster", "v100:1x4", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["solver"] == "spipe"
+    assert "found no GPU-resident plan: the model's states need 277.1 GiB but the cluster's GPUs hold 128.0 GiB" in plan["notes"][0]
+    assert main(["plan", "--model", "spipe-19b", "--cluster", "v100:1x4", "--no-offload"]) == 3
+    assert "does not fit in device memory" in capsys.readouterr().err
+
+
+def test_no_offload_fallback_when_the_states_fit_in_all_gpus(tmp_path: Path, capsys) -> None:
+    # 8 B of states, 2 x 20 B of GPU memory, but 8 x 8 B activations per microbatch: the even
+    # planner's memory error stands (activations, not states, are the problem)
+    model = tmp_path / "acts.json"
+    model.write_text(json.dumps({**TOY_PROFILE, "layers": [
+        {"name": f"l{i}", "forward_s": 1.0, "backward_s": 2.0, "static_bytes": 1, "output_bytes": 0,
+         "recompute": {"none": {"activation_bytes": 8}}} for i in range(8)]}))
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(_cluster(20)))
+    assert main(["plan", "--model", str(model), "--cluster", str(cluster), "--pipeline", "2", "--microbatches", "4"]) == 3
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "spipe" not in err
