@@ -17,24 +17,18 @@ from __future__ import annotations
 import platform
 import random
 import sys
-import time
 
 from cost_models.hardware import cluster_preset
 from cost_models.profiles import list_pipedream_profiles, pipedream_profile
 from planner.schema import Cluster, LayerProfile, ModelProfile, PipelineProblem, Plan
 from solvers.pipedream_dp import solve
+from _timing import best_of  # bench/ is on sys.path when run as a script
 
 CLUSTERS = [("1x4", "v100:1x4"), ("1x8", "v100:1x8"), ("1x16", "v100:1x16"), ("8x2 levels", "v100:2x8")]
 
 
 def _timed(problem: PipelineProblem, repeats: int) -> tuple[float, Plan]:
-    best, plan = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        plan = solve(problem)
-        best = min(best, time.perf_counter() - start)
-    assert plan is not None
-    return best, plan
+    return best_of(lambda: solve(problem), repeats)
 
 
 def _shape(plan: Plan) -> str:

@@ -13,11 +13,11 @@ root:
 from __future__ import annotations
 
 import platform
-import time
 
 from planner import api
 from planner.schema import PipelineProblem, Plan
 from solvers.pipedream_2bw import solve
+from _timing import best_of  # bench/ is on sys.path when run as a script
 
 CASES = [
     # (model, cluster, global batch, tensor parallel)
@@ -31,13 +31,7 @@ CASES = [
 
 
 def _timed(problem: PipelineProblem, repeats: int = 3) -> tuple[float, Plan]:
-    best, plan = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        plan = solve(problem)
-        best = min(best, time.perf_counter() - start)
-    assert plan is not None
-    return best, plan
+    return best_of(lambda: solve(problem), repeats)
 
 
 def main() -> None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 from planner import api
 from planner.schema import Plan
 from solvers.ptdp import solve
+from _timing import best_of  # bench/ is on sys.path when run as a script
 
 ROWS = [  # model, GPUs, batch, published t, p, TFLOP/s per GPU
     ("gpt-1.7b", 32, 512, 1, 1, 137), ("gpt-3.6b", 64, 512, 2, 1, 138), ("gpt-7.5b", 128, 512, 4, 1, 142),
@@ -32,13 +32,7 @@ ROWS = [  # model, GPUs, batch, published t, p, TFLOP/s per GPU
 
 def _timed(name: str, gpus: int, batch: int, repeats: int) -> tuple[float, Plan]:
     problem = api.make_problem(name, f"a100-80gb:{gpus // 8}", global_batch_size=batch)
-    best, plan = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        plan = solve(problem)
-        best = min(best, time.perf_counter() - start)
-    assert plan is not None
-    return best, plan
+    return best_of(lambda: solve(problem), repeats)
 
 
 def main(repeats: int = 1) -> None:

@@ -170,3 +170,14 @@ def _check_cpu(problem: PipelineProblem, host: offload.HostSpec) -> None:
     total = offload.cpu_state_bytes(offload.range_num_params(problem.model, (0, problem.model.num_layers)))
     nodes = problem.cluster.num_nodes
     offload.check_cpu_memory([total / nodes] * nodes, host)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostOptions:
+    """Host overrides shared by the offload solvers (defaults: ``cost_models.offload``)."""
+
+    host_link_bytes_per_s: float | None = None
+    gpus_per_host_link: int | None = None
+    cpu_optimizer_params_per_s: float | None = None
+    cpu_memory_bytes: float | None = None
+    pinned: bool | None = None

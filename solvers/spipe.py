@@ -28,7 +28,7 @@ from solvers.options import parse_options
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Options:
+class Options(common.HostOptions):
     forward_per_gpu: int | None = None
     """Forward stages per GPU; None sweeps 1..4."""
     backward_per_gpu: int | None = None
@@ -36,11 +36,6 @@ class Options:
     microbatch_size: int | None = None
     """None sweeps 1, 2, 4, 8 (only the profile's own size for a measured profile)."""
     async_optimizer: bool = True
-    host_link_bytes_per_s: float | None = None
-    gpus_per_host_link: int | None = None
-    cpu_optimizer_params_per_s: float | None = None
-    cpu_memory_bytes: float | None = None
-    pinned: bool | None = None
 
 
 def host_from(problem: PipelineProblem, opts: Any) -> offload.HostSpec:

@@ -21,13 +21,8 @@ from solvers.spipe import host_from
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Options:
+class Options(common.HostOptions):
     microbatch_size: int | None = None
-    host_link_bytes_per_s: float | None = None
-    gpus_per_host_link: int | None = None
-    cpu_optimizer_params_per_s: float | None = None
-    cpu_memory_bytes: float | None = None
-    pinned: bool | None = None
 
 
 def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | None = None) -> Plan:
