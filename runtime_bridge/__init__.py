@@ -10,7 +10,9 @@ works without torch; import the submodules you need:
 - ``torch_pp``: the adapter over torch's schedule classes and its custom-schedule runtime;
 - ``launch``: torchrun launch and the measured-versus-predicted report; ``check``: the
   single-process reference; ``worker``: the per-rank program;
-- ``profile``: per-layer costs measured on CPU or CUDA, written as a layer profile.
+- ``profile``: per-layer costs measured on CPU or CUDA, written as a layer profile;
+- ``offload``: SPipe / Mobius / ZeRO-Offload training with CPU-resident master weights and
+  optimizer, parameter prefetch and gradient offload (docs/solver-spipe.md, Runtime).
 
 See docs/runtime-bridge.md.
 """
