@@ -4,15 +4,19 @@ For the bundled ``gpt-tiny`` model: profile it (``runtime_bridge.profile``), pla
 measured profile and with the analytic one (``cost_models.transformer`` on the nominal ``cpu``
 device), run each plan for a few steps under torchrun, and print step time measured / predicted.
 The one-stage row is the issue's closing-the-loop figure: the profile's per-layer times summed
-over the microbatches against the measured step time of a one-stage run.
+over the microbatches against the measured step time of a one-stage run. Because the machine may
+be shared, that loop (profile, plan, run, back to back so that both see the same load) is also
+repeated ``--loops`` times and the ratios and their median are printed.
 
-Run: ``PYTHONPATH=. python bench/runtime.py [--steps N] [--json]`` (about a minute on 2 cores).
+Run: ``PYTHONPATH=. python bench/runtime.py [--steps N] [--loops K] [--json]`` (about a minute
+on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 
 from cost_models.models import model_preset
@@ -38,13 +42,25 @@ def _plans(model: object, ranks: int, microbatch_size: int | None) -> list:
     ]
 
 
+def _loop_ratios(cfg: object, loops: int, steps: int) -> list[float]:
+    """measured / predicted of the one-stage GPipe case, profile -> plan -> run back to back."""
+    ratios = []
+    for _ in range(loops):
+        profile = profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)
+        (plan,) = _plans(profile, 1, None)
+        job = Job(plan=plan, config=cfg, steps=steps)
+        ratios.append(summarize(job, launch([job], LaunchOptions())[0])["ratio"]["step_time"])
+    return ratios
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--loops", type=int, default=5, help="closing-the-loop repeats (one-stage GPipe)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     cfg = model_preset("gpt-tiny")
-    profile = profile_model(cfg, microbatch_size=2, repeats=20)
+    profile = profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)  # every case has m = 4
     rows = []
     for source, model in (("profiled", profile), ("analytic", cfg)):
         for ranks in (1, 2):
@@ -56,13 +72,17 @@ def main(argv: list[str] | None = None) -> int:
                              "measured_s": report["step_time_s"],
                              "predicted_s": report["predicted"]["iteration_time_s"],
                              "ratio": report["ratio"]["step_time"], "tokens_per_s": report["tokens_per_s"]})
+    loops = _loop_ratios(cfg, args.loops, args.steps)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"rows": rows, "loop_ratios": loops}, indent=2))
         return 0
     print(f"{'costs':9s} {'ranks':>5s} {'schedule':17s} {'measured s':>11s} {'predicted s':>12s} {'ratio':>6s}")
     for r in rows:
         print(f"{r['costs']:9s} {r['ranks']:5d} {r['schedule']:17s} {r['measured_s']:11.4g} "
               f"{r['predicted_s']:12.4g} {r['ratio']:6.3f}")
+    if loops:
+        print(f"closing the loop (1 rank, gpipe), {len(loops)} x profile + run: ratios "
+              f"{', '.join(f'{x:.3f}' for x in loops)}; median {statistics.median(loops):.3f}")
     return 0
 
 

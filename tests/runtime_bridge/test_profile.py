@@ -12,9 +12,10 @@ from cost_models.hardware import cluster_preset  # noqa: E402
 from cost_models.models import model_preset  # noqa: E402
 from planner import api  # noqa: E402
 from planner.cli import main  # noqa: E402
-from planner.schema import ModelProfile  # noqa: E402
+from planner.errors import InvalidProblemError  # noqa: E402
+from planner.schema import LayerProfile, ModelProfile, RecomputeOption  # noqa: E402
 from runtime_bridge.launch import LaunchOptions, run_plan  # noqa: E402
-from runtime_bridge.profile import profile_model  # noqa: E402
+from runtime_bridge.profile import _scaled, profile_model  # noqa: E402
 
 TINY = model_preset("gpt-tiny")
 
@@ -51,21 +52,51 @@ def test_measured_bytes_and_flops(profile: ModelProfile) -> None:
     assert all(0 < x.backward_weight_s < x.backward_s for x in profile.layers)
 
 
-def test_cli_profile_plan_run_closes_the_loop(tmp_path) -> None:
-    prof = tmp_path / "profile.json"
-    plan_path = tmp_path / "plan.json"
+def _loop_ratio(tmp_path, attempt: int) -> float:
+    """profile -> plan -> run through the CLI, back to back; measured / predicted step time."""
+    prof, plan_path = tmp_path / f"profile{attempt}.json", tmp_path / f"plan{attempt}.json"
     assert main(["profile", "--model", "gpt-tiny", "--microbatch-size", "2", "--repeats", "20", "-o", str(prof)]) == 0
     assert main(["plan", "--model", str(prof), "--cluster", "cpu:1", "--pipeline", "1", "--schedule", "gpipe",
                  "--global-batch", "8", "-o", str(plan_path)]) == 0
     plan = api.load_plan(plan_path)
-    assert plan.transformer is None and plan.model.source == "profiler"
-    report = run_plan(plan, steps=8, check=True, options=LaunchOptions(timeout_s=30))
-    assert report is not None and report["check_passed"]
-    # Sum of per-layer times over the 4 microbatches vs the measured one-stage step. The issue's
-    # 15% bound is the benchmark's figure (bench/runtime.py, docs); a shared 2-core CI machine
-    # gets a looser bound here, one that still catches a missing backward or microbatch factor.
-    ratio = report["step_time_s"] / plan.predicted.iteration_time_s
-    assert 0.4 < ratio < 2.5, ratio
+    assert plan.transformer is None and plan.model.source == "profiler" and plan.num_microbatches == 4
+    report = run_plan(plan, steps=12, check=attempt == 0, options=LaunchOptions(timeout_s=30))
+    assert report is not None and (attempt > 0 or report["check_passed"])
+    return report["step_time_s"] / plan.predicted.iteration_time_s
+
+
+def test_cli_profile_plan_run_closes_the_loop(tmp_path) -> None:
+    # The issue's bound: the profile's per-layer times summed over the 4 microbatches within 15%
+    # of the measured one-stage step (the profiler's default m = 4 is this plan's). Quiet runs of
+    # this machine give 0.93 to 1.04 (docs/runtime-bridge.md); another job grabbing a core between
+    # the profile and the run can push one attempt out, so up to three attempts are made and one
+    # must land within the bound. A missing optimizer, schedule or microbatch term misses it in all.
+    ratios = []
+    for attempt in range(3):
+        ratios.append(_loop_ratio(tmp_path, attempt))
+        if 0.85 <= ratios[-1] <= 1.15:
+            break
+    assert 0.85 <= ratios[-1] <= 1.15, ratios
+
+
+def test_per_step_work_is_spread_over_the_microbatches() -> None:
+    # Hand-checked: factors 2 (forward) and 3 (backward), then 0.5 ms of per-step work per microbatch
+    # on the weight-gradient part and the whole backward; recompute scales with the forward.
+    layer = LayerProfile(name="d", kind="decoder", forward_s=1e-3, backward_s=2e-3, backward_weight_s=1e-3,
+                         recompute={"full": RecomputeOption(activation_bytes=1.0, extra_s=1e-3)})
+    out = _scaled(layer, 2.0, 3.0, 0.5e-3)
+    assert out.forward_s == pytest.approx(2e-3) and out.backward_s == pytest.approx(6.5e-3)
+    assert out.backward_weight_s == pytest.approx(3.5e-3)
+    assert out.recompute is not None and out.recompute["full"].extra_s == pytest.approx(2e-3)
+
+
+def test_profiler_leaves_no_process_group_and_checks_m() -> None:
+    import torch.distributed as dist
+
+    profile_model(TINY, microbatch_size=1, repeats=1, warmup=0, num_microbatches=2)
+    assert not dist.is_initialized()  # its private one-rank group for torch's schedule is gone
+    with pytest.raises(InvalidProblemError, match="num_microbatches=0"):
+        profile_model(TINY, num_microbatches=0)
 
 
 @pytest.mark.cuda
