@@ -35,6 +35,9 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--node-rank", type=int, default=0)
     r.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (several nodes)")
     r.add_argument("--rdzv-id", default="paraplan")
+    r.add_argument("--fill", metavar="JOB",
+                   help="PipeFill: run a fill job in each rank's bubbles (preset tiny-mlp, tiny-mlp-recv, or a JSON "
+                        "file of fill-job fields); the plan also runs without it to compare losses and step time")
     r.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("profile", help="measure the bundled model's per-layer costs (a layer profile)")
@@ -42,6 +45,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--microbatch-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--num-microbatches", type=int, default=4,
+                   help="microbatches per step the per-step work (optimizer, zero_grad) is spread over")
     p.add_argument("--optimizer-bytes-per-param", type=float, default=0.0,
                    help="optimizer state in static_bytes (0: the bridge's SGD; 8: fp32 Adam)")
     p.add_argument("-o", "--output", help="write the profile JSON here (default: stdout)")
@@ -63,13 +68,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve_config(plan, model)
     world = args.nproc_per_node * args.nnodes if args.nproc_per_node else None
     check_plan(plan, cfg, world_size=world)  # before torch is even imported
+    from runtime_bridge.fill import load_fill_job
+
+    fill = load_fill_job(args.fill) if args.fill else None
     from runtime_bridge.launch import LaunchOptions, run_plan
 
     options = LaunchOptions(device=args.device, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                             timeout_s=args.timeout)
     report = run_plan(plan, model=cfg, steps=args.steps, check=args.check, seed=args.seed,
-                      executor=args.executor, options=options)
+                      executor=args.executor, options=options, fill=fill)
     if report is None:
         print(f"node {args.node_rank}: ranks finished; node 0 prints the report", file=sys.stderr)
         return 0
@@ -100,11 +108,24 @@ def run_table(report: dict[str, Any]) -> str:
         row(f"rank {rank} peak GiB", peak / _GIB, stage_pred and stage_pred / _GIB, mem_ratio, ".4g")
     lines.append(f"(peak memory: {report['memory_kind']}); loss per step: "
                  + ", ".join(f"{x:.4f}" for x in report["loss"]))
+    if "fill" in report:
+        lines.append(_fill_line(report["fill"]))
     if "max_grad_diff" in report:
         verdict = "passed" if report["check_passed"] else "FAILED"
         lines.append(f"check {verdict}: max_loss_diff {report['max_loss_diff']:.3g}, "
                      f"max_grad_diff {report['max_grad_diff']:.3g}")
     return "\n".join(lines)
+
+
+def _fill_line(fill: dict[str, Any]) -> str:
+    """One line on the fill job: work done, time used, and its effect on the main job."""
+    text = (f"fill {fill['job']} ({fill['points']}): {fill['steps']} steps, {fill['samples']} samples in "
+            f"{fill['bubbles_filled']}/{fill['bubbles_visited']} bubbles, {fill['fill_time_s']:.3g} s of "
+            f"{fill['budget_s']:.3g} s budget")
+    if "max_main_loss_diff" in fill:
+        text += (f"; main job: max loss diff {fill['max_main_loss_diff']:.3g} vs no fill, "
+                 f"slowdown {100 * fill['main_job_slowdown']:+.1f}%")
+    return text
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -120,7 +141,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from runtime_bridge.profile import profile_model
 
     profile = profile_model(cfg, device=args.device, microbatch_size=args.microbatch_size, repeats=args.repeats,
-                            optimizer_bytes_per_param=args.optimizer_bytes_per_param)
+                            optimizer_bytes_per_param=args.optimizer_bytes_per_param,
+                            num_microbatches=args.num_microbatches)
     text = profile.model_dump_json(indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")

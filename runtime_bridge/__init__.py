@@ -11,6 +11,7 @@ works without torch; import the submodules you need:
 - ``launch``: torchrun launch and the measured-versus-predicted report; ``check``: the
   single-process reference; ``worker``: the per-rank program;
 - ``profile``: per-layer costs measured on CPU or CUDA, written as a layer profile;
+- ``fill``: PipeFill's bubble instruction, a fill job run in a rank's idle waits (docs/pipefill.md);
 - ``offload``: SPipe / Mobius / ZeRO-Offload training with CPU-resident master weights and
   optimizer, parameter prefetch and gradient offload (docs/solver-spipe.md, Runtime).
 

@@ -29,6 +29,7 @@ from cost_models import transformer
 from planner.errors import InvalidProblemError, PlannerError
 from planner.report import mfu as report_mfu
 from planner.schema import Plan, TransformerConfig
+from runtime_bridge.fill import FillJob, compare_with_baseline, summarize_fill
 from runtime_bridge.validate import check_plan, num_ranks, resolve_config
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class Job:
     fail_rank: int | None = None
     """Fault injection for tests: this rank exits abruptly at step ``fail_step``."""
     fail_step: int = 0
+    fill: FillJob | None = None
+    """PipeFill's bubble instruction: run this fill job in each rank's bubbles (``runtime_bridge.fill``)."""
 
 
 def _torchrun_command(world_size: int, options: LaunchOptions, spec_path: Path, out_dir: Path) -> list[str]:
@@ -173,6 +176,7 @@ def run_plan(
     seed: int = 0,
     executor: str = "auto",
     options: LaunchOptions = LaunchOptions(),
+    fill: FillJob | None = None,
 ) -> dict[str, Any] | None:
     """Execute a plan on the bundled GPT model and report measured against predicted.
 
@@ -184,6 +188,8 @@ def run_plan(
         seed: weights and data.
         executor: ``auto``, ``builtin`` or ``actions``.
         options: launch settings.
+        fill: a fill job for the ranks' bubbles; the same launch then also runs the plan without
+            it first, and the report's ``fill`` adds ``max_main_loss_diff`` and ``main_job_slowdown``.
 
     Returns:
         The report (see ``summarize``); None on nodes other than node 0.
@@ -197,9 +203,18 @@ def run_plan(
     check_plan(plan, cfg, world_size=world)
     if steps < 1:
         raise InvalidProblemError(f"--steps={steps} must be at least 1")
-    job = Job(plan=plan, config=cfg, steps=steps, check=check, seed=seed, executor=executor)
-    results = launch([job], options)
-    return None if results is None else summarize(job, results[0])
+    job = Job(plan=plan, config=cfg, steps=steps, check=check, seed=seed, executor=executor, fill=fill)
+    if fill is None:
+        results = launch([job], options)
+        return None if results is None else summarize(job, results[0])
+    fill.validate()
+    baseline = Job(plan=plan, config=cfg, steps=steps, seed=seed, executor=executor)
+    results = launch([baseline, job], options)
+    if results is None:
+        return None
+    report = summarize(job, results[1])
+    report["fill"].update(compare_with_baseline(summarize(baseline, results[0]), report, results[0], results[1]))
+    return report
 
 
 def _mfu(plan: Plan, cfg: TransformerConfig, step_s: float) -> float | None:
@@ -253,4 +268,6 @@ def summarize(job: Job, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         diffs = compare(plan, records, ref_losses, ref_grads)
         report.update(diffs)
         report["check_passed"] = max(diffs.values()) <= TOLERANCE
+    if job.fill is not None:
+        report["fill"] = summarize_fill(job.fill, [rec["fill"] for rec in records])
     return report

@@ -24,13 +24,17 @@ from unittest import mock
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
 from cost_models.simulate import plan_actions
 from planner.errors import InvalidProblemError
 from planner.schema import Plan
 
-__all__ = ["Executor", "build_schedule", "executor_for", "lower_offline", "make_stage", "torch_actions"]
+__all__ = [
+    "Executor", "WaitHook", "build_schedule", "executor_for", "install_wait_hook", "lower_offline", "make_stage",
+    "torch_actions",
+]
 
 Executor = Literal["auto", "builtin", "actions"]
 _BUILTIN = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "flush": Schedule1F1B}
@@ -126,3 +130,38 @@ def run_step(schedule: Any, stages: Sequence[PipelineStage], inputs: torch.Tenso
     kwargs: dict[str, Any] = {"target": targets, "losses": losses} if any(s.is_last for s in stages) else {}
     schedule.step(*args, **kwargs)
     return losses
+
+
+WaitHook = Callable[[list[Any], Callable[[], None]], None]
+"""``hook(ops, wait)``: the P2P ops a schedule is about to block on, and the blocking wait itself."""
+
+
+def install_wait_hook(hook: WaitHook) -> Callable[[], None]:
+    """Route every blocking wait of torch's pipelining schedules on point-to-point work through
+    ``hook`` (PipeFill's bubble instruction, runtime_bridge.fill): both the schedule classes and
+    the custom-schedule runtime post their sends and receives with ``_batch_p2p`` and block in
+    ``_wait_batch_p2p``, so the hook sees the ops of each wait at the moment the rank goes idle.
+    The hook must call ``wait()`` exactly once.
+
+    Returns:
+        A function that restores torch's originals.
+    """
+    batch_p2p, wait_batch_p2p = _schedules._batch_p2p, _schedules._wait_batch_p2p
+    ops_of: dict[int, tuple[Any, list[Any]]] = {}  # id(work) -> (work, the ops of its batch)
+
+    def batch(p2p_ops: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        works = batch_p2p(p2p_ops, *args, **kwargs)
+        for work in works:
+            ops_of[id(work)] = (work, list(p2p_ops))  # the work is kept alive: its id stays unique
+        return works
+
+    def wait(works: list[Any]) -> None:
+        ops = [op for w in works for op in ops_of.pop(id(w), (None, []))[1]]
+        hook(ops, lambda: wait_batch_p2p(works))
+
+    _schedules._batch_p2p, _schedules._wait_batch_p2p = batch, wait
+
+    def uninstall() -> None:
+        _schedules._batch_p2p, _schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+
+    return uninstall

@@ -103,6 +103,7 @@ def _run_job(job: dict[str, Any], device: torch.device) -> dict[str, Any]:
               for w, c in zip(wrapped, chunks)]
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
     optimizer = torch.optim.SGD([q for m in modules for q in m.parameters()], lr=float(job.get("lr", 0.05)))
+    filler = _fill_runner(job, plan, stage_index, stages, device)
     record: dict[str, Any] = {
         "rank": rank, "stage": stage_index, "replica": replica, "virtual_stages": [c.virtual_stage for c in chunks],
         "losses": [], "step_times_s": [], "grads": [], "param_bytes": sum(
@@ -118,7 +119,11 @@ def _run_job(job: dict[str, Any], device: torch.device) -> dict[str, Any]:
         tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=seed)
         dist.barrier()
         start = time.perf_counter()
+        if filler is not None:
+            filler.start_step()
         losses = run_step(schedule, stages, tokens[rows].to(device), targets[rows].to(device))
+        if filler is not None:
+            filler.end_step()  # the idle tail is inside the timed step: its fill work counts
         _sync(device)
         compute_s = time.perf_counter() - start
         if job.get("check"):
@@ -131,7 +136,21 @@ def _run_job(job: dict[str, Any], device: torch.device) -> dict[str, Any]:
         record["step_times_s"].append(compute_s + time.perf_counter() - start)
         record["losses"].append([float(x) for x in losses])
     record.update(_peak_memory(device))
+    if filler is not None:
+        filler.detach()
+        record["fill"] = filler.record()
     return record
+
+
+def _fill_runner(job: dict[str, Any], plan: Plan, stage_index: int, stages: list[Any], device: torch.device) -> Any:
+    """The job's fill runner attached to this rank's stages (PipeFill's bubble instruction), or None."""
+    if not job.get("fill"):
+        return None
+    from runtime_bridge.fill import FillJob, FillRunner
+
+    runner = FillRunner(FillJob.from_dict(job["fill"]), plan, stage_index, device)
+    runner.attach(stages)
+    return runner
 
 
 def _peak_memory(device: torch.device) -> dict[str, Any]:
