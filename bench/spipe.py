@@ -88,8 +88,9 @@ def main() -> None:
             if not math.isnan(t[k] / t["spipe"]):
                 ratios[k].append(t[k] / t["spipe"])
         extra = f" {t['spipe-sweep']:.2f} | {t.get('sweep_config', 'OOM')} |" if args.sweep else ""
-        print(f"| {model} | {nodes} | {seq} | {t['spipe']:.2f} | {t['mobius']:.2f} | {t['zero-offload']:.2f} | "
-              f"{t['mobius'] / t['spipe']:.2f} | {t['zero-offload'] / t['spipe']:.2f} |{extra}")
+        cell = lambda x: "OOM" if math.isnan(x) else f"{x:.2f}"  # noqa: E731
+        print(f"| {model} | {nodes} | {seq} | {cell(t['spipe'])} | {cell(t['mobius'])} | {cell(t['zero-offload'])} | "
+              f"{cell(t['mobius'] / t['spipe'])} | {cell(t['zero-offload'] / t['spipe'])} |{extra}")
     for k, values in ratios.items():
         geo = math.exp(sum(math.log(v) for v in values) / len(values))
         print(f"geomean {k}/spipe: ours {geo:.2f}, paper (V100) {PAPER_V100[k]:.2f}")

@@ -12,7 +12,7 @@ serves the ready operation that can start first (ties: the one created first):
   delay only their consumer, as in the main simulator.
 
 Dependencies (B.6): f_i^j after f_{i-1}^j and p_i; b_n^j after b_{n+1}^j, its checkpoint c_n^j
-(sent as soon as f_i^j finishes, L186-188) and p_n; p of a GPU's v-th stage after its (v-2)-th
+(the input of backward stage n, sent as soon as f_i^j finishes, L186-188) and p_n; p of a GPU's v-th stage after its (v-2)-th
 stage finished (two buffers, L101) or its (v-1)-th without prefetch; g_n after b_n's last
 microbatch; o_n after g_n (SPipe's asynchronous optimizer, L206-212) or after every g (the
 synchronous overflow check of Fig. 3, L115-127). The iteration ends with the last operation.
@@ -241,7 +241,7 @@ def _add_backward(s: _Setup, graph: _Graph, visits: dict[int, list[int]]) -> tup
         layers, gpu, i = s.backward[n], s.backward_gpus[n], forward_of[n]
         p = _prefetch(s, graph, gpu, "B", n, layers, visits[gpu])
         _, bwd = _range_times(s, layers)
-        ckpt_bytes = sum(offload.layer_checkpoint_bytes(model.layers[x]) for x in range(*layers))
+        ckpt_bytes = offload.stage_checkpoint_bytes(model, layers)  # the stage input only (L174, L186)
         ckpt_s = _p2p_s(s, s.forward_gpus[i], gpu, ckpt_bytes)
         hop = 0.0
         if n + 1 < len(s.backward):
@@ -319,17 +319,18 @@ def _build_zero(s: _Setup) -> tuple[_Graph, list[int]]:
 
 
 def _memory(s: _Setup) -> tuple[list[float], list[float]]:
-    """Peak GPU memory per GPU and model-state bytes per node."""
+    """Peak GPU memory per GPU (``offload.gpu_memory_bytes``: one checkpoint per backward stage and
+    microbatch, the same bytes the checkpoint transfers carry) and model-state bytes per node."""
     model, cluster = s.plan.model, s.plan.cluster
     if offload_options(s.plan).get("mode") == "zero-offload":
-        peak = offload.gpu_memory_bytes(model, stage_layers=s.forward, backward_layers=s.forward, num_microbatches=1)
+        peak = offload.gpu_memory_bytes(model, forward_layers=s.forward, backward_layers=s.forward, num_microbatches=1)
         per_node = offload.cpu_state_bytes(offload.range_num_params(model, (0, model.num_layers))) / cluster.num_nodes
         return [peak] * s.num_gpus, [per_node] * cluster.num_nodes
     gpu_mem, cpu_mem = [], [0.0] * cluster.num_nodes
     for gpu in range(s.num_gpus):
         fwd = [r for r, x in zip(s.forward, s.forward_gpus) if x == gpu]
         bwd = [r for r, x in zip(s.backward, s.backward_gpus) if x == gpu]
-        gpu_mem.append(offload.gpu_memory_bytes(model, stage_layers=fwd + bwd, backward_layers=bwd,
+        gpu_mem.append(offload.gpu_memory_bytes(model, forward_layers=fwd, backward_layers=bwd,
                                                 num_microbatches=s.plan.num_microbatches))
         cpu_mem[cluster.node_of(gpu)] += sum(offload.cpu_state_bytes(offload.range_num_params(model, r)) for r in bwd)
     return gpu_mem, cpu_mem

@@ -13,9 +13,13 @@ the Adam step (o_i). The paper gives no formulas (reading B.6); the ones here ar
 - CPU memory: 20 bytes per parameter (fp16 weight 2, fp16 gradient 2, fp32 gradient 4, fp32
   master 4, Adam m 4, v 4): seed 003 L39 "0.1 trillion ... 1.83 terabytes" = 1e11 x 20 B in TiB;
 - GPU memory per GPU: two parameter buffers (prefetch double buffering, L101), two gradient
-  buffers (accumulate + offload), the activation checkpoints its backward stages receive for all
-  microbatches (AFAB keeps every checkpoint until its backward, L96-105, L174), and the working
-  set of one layer's recompute and backward (per-layer full recompute, artifact arguments.py).
+  buffers (accumulate + offload), one checkpoint per backward stage and microbatch (c_{i,k}^j is
+  the input of b_{i,k}, kept on the GPU until its backward, L174, L186; AFAB keeps all J of them,
+  Fig. 2, Fig. 8; activations never go to the CPU, L105), and the working set of recomputing one
+  stage for one microbatch (per-layer full recompute inside the stage, artifact arguments.py).
+  The forward pass keeps nothing else: the artifact runs every forward stage, the last one's
+  logits and loss included, under ``torch.no_grad`` and recomputes the stage from its input in the
+  backward (mcrl/spipe megatron/spipe/schedules/spipe_schedule.py and mobius_schedule.py).
 
 Host parameters are not part of ``planner.schema.Cluster``; ``HostSpec`` carries them, read from
 the cluster's ``device.host_link_bytes_per_s`` and an options mapping (key ``host``).
@@ -195,6 +199,29 @@ def layer_working_bytes(layer: LayerProfile) -> float:
     return layer.strategies()["none"].activation_bytes
 
 
+def stage_checkpoint_bytes(model: ModelProfile, layers: tuple[int, int]) -> float:
+    """The checkpoint c_{i,k}^j of a backward stage for one microbatch: its input (seed 003 L186).
+
+    Only the stage input crosses from the forward to the backward (L174); it is what the stage's
+    first layer keeps under full recompute.
+    """
+    return layer_checkpoint_bytes(model.layers[layers[0]])
+
+
+def stage_working_bytes(model: ModelProfile, layers: tuple[int, int]) -> float:
+    """Working set of a backward stage for one microbatch, on top of its checkpoint.
+
+    The stage is recomputed from its checkpoint with per-layer full recompute (artifact
+    arguments.py: remap forces recompute-num-layers 1), so it holds the inputs of its other layers,
+    and the layer being differentiated expands to everything it saves. A layer without a ``full``
+    option (the head: logits and loss) is kept whole while its stage runs.
+    """
+    inner = [model.layers[i] for i in range(*layers)]
+    kept = sum(layer_checkpoint_bytes(layer) for layer in inner[1:])
+    expand = max(layer_working_bytes(layer) - layer_checkpoint_bytes(layer) for layer in inner)
+    return kept + max(expand, 0.0)
+
+
 def recompute_extra_s(layer: LayerProfile, strategy: str) -> float:
     """Time the backward adds to recompute the layer under ``strategy`` (0 when not offered)."""
     option = layer.strategies().get(strategy)
@@ -204,32 +231,37 @@ def recompute_extra_s(layer: LayerProfile, strategy: str) -> float:
 def gpu_memory_bytes(
     model: ModelProfile,
     *,
-    stage_layers: Sequence[tuple[int, int]],
+    forward_layers: Sequence[tuple[int, int]],
     backward_layers: Sequence[tuple[int, int]],
     num_microbatches: int,
 ) -> float:
-    """Peak GPU memory of one GPU of an offloaded pipeline (a conservative sum).
+    """Peak GPU memory of one GPU of an offloaded pipeline: the larger of its two phases.
+
+    Forward phase: two parameter buffers of its largest forward stage (prefetch double
+    buffering, L101) and the checkpoints. Backward phase: two parameter and two gradient
+    buffers of its largest backward stage (gradients exist only from a stage's backward to its
+    offload, L105), the checkpoints and one stage's recompute working set. Both phases count
+    every checkpoint of the GPU's backward stages, one per stage and microbatch (L186), so the
+    sum is an upper bound of the peak at the forward-to-backward turn of AFAB.
 
     Args:
         model: the layer profile.
-        stage_layers: layer ranges of every stage (forward or backward) the GPU runs.
-        backward_layers: layer ranges of the GPU's backward stages.
-        num_microbatches: microbatches per iteration (all checkpoints live until their backward).
+        forward_layers: layer ranges of the GPU's forward stages.
+        backward_layers: layer ranges of the GPU's backward stages, one range per stage.
+        num_microbatches: microbatches whose checkpoints live at once (all J under AFAB, Fig. 2,
+            Fig. 8; 1 for ZeRO-style data parallelism, which finishes a microbatch first).
 
     Returns:
-        2 parameter buffers of the largest stage + 2 gradient buffers of the largest backward
-        stage + checkpoints of its backward layers for every microbatch + one layer's working set.
+        max(2 P_fwd, 2 P_bwd + 2 G_bwd + working) + J x checkpoints, in bytes.
     """
     def fp16(layers: tuple[int, int]) -> float:
         return GPU_PARAM_BYTES_PER_PARAM * range_num_params(model, layers)
 
-    params = 2 * max((fp16(r) for r in stage_layers), default=0.0)
-    grads = 2 * max((fp16(r) for r in backward_layers), default=0.0)
-    checkpoints = num_microbatches * sum(
-        layer_checkpoint_bytes(model.layers[i]) for r in backward_layers for i in range(*r)
-    )
-    working = max((layer_working_bytes(model.layers[i]) for r in backward_layers for i in range(*r)), default=0.0)
-    return params + grads + checkpoints + working
+    forward = 2 * max((fp16(r) for r in forward_layers), default=0.0)
+    buffers = 4 * max((fp16(r) for r in backward_layers), default=0.0)
+    working = max((stage_working_bytes(model, r) for r in backward_layers), default=0.0)
+    checkpoints = num_microbatches * sum(stage_checkpoint_bytes(model, r) for r in backward_layers)
+    return max(forward, buffers + working) + checkpoints
 
 
 # ------------------------------------------------------------------------------------------

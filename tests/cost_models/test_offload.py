@@ -125,10 +125,33 @@ def test_shared_host_link_serializes_copies():
 
 
 def test_gpu_memory_by_hand():
-    # 2 layers, 1e9 params each (2e9 fp16 bytes); checkpoints 1 B and working set 8 B per layer.
+    # 2 layers, 1e9 params each (2e9 fp16 bytes); checkpoint (input) 1 B, everything saved 8 B.
     model = _toy(2, 1.0, 2.0, params=1e9)
-    mem = offload.gpu_memory_bytes(model, stage_layers=[(0, 1), (0, 2)], backward_layers=[(0, 2)], num_microbatches=4)
-    assert mem == pytest.approx(2 * 4e9 + 2 * 4e9 + 4 * 2 * 1.0 + 8.0)
+    # Two 1-layer backward stages: backward phase 4 x 2e9 buffers + working 8 - 1 = 7 beats the
+    # forward phase 2 x 4e9; one checkpoint per backward stage and microbatch: 4 x (1 + 1).
+    mem = offload.gpu_memory_bytes(model, forward_layers=[(0, 2)], backward_layers=[(0, 1), (1, 2)],
+                                   num_microbatches=4)
+    assert mem == pytest.approx(4 * 2e9 + 7 + 4 * 2.0, abs=1e-3)
+    # One 2-layer backward stage keeps only its input (L186): 4 x 1; its recompute holds the
+    # second layer's input (1) and expands one layer (7).
+    mem = offload.gpu_memory_bytes(model, forward_layers=[(0, 1)], backward_layers=[(0, 2)], num_microbatches=4)
+    assert mem == pytest.approx(4 * 4e9 + (1 + 7) + 4 * 1.0, abs=1e-3)
+    # Forward phase dominates: two 2-layer forward buffers against a 1-layer backward stage.
+    fwd = offload.gpu_memory_bytes(model, forward_layers=[(0, 2)], backward_layers=[(0, 1)], num_microbatches=0)
+    assert fwd == pytest.approx(max(2 * 4e9, 4 * 2e9 + 7), abs=1e-3)
+
+
+def test_head_logits_are_not_kept_between_passes():
+    # A head without a full option (8 + 92 B saved) ends the stage: its logits live only while the
+    # stage recomputes (working set), never in the J checkpoints, which hold the stage input.
+    head = LayerProfile(name="head", kind="head", forward_s=1.0, backward_s=1.0, static_bytes=0.0, param_bytes=2.0,
+                        activation_bytes=100.0)
+    model = _toy(1, 1.0, 2.0, params=1.0)
+    model = model.model_copy(update={"layers": (*model.layers, head)})
+    assert offload.stage_checkpoint_bytes(model, (0, 2)) == pytest.approx(1.0)
+    assert offload.stage_working_bytes(model, (0, 2)) == pytest.approx(100.0 + 7.0)
+    mem = offload.gpu_memory_bytes(model, forward_layers=[(0, 2)], backward_layers=[(0, 2)], num_microbatches=10)
+    assert mem == pytest.approx(4 * (2.0 + 2.0) + 107.0 + 10 * 1.0)
 
 
 def test_missing_host_link_is_a_clear_error():
