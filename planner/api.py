@@ -195,7 +195,10 @@ def plan(
         if not offload_fallback or solver in OFFLOAD_SOLVERS or state <= aggregate:
             raise
         try:
-            fallback = solvers.solve(problem, solver="spipe")
+            # SPipe chooses the stages and places them on every GPU itself
+            free = problem.model_copy(update={"num_stages": None, "data_parallel": None, "num_chunks": 1,
+                                              "bpipe": False, "schedule": "1f1b"})
+            fallback = solvers.solve(free, solver="spipe")
         except PlannerError as offload_error:
             raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) failed too: {offload_error}") from None
     note = (

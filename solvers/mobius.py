@@ -35,6 +35,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         InfeasibleError: CPU memory cannot hold the model states, or no configuration fits the GPUs.
     """
     opts = parse_options(Options, options, solver="mobius")
+    common.check_problem(problem, solver="mobius")
     host = host_from(problem, opts)
     stages = (opts.stages_per_gpu,) if opts.stages_per_gpu else (1, 2, 3, 4)
     sizes = (opts.microbatch_size,) if opts.microbatch_size else common.MICROBATCH_SIZES

@@ -71,5 +71,6 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         InfeasibleError: CPU memory cannot hold the model states, or no configuration fits the GPUs.
     """
     opts = parse_options(Options, options, solver="spipe")
+    common.check_problem(problem, solver="spipe")
     host = host_from(problem, opts)
     return common.sweep(problem, _grid(problem, opts), host, solver="spipe")

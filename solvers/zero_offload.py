@@ -33,6 +33,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         InfeasibleError: CPU memory too small, or the global batch cannot give every GPU a microbatch.
     """
     opts = parse_options(Options, options, solver="zero-offload")
+    common.check_problem(problem, solver="zero-offload")
     host = host_from(problem, opts)
     sizes = (opts.microbatch_size,) if opts.microbatch_size else common.MICROBATCH_SIZES
     g = problem.cluster.num_devices

@@ -127,3 +127,13 @@ def test_fig11_spipe_needs_less_gpu_memory_than_mobius(paper_problem):
                                                                   "microbatch_size": 2})
     mobius = solvers.solve(paper_problem, solver="mobius", options={"stages_per_gpu": 2, "microbatch_size": 2})
     assert max(spipe.predicted.peak_memory_bytes) < max(mobius.predicted.peak_memory_bytes)
+
+
+@pytest.mark.parametrize("solver", ["spipe", "mobius", "zero-offload"])
+def test_offload_solvers_refuse_a_fixed_pipeline_shape(solver: str) -> None:
+    from planner import api
+    from planner.errors import InvalidProblemError
+
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:1x8", global_batch_size=64, num_stages=4)
+    with pytest.raises(InvalidProblemError, match=f"solver '{solver}' places .* remove num_stages=4"):
+        api.plan(problem, solver=solver)
