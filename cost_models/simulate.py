@@ -113,8 +113,15 @@ def check_pipeline_ranks(plan: Plan) -> None:
     """Reject plans without one action list per pipeline rank (PipeDream's 1F1B-RR).
 
     Raises:
-        InvalidProblemError: stages are replicated differently from ``degrees.data``.
+        InvalidProblemError: stages are replicated differently from ``degrees.data``, or the plan
+            is an offloaded (SPipe-style) pipeline.
     """
+    if "offload" in plan.options:
+        raise InvalidProblemError(
+            f"the plan is a GPU/CPU offloaded pipeline (solver {plan.solver!r}): its forward and backward stages "
+            "have no per-pipeline-rank action lists and no torch.distributed.pipelining or Megatron-LM "
+            "equivalent; run it with runtime_bridge.offload (docs/solver-spipe.md, Runtime)"
+        )
     if rr.is_round_robin(plan):
         raise InvalidProblemError(
             "the plan replicates stages differently from degrees.data (PipeDream's 1F1B-RR, replicas "

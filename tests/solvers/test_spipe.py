@@ -137,3 +137,13 @@ def test_offload_solvers_refuse_a_fixed_pipeline_shape(solver: str) -> None:
     problem = api.make_problem("gpt-1.7b", "a100-80gb:1x8", global_batch_size=64, num_stages=4)
     with pytest.raises(InvalidProblemError, match=f"solver '{solver}' places .* remove num_stages=4"):
         api.plan(problem, solver=solver)
+
+
+def test_offloaded_plans_are_not_exported() -> None:
+    from planner import api
+    from planner.errors import InvalidProblemError
+
+    plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", global_batch_size=64), solver="spipe")
+    for fmt in ("torch-csv", "megatron"):
+        with pytest.raises(InvalidProblemError, match="offloaded pipeline .* run it with runtime_bridge.offload"):
+            api.export(plan, fmt)  # type: ignore[arg-type]
