@@ -40,6 +40,7 @@ from planner.schema import Action, Plan, Predicted, SimResult
 
 __all__ = [
     "PipelineCosts",
+    "resource_timelines",
     "allreduce_link",
     "check_pipeline_ranks",
     "bottleneck_s",
@@ -272,3 +273,23 @@ def _plan_bottleneck_s(plan: Plan) -> float:
     if rr.is_round_robin(plan):
         return rr.rr_bottleneck_s(costs, [stage.replicas for stage in plan.stages])
     return bottleneck_s(costs)
+
+
+def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
+    """Rows of the timeline picture beside the ranks: label -> (kind, start, end) intervals.
+
+    Offloaded plans: each host link (P prefetch, G gradient offload) and each node's CPU (O
+    optimizer step). BPipe plans: each pair's link (EV evict, LD load). Other plans: none.
+    """
+    rows: dict[str, list[tuple[str, float, float]]] = {}
+    if "offload" in plan.options:
+        from cost_models import _sim_offload
+
+        result = _sim_offload.simulate_offload(plan, include_events=True)
+        for event in (*result.transfers, *result.cpu):
+            rows.setdefault(event.resource, []).append((event.kind, event.start_s, event.end_s))
+    elif plan.bpipe is not None:
+        for t in bpipe_sim.run_bpipe(plan).transfers:
+            label = f"link {min(t.evictor, t.acceptor)}<->{max(t.evictor, t.acceptor)}"
+            rows.setdefault(label, []).append(("EV" if t.kind == "evict" else "LD", t.start_s, t.end_s))
+    return dict(sorted(rows.items()))

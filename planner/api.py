@@ -223,6 +223,11 @@ def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
     return _simulate.simulate(plan, include_events=include_events)
 
 
+def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
+    """Host-link, CPU and BPipe-link rows for the timeline picture (``cost_models.simulate``)."""
+    return _simulate.resource_timelines(plan)
+
+
 def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     """The plan as Megatron-LM arguments or as torch's per-rank action CSV."""
     # By name: ``planner.export`` is this function in the package namespace, not the module.

@@ -159,7 +159,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from planner.timeline import draw_timeline
 
         with progress("drawing the timeline"):
-            draw_timeline(result, args.timeline, title=report.plan_title(plan))
+            draw_timeline(result, args.timeline, title=report.plan_title(plan),
+                          resources=api.resource_timelines(plan))
         print(f"wrote {args.timeline}", file=sys.stderr)
     if args.json:
         print(result.to_json(include_events=args.events, indent=2))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from planner.errors import InvalidProblemError
@@ -31,6 +32,12 @@ _KINDS: dict[str, tuple[str, str]] = {
     "W": ("#b279a2", "W weight grad"),
     "R": ("#f58518", "R recompute"),
     "AR": ("#9d755d", "AR all-reduce"),
+    # resource rows (host links, CPUs, BPipe pair links), drawn below the ranks
+    "P": ("#e45756", "P parameter prefetch"),
+    "G": ("#ff9da6", "G gradient offload"),
+    "O": ("#bab0ac", "O CPU optimizer step"),
+    "EV": ("#eeca3b", "EV BPipe evict"),
+    "LD": ("#9ecae9", "LD BPipe load"),
 }
 _SUFFIXES = {".png": "png", ".svg": "svg"}
 _DPI = 100
@@ -39,13 +46,22 @@ _MAX_LABELS = 20_000
 _ROW_HEIGHT = 0.8
 
 
-def draw_timeline(sim: SimResult, path: str | Path, *, title: str | None = None) -> Path:
+def draw_timeline(
+    sim: SimResult,
+    path: str | Path,
+    *,
+    title: str | None = None,
+    resources: Mapping[str, Sequence[tuple[str, float, float]]] | None = None,
+) -> Path:
     """Draw a simulated timeline to a PNG or SVG file.
 
     Args:
         sim: a simulation result with ``events`` (simulate with events included).
         path: the output file; its suffix (``.png`` or ``.svg``) picks the format.
         title: a title above the picture; by default the iteration time and bubble fraction.
+        resources: extra rows below the ranks, label -> (kind, start, end) intervals: host
+            links and CPUs of offloaded plans, BPipe's pair links
+            (``cost_models.simulate.resource_timelines``).
 
     Returns:
         The path written.
@@ -68,30 +84,37 @@ def draw_timeline(sim: SimResult, path: str | Path, *, title: str | None = None)
     from matplotlib.figure import Figure
 
     num_ranks = max(max(e.rank for e in sim.events) + 1, len(sim.stages))
+    extra = list((resources or {}).items())
+    row_events = tuple(
+        TimelineEvent(num_ranks + row, kind, -1, -1, start, end)
+        for row, (_, spans) in enumerate(extra) for kind, start, end in spans
+    )
+    events = sim.events + row_events
+    labels = [f"rank {r}" for r in range(num_ranks)] + [label for label, _ in extra]
     per_rank = Counter(e.rank for e in sim.events)
     width_in = min(max(10.0, 0.16 * max(per_rank.values())), _MAX_WIDTH_IN)
-    end_s = max(sim.iteration_time_s, max(e.end_s for e in sim.events)) or 1.0  # 1.0: all events empty
-    fig = Figure(figsize=(width_in, 1.6 + 0.42 * num_ranks), dpi=_DPI)
+    end_s = max(sim.iteration_time_s, max(e.end_s for e in events)) or 1.0  # 1.0: all events empty
+    fig = Figure(figsize=(width_in, 1.6 + 0.42 * len(labels)), dpi=_DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     # White separators only where boxes are wide enough to keep their colour visible.
     durations = sorted(e.end_s - e.start_s for e in sim.events)
     separators = durations[len(durations) // 2] * width_in * _DPI * 0.9 / end_s >= 4.0
-    num_chunks = _draw_boxes(ax, sim.events, num_ranks, separators=separators)
+    num_chunks = _draw_boxes(ax, events, num_ranks, separators=separators)
     ax.set_xlim(0.0, end_s)
-    ax.set_ylim(num_ranks - 0.5, -0.5)  # rank 0 on top
-    ax.set_yticks(range(num_ranks), [f"rank {r}" for r in range(num_ranks)])
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # rank 0 on top, resource rows below the ranks
+    ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel("time (s)")
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 0.86))
     _draw_labels(ax, fig, sim.events, end_s)
-    _draw_legend(fig, {e.kind for e in sim.events}, num_chunks)
+    _draw_legend(fig, {e.kind for e in events}, num_chunks)
     fig.suptitle(title or f"iteration {sim.iteration_time_s:.4g} s, bubble {sim.bubble_fraction:.1%}",
-                 x=0.01, ha="left", fontsize=11)
+                 x=0.01, y=0.99, ha="left", va="top", fontsize=11)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format=fmt)
-    logger.info("wrote timeline %s (%d events, %d ranks)", out, len(sim.events), num_ranks)
+    logger.info("wrote timeline %s (%d events, %d ranks, %d resource rows)", out, len(events), num_ranks, len(extra))
     return out
 
 
@@ -152,5 +175,5 @@ def _draw_legend(fig: object, kinds: set[str], num_chunks: int) -> None:
         pale = _shade(_KINDS["F"][0], num_chunks - 1, num_chunks)
         handles.append(Patch(facecolor=pale, label=f"paler: later chunk (of {num_chunks})"))
     handles.append(Patch(facecolor="white", edgecolor="#999999", label="idle"))
-    fig.legend(handles=handles, loc="upper right", ncol=len(handles),  # type: ignore[attr-defined]
+    fig.legend(handles=handles, loc="upper right", bbox_to_anchor=(1.0, 0.93), ncol=len(handles),  # type: ignore[attr-defined]
                fontsize=9, frameon=False)

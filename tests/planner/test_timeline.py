@@ -108,3 +108,22 @@ def test_65k_events_render_in_seconds(tmp_path: Path) -> None:
     data = out.read_bytes()
     assert data[:8] == _PNG_MAGIC
     assert int.from_bytes(data[16:20], "big") == 8000  # capped width: 80 in at 100 dpi
+
+
+def test_resource_rows_of_offloaded_and_bpipe_plans(tmp_path) -> None:
+    from planner import api
+    from planner.timeline import draw_timeline
+
+    spipe = api.plan(api.make_problem("spipe-10b", "v100:1x2", global_batch_size=8), solver="spipe")
+    rows = api.resource_timelines(spipe)
+    kinds = {label.split(":")[0]: {k for k, _, _ in spans} for label, spans in rows.items()}
+    assert kinds == {"cpu": {"O"}, "h2d": {"P"}, "d2h": {"G"}}
+    assert all(0 <= start <= end for spans in rows.values() for _, start, end in spans)
+    out = draw_timeline(api.simulate(spipe, include_events=True), tmp_path / "spipe.svg", resources=rows)
+    assert "CPU optimizer step" in out.read_text() and "h2d:0:0" in out.read_text()
+
+    bpipe = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32, bpipe=True))
+    rows = api.resource_timelines(bpipe)
+    assert list(rows) == ["link 0<->3"] and {k for k, _, _ in rows["link 0<->3"]} == {"EV", "LD"}
+    plain = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32))
+    assert api.resource_timelines(plain) == {}
