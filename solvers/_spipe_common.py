@@ -17,8 +17,9 @@ from typing import Any
 
 from cost_models import offload, transformer
 from cost_models._sim_offload import OffloadResult, simulate_offload
-from planner.errors import InfeasibleError, InvalidProblemError
+from planner.errors import InfeasibleError
 from planner.schema import Chunk, Degrees, ModelProfile, PipelineProblem, Plan, Predicted, Stage
+from solvers.common import reject_fixed_shape
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
 
@@ -172,16 +173,8 @@ def check_problem(problem: PipelineProblem, *, solver: str) -> None:
         InvalidProblemError: num_stages, data_parallel, chunks, BPipe or a schedule other than the
             CLI default was given; the message names the field and the fix.
     """
-    fixed = {"num_stages": problem.num_stages, "data_parallel": problem.data_parallel,
-             "num_chunks": problem.num_chunks if problem.num_chunks != 1 else None,
-             "bpipe": problem.bpipe or None,
-             "schedule": problem.schedule if problem.schedule != "1f1b" else None}
-    for name, value in fixed.items():
-        if value is not None:
-            raise InvalidProblemError(
-                f"solver {solver!r} places its forward and backward stages on every GPU itself; remove "
-                f"{name}={value!r} (or use solver 'even' or 'stage-ilp' for a fixed GPU-resident pipeline)"
-            )
+    reject_fixed_shape(problem, solver=solver, chooses="places its forward and backward stages on every GPU itself",
+                       alternative="solver 'even' or 'stage-ilp' for a fixed GPU-resident pipeline", schedule=True)
 
 
 def _check_cpu(problem: PipelineProblem, host: offload.HostSpec) -> None:

@@ -103,6 +103,26 @@ def resolve_layout(problem: PipelineProblem, num_stages: int) -> Layout:
     )
 
 
+def reject_fixed_shape(
+    problem: PipelineProblem, *, solver: str, chooses: str, alternative: str, schedule: bool = False
+) -> None:
+    """Refuse pipeline-shape fields a solver chooses itself, instead of silently overriding them.
+
+    The fields are num_stages, data_parallel, num_chunks > 1, bpipe and, with ``schedule``, a
+    schedule other than the CLI default ``1f1b``.
+
+    Raises:
+        InvalidProblemError: "solver S <chooses>; remove <field>=<value> (or use <alternative>)".
+    """
+    fixed = {"num_stages": problem.num_stages, "data_parallel": problem.data_parallel,
+             "num_chunks": problem.num_chunks if problem.num_chunks != 1 else None,
+             "bpipe": problem.bpipe or None,
+             "schedule": problem.schedule if schedule and problem.schedule != "1f1b" else None}
+    for name, value in fixed.items():
+        if value is not None:
+            raise InvalidProblemError(f"solver {solver!r} {chooses}; remove {name}={value!r} (or use {alternative})")
+
+
 def even_split(num_items: int, num_parts: int) -> list[int]:
     """Sizes of ``num_parts`` contiguous parts as equal as possible (earlier parts get the rest)."""
     base, extra = divmod(num_items, num_parts)

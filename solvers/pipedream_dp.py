@@ -48,7 +48,7 @@ from solvers._pipedream_artifact import (
     solve_range,
     suffix_values,
 )
-from solvers.common import format_bytes, with_prediction
+from solvers.common import format_bytes, reject_fixed_shape, with_prediction
 from solvers.options import parse_options
 
 log = logging.getLogger(__name__)
@@ -122,14 +122,8 @@ def _check_problem(problem: PipelineProblem, opts: Options) -> None:
         raise InvalidProblemError(
             f"option activation_compression_ratio={ratio} needs cost_mode=artifact and a value > 0 "
             "(the dissertation's accounting always charges 2 a_s / B_k)")
-    fixed = {"num_stages": problem.num_stages, "data_parallel": problem.data_parallel,
-             "num_chunks": problem.num_chunks if problem.num_chunks != 1 else None,
-             "bpipe": problem.bpipe or None}
-    for name, value in fixed.items():
-        if value is not None:
-            raise InvalidProblemError(
-                f"solver 'pipedream' chooses stages and replication itself; remove {name}={value} "
-                "(or use solver 'even' for a fixed pipeline)")
+    reject_fixed_shape(problem, solver="pipedream", chooses="chooses stages and replication itself",
+                       alternative="solver 'even' for a fixed pipeline")
     if problem.schedule != "1f1b":
         raise InvalidProblemError(
             f"solver 'pipedream' plans PipeDream's 1F1B with weight stashing; schedule={problem.schedule!r} "
