@@ -196,6 +196,23 @@ class TransformerConfig(_Frozen):
     position_embedding: Literal["learned", "rope"] = "learned"
     tied_embeddings: bool = True
     dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
+    rope_theta: PositiveFloat | None = None
+    """RoPE base frequency as the source config states it (Llama-3: 500000); None = tool default."""
+    norm_eps: PositiveFloat | None = None
+    """Norm epsilon as the source config states it; None = tool default."""
+    # Mixture of experts (all None/0 = a dense model). Costs: cost_models; sources: docs/cost-model.md.
+    num_experts: PositiveInt | None = None
+    """Routed experts per MoE layer (Mixtral 8x7B: 8; DeepSeek-V3: 256)."""
+    experts_per_token: PositiveInt | None = None
+    """Top-k routed experts each token goes to (Mixtral: 2; DeepSeek-V3: 8)."""
+    moe_ffn_hidden_size: PositiveInt | None = None
+    """FFN size of one routed expert; defaults to ffn_hidden_size."""
+    num_shared_experts: NonNegativeInt = 0
+    """Always-active shared experts per MoE layer (DeepSeek-V3: 1)."""
+    first_dense_layers: NonNegativeInt = 0
+    """The first k decoder layers use a dense FFN instead of MoE (DeepSeek-V3: 3)."""
+    capacity_factor: PositiveFloat | None = None
+    """Expert capacity factor (None = dropless)."""
 
     @model_validator(mode="after")
     def _check(self) -> TransformerConfig:
@@ -204,6 +221,12 @@ class TransformerConfig(_Frozen):
         kv = self.num_kv_heads or self.num_heads
         if self.num_heads % kv:
             raise ValueError(f"num_heads={self.num_heads} must be divisible by num_kv_heads={kv}")
+        if (self.num_experts is None) != (self.experts_per_token is None):
+            raise ValueError("num_experts and experts_per_token go together: give both for a MoE model, neither for a dense one")
+        if self.num_experts is not None and self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
+        if self.first_dense_layers > self.num_layers:
+            raise ValueError(f"first_dense_layers={self.first_dense_layers} exceeds num_layers={self.num_layers}")
         return self
 
     @property
@@ -367,6 +390,10 @@ class Degrees(_Frozen):
     tensor: PositiveInt = 1
     pipeline: PositiveInt = 1
     virtual: PositiveInt = 1
+    context: PositiveInt = 1
+    """Context parallelism: the sequence split over this many ranks (attention exchanges K/V)."""
+    expert: PositiveInt = 1
+    """Expert parallelism: MoE experts split over this many ranks (carved out of data x context)."""
 
 
 class Chunk(_Frozen):
@@ -456,6 +483,11 @@ class Plan(_Frozen):
     global_batch_size: PositiveInt
     stages: tuple[Stage, ...] = Field(min_length=1)
     bpipe: BPipeSpec | None = None
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """Data-parallel sharding: 0 replicated (DDP), 1 optimizer states sharded (Megatron's
+    distributed optimizer), 2 optimizer states and gradients, 3 parameters too (FSDP)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism beside tensor parallelism (norm/dropout activations split by t)."""
     actions: tuple[tuple[str, ...], ...] | None = None
     """Per-rank compute actions (``"2F0"``...) for schedule ``custom``."""
     predicted: Predicted | None = None
