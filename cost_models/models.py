@@ -4,7 +4,10 @@ The shapes live in ``cost_models/data/models.json``, each with its source: the P
 GPTs (arXiv:2104.04473 Table 1, dissertation Table 4.1; V = 51200, s = 2048 per seed 001
 L4209-4211), GPT-3 175B (seed 001 L4409-4447), BPipe's GPT-3 13B/96B/134B (seed 004 L184-187),
 LLaMA-2 7B/13B/70B, SPipe's LLaMA-2-style models (seed 003 L256-267), and documented guesses
-for models a paper names without a shape (the poster's LLaMA-175B, PipeFill's 40B and 5B).
+for models a paper names without a shape (the poster's LLaMA-175B, PipeFill's 40B and 5B), and
+today's models from their papers and released ``config.json`` files: Llama 3 8B/70B/405B, Mixtral
+8x7B/8x22B, Qwen3 8B/32B/30B-A3B/235B-A22B, DeepSeek-V3 (MLA + MoE) and gpt-oss 20b/120b
+(docs/models-and-configs.md lists them with their published parameter counts).
 """
 
 from __future__ import annotations

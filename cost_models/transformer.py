@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from cost_models import moe
 from planner.errors import InvalidProblemError
 from planner.schema import Device, LayerProfile, ModelProfile, RecomputeOption, TransformerConfig
 
@@ -55,11 +56,14 @@ def ptdp_num_parameters(num_layers: int, hidden: int, vocab: int, seq: int) -> f
 
 
 def _kv_dim(cfg: TransformerConfig) -> int:
-    return cfg.kv_heads * (cfg.hidden_size // cfg.num_heads)
+    return cfg.kv_heads * cfg.head_size
 
 
 def decoder_matmul_params(cfg: TransformerConfig) -> int:
-    """Weights of the matmuls of one decoder layer: Q, K, V, output projection and MLP."""
+    """Weights of the matmuls of one decoder layer: Q, K, V, output projection and MLP. MoE/MLA
+    configs: the weights one token uses, averaged over the layers (``cost_models.moe``)."""
+    if moe.uses_extended_counts(cfg):
+        return moe.mean_decoder_matmul_params(cfg)  # type: ignore[return-value]
     h, f = cfg.hidden_size, cfg.ffn_size
     attention = 2 * h * h + 2 * h * _kv_dim(cfg)
     mlp = (3 if cfg.mlp == "swiglu" else 2) * h * f
@@ -72,7 +76,10 @@ def _norm_params(cfg: TransformerConfig) -> int:
 
 
 def decoder_layer_params(cfg: TransformerConfig) -> int:
-    """All parameters of one decoder layer: matmul weights, biases, two norms (GPT: 12h^2 + 13h)."""
+    """All parameters of one decoder layer: matmul weights, biases, two norms (GPT: 12h^2 + 13h).
+    MoE/MLA configs: every expert, averaged over the layers (``cost_models.moe``)."""
+    if moe.uses_extended_counts(cfg):
+        return moe.mean_decoder_layer_params(cfg)  # type: ignore[return-value]
     h, f = cfg.hidden_size, cfg.ffn_size
     biases = 0
     if cfg.bias:
@@ -93,7 +100,9 @@ def head_params(cfg: TransformerConfig) -> int:
 
 def num_parameters(cfg: TransformerConfig) -> int:
     """Exact parameter count. For GPT-style configs this is Eq. 4.3 plus the final layernorm's 2h,
-    which Eq. 4.3 omits."""
+    which Eq. 4.3 omits. MoE/MLA configs: ``cost_models.moe.num_parameters`` (every expert)."""
+    if moe.uses_extended_counts(cfg):
+        return moe.num_parameters(cfg)
     return cfg.num_layers * decoder_layer_params(cfg) + embedding_params(cfg) + head_params(cfg)
 
 
@@ -103,7 +112,10 @@ def num_parameters(cfg: TransformerConfig) -> int:
 
 
 def attention_core_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
-    """Scores QK^T plus attention over values: 2bs^2h + 2bs^2h = 4bs^2h, split over t (L4127-4129)."""
+    """Scores QK^T plus attention over values: 2bs^2h + 2bs^2h = 4bs^2h, split over t (L4127-4129).
+    Explicit head widths and MLA: ``cost_models.moe.attention_core_forward_flops``."""
+    if moe.uses_extended_counts(cfg):
+        return moe.attention_core_forward_flops(cfg, microbatch_size=microbatch_size, tensor_parallel=tensor_parallel)
     b, s, h = microbatch_size, cfg.seq_length, cfg.hidden_size
     return 4 * b * s**2 * h / tensor_parallel
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import solvers
-from cost_models import hardware, models, profiles, transformer
+from cost_models import hardware, models, moe, profiles, transformer
 from cost_models import simulate as _simulate
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema import (
@@ -253,6 +253,8 @@ def model_info(model: ModelSpec, *, global_batch_size: int = 1) -> dict[str, Any
             "seq_length": obj.seq_length,
             "vocab_size": obj.vocab_size,
             "num_parameters": transformer.num_parameters(obj),
+            "num_active_parameters": moe.num_active_parameters(obj),
+            **_architecture_info(obj),
             "global_batch_size": global_batch_size,
             "flops_per_iteration": transformer.flops_per_iteration(obj, global_batch_size=global_batch_size),
             "flops_per_iteration_no_recompute": transformer.flops_per_iteration(
@@ -275,6 +277,16 @@ def model_info(model: ModelSpec, *, global_batch_size: int = 1) -> dict[str, Any
             per_microbatch * global_batch_size / obj.microbatch_size if per_microbatch is not None else None
         ),
     }
+
+
+def _architecture_info(cfg: TransformerConfig) -> dict[str, Any]:
+    """The settings the exports carry beyond the shape (MoE, MLA, RoPE, norm epsilon)."""
+    keys = ("num_kv_heads", "head_dim", "rope_theta", "norm_eps", "num_experts", "experts_per_token",
+            "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "kv_lora_rank", "q_lora_rank")
+    info: dict[str, Any] = {key: getattr(cfg, key) for key in keys if getattr(cfg, key) not in (None, 0)}
+    if cfg.is_mla or cfg.kv_heads != cfg.num_heads:
+        info["kv_cache_elements_per_token_per_layer"] = moe.kv_cache_elements_per_token(cfg)
+    return info
 
 
 def save(obj: _Frozen, path: str | Path) -> Path:

@@ -119,7 +119,7 @@ def model_info_table(info: dict[str, Any]) -> str:
         if isinstance(value, float) and value is not None:
             shown = f"{value:.6g}"
         elif isinstance(value, int) and not isinstance(value, bool) and value >= 10**6:
-            shown = f"{value:,} ({value / 1e9:.2f} B)" if key == "num_parameters" else f"{value:,}"
+            shown = f"{value:,} ({value / 1e9:.2f} B)" if key.endswith("num_parameters") or key == "num_active_parameters" else f"{value:,}"
         else:
             shown = str(value)
         rows.append(f"{key:<34} {shown}")

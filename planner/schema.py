@@ -213,11 +213,41 @@ class TransformerConfig(_Frozen):
     """The first k decoder layers use a dense FFN instead of MoE (DeepSeek-V3: 3)."""
     capacity_factor: PositiveFloat | None = None
     """Expert capacity factor (None = dropless)."""
+    # Attention variants (costs: cost_models.architecture; docs/models-and-configs.md).
+    head_dim: PositiveInt | None = None
+    """Per-head width when it is not hidden_size / num_heads (Qwen3: 128; Megatron --kv-channels)."""
+    qk_norm: bool = False
+    """RMSNorm on each head's queries and keys (Qwen3; Megatron --qk-layernorm)."""
+    qkv_bias: bool = False
+    """Biases on the Q, K, V projections only (Qwen2; Megatron --add-qkv-bias); ``bias`` covers all."""
+    rope_scaling: dict[str, float | str] | None = None
+    """RoPE scaling as the source config states it (Llama-3.1: rope_type llama3, factor 8)."""
+    # Multi-latent attention (DeepSeek-V2/V3): kv_lora_rank set = MLA.
+    kv_lora_rank: PositiveInt | None = None
+    """Rank of the compressed K/V latent (DeepSeek-V3: 512); None = standard attention."""
+    q_lora_rank: PositiveInt | None = None
+    """Rank of the compressed query (DeepSeek-V3: 1536); None = full-rank query projection."""
+    qk_nope_head_dim: PositiveInt | None = None
+    """Per-head query/key width without RoPE (DeepSeek-V3: 128; Megatron --qk-head-dim)."""
+    qk_rope_head_dim: PositiveInt | None = None
+    """Per-head query/key width carrying RoPE, shared by all heads for K (DeepSeek-V3: 64)."""
+    v_head_dim: PositiveInt | None = None
+    """Per-head value width (DeepSeek-V3: 128)."""
 
     @model_validator(mode="after")
     def _check(self) -> TransformerConfig:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.hidden_size % self.num_heads and self.head_dim is None and self.kv_lora_rank is None:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}, "
+                "or give head_dim (the per-head width)"
+            )
+        mla = (self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim)
+        if self.kv_lora_rank is not None and None in mla:
+            raise ValueError(
+                "multi-latent attention (kv_lora_rank set) needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim"
+            )
+        if self.kv_lora_rank is None and self.q_lora_rank is not None:
+            raise ValueError("q_lora_rank applies to multi-latent attention only; give kv_lora_rank too")
         kv = self.num_kv_heads or self.num_heads
         if self.num_heads % kv:
             raise ValueError(f"num_heads={self.num_heads} must be divisible by num_kv_heads={kv}")
@@ -236,6 +266,19 @@ class TransformerConfig(_Frozen):
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        """Per-head query/key width: head_dim, or hidden_size / num_heads."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
 
 
 # --------------------------------------------------------------------------------------
