@@ -21,6 +21,7 @@ from typing import Any, Literal
 import solvers
 from cost_models import hardware, models, moe, profiles, transformer
 from cost_models import simulate as _simulate
+from planner import config_readers
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema import (
     Cluster,
@@ -39,16 +40,36 @@ ClusterSpec = str | Path | Cluster
 log = logging.getLogger(__name__)
 
 
-def load_model(spec: ModelSpec) -> ModelProfile | TransformerConfig:
-    """A model from a preset name, ``pipedream:<name>``, or a file (profile JSON, transformer
-    JSON, or a PipeDream ``graph.txt``).
+def load_model(spec: ModelSpec, *, seq_length: int | None = None) -> ModelProfile | TransformerConfig:
+    """A model from a preset name, ``pipedream:<name>``, ``hf:<config.json>``,
+    ``torchtitan:<module>:<flavor>``, ``megatron:<args file>``, or a file (profile JSON,
+    transformer JSON, or a PipeDream ``graph.txt``).
+
+    Args:
+        spec: the model.
+        seq_length: the training sequence length for a transformer (overrides the config's).
 
     Raises:
-        InvalidProblemError: unknown name, unreadable file or malformed content.
+        InvalidProblemError: unknown name, unreadable file, malformed content, or a sequence
+            length given for a layer profile.
     """
+    model = _load_model(spec, seq_length=seq_length)
+    if seq_length is None:
+        return model
+    if seq_length < 1:
+        raise InvalidProblemError(f"seq_length={seq_length} must be at least 1")
+    if not isinstance(model, TransformerConfig):
+        raise InvalidProblemError(
+            f"--seq-length applies to transformer configs; {model.name!r} is a measured layer profile")
+    return model if model.seq_length == seq_length else model.model_copy(update={"seq_length": seq_length})
+
+
+def _load_model(spec: ModelSpec, *, seq_length: int | None) -> ModelProfile | TransformerConfig:
     if isinstance(spec, (ModelProfile, TransformerConfig)):
         return spec
     text = str(spec)
+    if text.startswith(config_readers.PREFIXES):
+        return config_readers.read_model_config(text, seq_length=seq_length)
     path = Path(text)
     if path.suffix in (".json", ".txt") or path.exists():
         if not path.is_file():
@@ -106,6 +127,7 @@ def make_problem(
     bpipe: bool = False,
     time_limit_s: float | None = None,
     efficiency: float | None = None,
+    seq_length: int | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -116,7 +138,7 @@ def make_problem(
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
     """
-    model_obj = load_model(model)
+    model_obj = load_model(model, seq_length=seq_length)
     cluster_obj = load_cluster(cluster)
     if cluster_obj.device is None:
         raise InvalidProblemError(
@@ -240,9 +262,9 @@ def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     raise InvalidProblemError(f"unknown export format {fmt!r}; choose from ['megatron', 'torch-csv']")
 
 
-def model_info(model: ModelSpec, *, global_batch_size: int = 1) -> dict[str, Any]:
-    """Size and cost of a model: parameters and FLOPs per iteration (PTD-P Eq. 4.2/4.3)."""
-    obj = load_model(model)
+def model_info(model: ModelSpec, *, global_batch_size: int = 1, seq_length: int | None = None) -> dict[str, Any]:
+    """Size and cost of a model: parameters (total and active) and FLOPs per iteration (PTD-P Eq. 4.2/4.3)."""
+    obj = load_model(model, seq_length=seq_length)
     if isinstance(obj, TransformerConfig):
         return {
             "name": obj.name,

@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="plan a model on a cluster")
-    p.add_argument("--model", required=True, help="preset name, pipedream:<name>, or a profile/transformer JSON or graph.txt")
+    p.add_argument("--model", required=True, help="preset name, pipedream:<name>, hf:<config.json>, torchtitan:<module>:<flavor>, "
+                   "megatron:<args file>, or a profile/transformer JSON or graph.txt")
+    p.add_argument("--seq-length", type=int, help="training sequence length (transformer configs; default: the config's)")
     p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
     p.add_argument("--solver", default="even")
     p.add_argument("--schedule", default="1f1b")
@@ -101,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("-o", "--output")
     e.set_defaults(handler=cmd_export)
 
-    m = sub.add_parser("model-info", help="parameters and FLOPs of a model (PTD-P Eq. 4.2/4.3)")
+    m = sub.add_parser("model-info", help="parameters (total, active) and FLOPs of a model (PTD-P Eq. 4.2/4.3)")
     m.add_argument("model")
     m.add_argument("--global-batch", type=int, default=1, help="batch for flops_per_iteration (default 1)")
+    m.add_argument("--seq-length", type=int, help="training sequence length (default: the config's)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(handler=cmd_model_info)
 
@@ -135,6 +138,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bpipe=args.bpipe,
         time_limit_s=args.time_limit,
         efficiency=args.efficiency,
+        seq_length=args.seq_length,
     )
     with progress(f"planning with {args.solver}"):
         plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option),
@@ -186,7 +190,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
     if args.global_batch < 1:
         raise InvalidProblemError(f"--global-batch={args.global_batch} must be at least 1")
-    info = api.model_info(args.model, global_batch_size=args.global_batch)
+    info = api.model_info(args.model, global_batch_size=args.global_batch, seq_length=args.seq_length)
     if args.json:
         print(json.dumps(info, indent=2))
     else:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from cost_models import simulate
 from cost_models.schedules import validate_actions
 from planner.errors import InvalidProblemError
+from planner.export_megatron_flags import model_flags, parallel_flags
 from planner.schema import KNOWN_RECOMPUTE, Action, Plan
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,8 @@ def megatron_args_text(plan: Plan) -> str:
     d = plan.degrees
     lines = [
         f"# paraplan plan ({plan.solver}, schedule {plan.schedule}): data={d.data} tensor={d.tensor} "
-        f"pipeline={d.pipeline} virtual={d.virtual}; launch on {d.data * d.tensor * d.pipeline} GPUs "
+        f"pipeline={d.pipeline} virtual={d.virtual} context={d.context} expert={d.expert} zero_stage={plan.zero_stage}; "
+        f"launch on {d.data * d.tensor * d.pipeline * d.context} GPUs "
         "(Megatron derives the data-parallel size from the world size)"
     ]
     lines += [f"# WARNING: {w}" for w in export.warnings]
@@ -192,6 +194,7 @@ def _megatron_export(plan: Plan) -> _MegatronExport:
     d = plan.degrees
     export.add("--tensor-model-parallel-size", d.tensor)
     export.add("--pipeline-model-parallel-size", d.pipeline)
+    parallel_flags(plan, export)
     if plan.transformer is None:
         if d.virtual > 1:
             export.add("--num-virtual-stages-per-pipeline-rank", d.virtual)
@@ -201,13 +204,10 @@ def _megatron_export(plan: Plan) -> _MegatronExport:
         )
     else:
         _split_flags(plan, export)
-    if d.virtual > 1 and d.pipeline <= 2:
-        # Megatron asserts pp > 2 for the interleaved schedule unless p2p overlap is on.
-        export.add("--overlap-p2p-comm")
     export.add("--micro-batch-size", plan.microbatch_size)
     export.add("--global-batch-size", plan.global_batch_size)
     if plan.transformer is not None:
-        _model_flags(plan, export)
+        model_flags(plan.transformer, export)
         _recompute_flags(plan, export)
     if plan.schedule in _SCHEDULE_NOTES:
         export.warnings.append(_SCHEDULE_NOTES[plan.schedule])
@@ -284,32 +284,6 @@ def _layout_string(chunks: list[tuple[bool, int, bool]]) -> str:
         body = "t" if decoders == 1 else (f"t*{decoders}" if decoders else "")
         stages.append(("E" if has_embedding else "") + body + ("L" if has_head else ""))
     return "|".join(stages)
-
-
-def _model_flags(plan: Plan, export: _MegatronExport) -> None:
-    cfg = plan.transformer
-    assert cfg is not None
-    export.add("--num-layers", cfg.num_layers)
-    export.add("--hidden-size", cfg.hidden_size)
-    export.add("--ffn-hidden-size", cfg.ffn_size)
-    export.add("--num-attention-heads", cfg.num_heads)
-    if cfg.kv_heads != cfg.num_heads:
-        export.add("--group-query-attention")
-        export.add("--num-query-groups", cfg.kv_heads)
-    export.add("--seq-length", cfg.seq_length)
-    export.add("--max-position-embeddings", cfg.seq_length)
-    if cfg.mlp == "swiglu":
-        export.add("--swiglu")
-    if cfg.norm == "rmsnorm":
-        export.add("--normalization", "RMSNorm")
-    if cfg.position_embedding == "rope":
-        export.add("--position-embedding-type", "rope")
-    if not cfg.tied_embeddings:
-        export.add("--untie-embeddings-and-output-weights")
-    if not cfg.bias:
-        export.add("--disable-bias-linear")
-    if cfg.dtype in ("bf16", "fp16"):
-        export.add(f"--{cfg.dtype}")
 
 
 def _decoder_strategies(plan: Plan) -> list[list[str]]:

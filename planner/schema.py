@@ -572,6 +572,7 @@ class Plan(_Frozen):
                             f"layer {i} ({self.model.layers[i].name}) has no recompute strategy "
                             f"{strategy!r}; it allows {sorted(self.model.layers[i].strategies())}"
                         )
+        _check_parallel_degrees(self.degrees, self.transformer)
         if self.schedule == "custom" and self.actions is None:
             raise ValueError("schedule 'custom' needs 'actions' (one list of actions per pipeline rank)")
         if self.actions is not None and len(self.actions) != p:
@@ -587,6 +588,28 @@ class Plan(_Frozen):
         """Chunks in model order: virtual stage c*p + x is chunk c of stage x (Megatron's placement)."""
         p, v = self.degrees.pipeline, self.degrees.virtual
         return tuple(self.stages[k % p].chunks[k // p] for k in range(p * v))
+
+
+def _check_parallel_degrees(degrees: Degrees, cfg: TransformerConfig | None) -> None:
+    """Expert and context degrees the model can take (issue 15: bad input names the field and the fix)."""
+    e, c = degrees.expert, degrees.context
+    if e > 1:
+        if cfg is None or cfg.num_experts is None:
+            raise ValueError(f"degrees.expert={e} needs a mixture-of-experts transformer (num_experts set); use 1")
+        if cfg.num_experts % e:
+            ok = [k for k in range(1, cfg.num_experts + 1) if cfg.num_experts % k == 0 and k <= e]
+            raise ValueError(
+                f"transformer.num_experts={cfg.num_experts} is not divisible by degrees.expert={e}; "
+                f"use an expert-parallel degree that divides it, e.g. {ok[-1]}")
+        if (degrees.data * c) % e:
+            raise ValueError(
+                f"degrees.expert={e} must divide degrees.data x degrees.context = {degrees.data * c} "
+                "(expert-parallel groups are carved out of the data-parallel ranks)")
+    if c > 1 and cfg is not None and cfg.seq_length % (2 * c):
+        raise ValueError(
+            f"transformer.seq_length={cfg.seq_length} is not divisible by 2 x degrees.context = {2 * c} (context "
+            "parallelism gives each rank two balanced chunks of the sequence); pad the sequence to a multiple of "
+            f"{2 * c} or choose a context degree c with seq_length divisible by 2c")
 
 
 # --------------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ def test_megatron_even_plan() -> None:
         "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
         "--micro-batch-size", "2", "--global-batch-size", "32",
         "--num-layers", "8", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4",
-        "--seq-length", "128", "--max-position-embeddings", "128", "--bf16",
+        "--seq-length", "128", "--max-position-embeddings", "128", "--vocab-size", "1000", "--bf16",
     ]
 
 
@@ -220,14 +220,16 @@ def test_megatron_arbitrary_split_uses_the_layout_string() -> None:
 
 def test_megatron_interleaved_even_and_uneven() -> None:
     even = to_megatron_args(_plan([2, 2, 2, 2], p=2, v=2, schedule="interleaved-1f1b", m=4))
-    assert even[4:9] == ["--num-layers-per-virtual-pipeline-stage", "2", "--overlap-p2p-comm", "--micro-batch-size",
-                         "1"]
+    # no "--overlap-p2p-comm": Megatron-LM has no such flag (p2p overlap is its default, on; only
+    # --no-overlap-p2p-communication exists), and with it on the interleaved schedule takes p = 2
+    assert even[4:8] == ["--num-layers-per-virtual-pipeline-stage", "2", "--micro-batch-size", "1"]
+    assert not any("overlap-p2p" in a for a in even)
     # virtual stage k = c*p + x: stage 0 holds vs 0 and 3, stage 1 holds vs 1 and 4...
     uneven = _plan([1, 2, 2, 2, 2, 1], p=3, v=2, schedule="interleaved-1f1b", m=6)
     args = to_megatron_args(uneven)
     i = args.index("--pipeline-model-parallel-layout")
     assert args[i + 1] == "Et|t*2|t*2|t*2|t*2|tL"
-    assert "--overlap-p2p-comm" not in args  # p = 3 > 2
+    assert not any("overlap-p2p" in a for a in args)
 
 
 def test_megatron_recompute_uniform_block_and_selective() -> None:
@@ -264,7 +266,8 @@ def test_megatron_text_format_and_schedule_warnings() -> None:
     text = megatron_args_text(plan)
     lines = text.splitlines()
     assert lines[0].startswith(
-        "# paraplan plan (test, schedule zb-h1): data=1 tensor=1 pipeline=4 virtual=1; launch on 4 GPUs"
+        "# paraplan plan (test, schedule zb-h1): data=1 tensor=1 pipeline=4 virtual=1 context=1 expert=1 "
+        "zero_stage=0; launch on 4 GPUs"
     )
     assert "# WARNING: stock Megatron-LM has no zero-bubble schedule" in text
     body = [line for line in lines if not line.startswith("#")]
@@ -280,7 +283,8 @@ def test_megatron_model_flags_for_llama_style_config() -> None:
     tail = args[args.index("--num-layers"):]
     assert tail == ["--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "172",
                     "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--seq-length", "128",
-                    "--max-position-embeddings", "128", "--swiglu", "--normalization", "RMSNorm",
+                    "--max-position-embeddings", "128", "--vocab-size", str(cfg.vocab_size), "--swiglu",
+                    "--normalization", "RMSNorm",
                     "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights",
                     "--disable-bias-linear", "--fp16"]
 
@@ -289,7 +293,7 @@ def test_megatron_non_transformer_profile_exports_sizes_only() -> None:
     plan = _plan([2, 2, 2, 2], p=2, v=2, schedule="interleaved-1f1b", transformer=None, m=4, b=4, data=2)
     assert to_megatron_args(plan) == [
         "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
-        "--num-virtual-stages-per-pipeline-rank", "2", "--overlap-p2p-comm",
+        "--num-virtual-stages-per-pipeline-rank", "2",
         "--micro-batch-size", "4", "--global-batch-size", "32",
     ]
     assert "only parallel sizes and batch sizes" in megatron_args_text(plan)

@@ -1,0 +1,158 @@
+"""Hugging Face ``config.json`` -> TransformerConfig, read with transformers' own ``AutoConfig``.
+
+``AutoConfig.from_pretrained`` on a local file works offline: it validates the file against the
+architecture's configuration class (defaults included, e.g. Mixtral's ``rope_theta``) and applies
+the renames between transformers versions (``rope_theta`` inside ``rope_parameters`` in v5). Loading
+it imports torch (transformers does), so this module is imported only when an ``hf:`` model is read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from planner.config_readers.common import build_config, training_seq_length
+from planner.errors import InvalidProblemError
+from planner.schema import TransformerConfig
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("deepseek_v3", "gpt_oss", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_GATED_ACTIVATIONS = ("silu", "swish", "swiglu")
+
+
+def read_hf_config(path: str | Path, *, seq_length: int | None = None, name: str | None = None) -> TransformerConfig:
+    """A Hugging Face model's ``config.json`` (or a directory holding one) as a TransformerConfig.
+
+    Args:
+        path: the ``config.json`` file or its directory.
+        seq_length: the training sequence length; default: the pre-training length the config
+            states (``rope_scaling.original_max_position_embeddings``), else its maximum.
+        name: the model name; default: the directory name.
+
+    Returns:
+        The config, with rope_theta, the norm epsilon, MoE and MLA fields as the file states them.
+
+    Raises:
+        InvalidProblemError: a missing or unreadable file, or an architecture outside
+            ``SUPPORTED_MODEL_TYPES`` (the message lists them).
+    """
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise InvalidProblemError(f"Hugging Face config {str(file)!r} does not exist; give the path of a config.json")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InvalidProblemError(f"cannot read Hugging Face config {str(file)!r}: {e}") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise InvalidProblemError(
+            f"Hugging Face config {str(file)!r}: model_type={model_type!r} "
+            f"(architectures {raw.get('architectures') if isinstance(raw, dict) else None}) is not supported; "
+            f"supported model_type values: {list(SUPPORTED_MODEL_TYPES)}; write a paraplan.transformer/v1 "
+            "JSON for other decoders (docs/models-and-configs.md)"
+        )
+    from transformers import AutoConfig  # heavy (imports torch): only on this path
+
+    try:
+        hf = AutoConfig.from_pretrained(str(file))
+    except (ValueError, TypeError, OSError) as e:
+        raise InvalidProblemError(f"transformers rejected {str(file)!r}: {e}") from None
+    fields = _fields(hf, model_type)
+    fields["name"] = name or file.parent.name or model_type
+    fields["seq_length"] = training_seq_length(
+        asked=seq_length, stated=_pretraining_length(hf), maximum=getattr(hf, "max_position_embeddings", None),
+        source=f"Hugging Face config {str(file)!r}")
+    _warn_unmodelled(hf, model_type)
+    return build_config(fields)
+
+
+def _rope(hf: Any) -> tuple[float | None, dict[str, float | str] | None]:
+    params = dict(getattr(hf, "rope_parameters", None) or {})
+    theta = params.pop("rope_theta", None) or getattr(hf, "rope_theta", None)
+    scaling = getattr(hf, "rope_scaling", None) if not params else params
+    if scaling and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        scaling = None
+    if scaling:
+        scaling = {k: v for k, v in scaling.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    return (float(theta) if theta is not None else None), (scaling or None)
+
+
+def _pretraining_length(hf: Any) -> int | None:
+    _, scaling = _rope(hf)
+    value = (scaling or {}).get("original_max_position_embeddings")
+    return int(value) if value is not None else None
+
+
+def _experts(hf: Any) -> int | None:
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        value = getattr(hf, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _fields(hf: Any, model_type: str) -> dict[str, Any]:
+    h, heads = hf.hidden_size, hf.num_attention_heads
+    theta, scaling = _rope(hf)
+    act = str(getattr(hf, "hidden_act", "silu"))
+    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    fields: dict[str, Any] = {
+        "hidden_size": h, "num_layers": hf.num_hidden_layers, "num_heads": heads,
+        "num_kv_heads": getattr(hf, "num_key_value_heads", None) or heads,
+        "vocab_size": hf.vocab_size, "ffn_hidden_size": hf.intermediate_size,
+        "mlp": "swiglu" if act in _GATED_ACTIVATIONS else "gelu", "norm": "rmsnorm",
+        "bias": bool(getattr(hf, "attention_bias", False)) and model_type == "gpt_oss",
+        "qkv_bias": model_type == "qwen2" or (bool(getattr(hf, "attention_bias", False)) and model_type != "gpt_oss"),
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
+        "position_embedding": "rope", "tied_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
+        "dtype": _DTYPES.get(str(dtype).removeprefix("torch."), "bf16"),
+        "rope_theta": theta, "rope_scaling": scaling, "norm_eps": getattr(hf, "rms_norm_eps", None),
+    }
+    head_dim = getattr(hf, "head_dim", None)
+    if model_type != "deepseek_v3" and head_dim and head_dim * heads != h:
+        fields["head_dim"] = head_dim
+    experts = _experts(hf)
+    if experts is not None:
+        fields.update(_moe_fields(hf, model_type, experts))
+    if model_type == "deepseek_v3":
+        for key in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            fields[key] = getattr(hf, key, None)
+        fields["num_kv_heads"] = None
+    return fields
+
+
+def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "num_experts": experts,
+        "experts_per_token": getattr(hf, "num_experts_per_tok", None) or getattr(hf, "experts_per_token", None),
+        "moe_ffn_hidden_size": getattr(hf, "moe_intermediate_size", None),
+        "num_shared_experts": getattr(hf, "n_shared_experts", None) or 0,
+        "first_dense_layers": getattr(hf, "first_k_dense_replace", None) or 0,
+    }
+    if model_type == "qwen3_moe":
+        dense = sorted(getattr(hf, "mlp_only_layers", None) or [])
+        if getattr(hf, "decoder_sparse_step", 1) != 1 or dense != list(range(len(dense))):
+            raise InvalidProblemError(
+                f"Qwen3-MoE decoder_sparse_step={getattr(hf, 'decoder_sparse_step', 1)} / mlp_only_layers={dense}: "
+                "paraplan models dense layers only as a prefix (first_dense_layers); use decoder_sparse_step 1 "
+                "and mlp_only_layers [0, ..., k-1]"
+            )
+        fields["first_dense_layers"] = len(dense)
+    return fields
+
+
+def _warn_unmodelled(hf: Any, model_type: str) -> None:
+    if getattr(hf, "sliding_window", None) and getattr(hf, "use_sliding_window", True) and model_type != "qwen3":
+        logger.warning("sliding_window=%s is not modelled: attention is costed over the full sequence", hf.sliding_window)
+    if model_type == "gpt_oss":
+        logger.warning("gpt-oss attention sinks and alternating banded attention are not modelled (full attention)")
+    if model_type == "deepseek_v3" and getattr(hf, "num_nextn_predict_layers", 0):
+        logger.warning("DeepSeek-V3's %d multi-token-prediction module(s) are not modelled", hf.num_nextn_predict_layers)
+    if model_type == "llama" and getattr(hf, "attention_bias", False):
+        logger.warning("Llama attention_bias=true: the Q/K/V biases are counted, the output-projection bias is not")

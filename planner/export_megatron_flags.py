@@ -1,0 +1,134 @@
+"""Megatron-LM flags for the parallel dimensions beyond t x p x v and for the model's settings.
+
+Flag names from NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (``--sequence-parallel``,
+``--context-parallel-size``, ``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``,
+``--use-distributed-optimizer``, ``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy``,
+``--rotary-base``, ``--norm-epsilon``, the MoE group ``--num-experts``/``--moe-*`` and the MLA group
+``--multi-latent-attention``/``--q-lora-rank``/``--kv-lora-rank``/``--qk-head-dim``/
+``--qk-pos-emb-head-dim``/``--v-head-dim``). tests/planner/test_export_megatron.py builds
+megatron-core's own config classes from every exported flag set.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from planner.schema import Plan, TransformerConfig
+
+
+class _Export(Protocol):
+    warnings: list[str]
+
+    def add(self, flag: str, value: object = None) -> None: ...
+
+
+def parallel_flags(plan: Plan, export: _Export) -> None:
+    """Sequence, context and expert parallelism, and the data-parallel sharding (ZeRO stage)."""
+    d = plan.degrees
+    if plan.sequence_parallel and d.tensor > 1:
+        export.add("--sequence-parallel")
+    if d.context > 1:
+        export.add("--context-parallel-size", d.context)
+    cfg = plan.transformer
+    if cfg is not None and cfg.num_experts is not None:
+        if d.expert > 1:
+            export.add("--expert-model-parallel-size", d.expert)
+        # The plan has no separate expert-TP degree: the experts are split like the dense layers
+        # (Megatron's default, stated so that a later default change cannot alter the run).
+        export.add("--expert-tensor-parallel-size", d.tensor)
+    if plan.zero_stage >= 1:
+        export.add("--use-distributed-optimizer")
+    if plan.zero_stage == 2:
+        export.warnings.append(
+            "zero_stage=2: Megatron's distributed optimizer shards the optimizer states and reduce-scatters "
+            "gradients, but keeps a full gradient buffer per rank (ZeRO-1 memory for gradients); use "
+            "zero_stage 3 (Megatron FSDP) to shard gradients too")
+    if plan.zero_stage == 3:
+        export.add("--use-megatron-fsdp")
+        export.add("--data-parallel-sharding-strategy", "optim_grads_params")
+
+
+def model_flags(cfg: TransformerConfig, export: _Export) -> None:
+    """The model's shape and settings, nothing the config states left at Megatron's default."""
+    export.add("--num-layers", cfg.num_layers)
+    export.add("--hidden-size", cfg.hidden_size)
+    export.add("--ffn-hidden-size", cfg.ffn_size)
+    export.add("--num-attention-heads", cfg.num_heads)
+    if not cfg.is_mla and cfg.kv_heads != cfg.num_heads:
+        export.add("--group-query-attention")
+        export.add("--num-query-groups", cfg.kv_heads)
+    if cfg.head_dim is not None and not cfg.is_mla:
+        export.add("--kv-channels", cfg.head_dim)
+    export.add("--seq-length", cfg.seq_length)
+    export.add("--max-position-embeddings", cfg.seq_length)
+    export.add("--vocab-size", cfg.vocab_size)
+    if cfg.mlp == "swiglu":
+        export.add("--swiglu")
+    if cfg.norm == "rmsnorm":
+        export.add("--normalization", "RMSNorm")
+    if cfg.norm_eps is not None:
+        export.add("--norm-epsilon", cfg.norm_eps)
+    if cfg.position_embedding == "rope":
+        export.add("--position-embedding-type", "rope")
+        if cfg.rope_theta is not None:
+            export.add("--rotary-base", _number(cfg.rope_theta))
+        _rope_scaling_flags(cfg, export)
+    if not cfg.tied_embeddings:
+        export.add("--untie-embeddings-and-output-weights")
+    if not cfg.bias:
+        export.add("--disable-bias-linear")
+        if cfg.qkv_bias:
+            export.add("--add-qkv-bias")
+    if cfg.qk_norm:
+        export.add("--qk-layernorm")
+    _moe_flags(cfg, export)
+    _mla_flags(cfg, export)
+    if cfg.dtype in ("bf16", "fp16"):
+        export.add(f"--{cfg.dtype}")
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _rope_scaling_flags(cfg: TransformerConfig, export: _Export) -> None:
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if not scaling or cfg.is_mla:  # MLA: Megatron's MLATransformerConfig carries YaRN settings itself
+        return
+    if kind == "llama3":
+        export.add("--use-rope-scaling")
+        export.add("--rope-scaling-factor", _number(float(scaling.get("factor", 8.0))))
+        return
+    export.warnings.append(
+        f"rope_scaling {dict(scaling)} has no Megatron-LM GPT flag; the run uses unscaled RoPE "
+        "(harmless when training at the pre-extension length)")
+
+
+def _moe_flags(cfg: TransformerConfig, export: _Export) -> None:
+    if cfg.num_experts is None:
+        return
+    export.add("--num-experts", cfg.num_experts)
+    export.add("--moe-router-topk", cfg.experts_per_token)
+    width = cfg.moe_ffn_hidden_size or cfg.ffn_size
+    export.add("--moe-ffn-hidden-size", width)
+    if cfg.num_shared_experts:
+        export.add("--moe-shared-expert-intermediate-size", cfg.num_shared_experts * width)
+    if cfg.first_dense_layers:
+        k = cfg.first_dense_layers
+        export.add("--moe-layer-freq", f"([0]*{k}+[1]*{cfg.num_layers - k})")
+    export.add("--moe-token-dispatcher-type", "alltoall")
+    if cfg.capacity_factor is not None:
+        export.add("--moe-expert-capacity-factor", cfg.capacity_factor)
+
+
+def _mla_flags(cfg: TransformerConfig, export: _Export) -> None:
+    if not cfg.is_mla:
+        return
+    export.add("--multi-latent-attention")
+    if cfg.q_lora_rank is not None:
+        export.add("--q-lora-rank", cfg.q_lora_rank)
+    export.add("--kv-lora-rank", cfg.kv_lora_rank)
+    export.add("--qk-head-dim", cfg.qk_nope_head_dim)
+    export.add("--qk-pos-emb-head-dim", cfg.qk_rope_head_dim)
+    export.add("--v-head-dim", cfg.v_head_dim)
