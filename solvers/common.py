@@ -177,6 +177,9 @@ def build_plan(
         num_microbatches=layout.num_microbatches,
         global_batch_size=layout.global_batch_size,
         stages=stages,
+        # The analytic transformer memory model assumes Megatron sequence parallelism whenever t > 1
+        # (cost_models.transformer.decoder_activation_bytes); the plan says so, and the exports emit it.
+        sequence_parallel=problem.transformer is not None and layout.tensor_parallel > 1,
         notes=tuple(notes),
     )
 

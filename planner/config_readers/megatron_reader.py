@@ -120,6 +120,7 @@ def _moe_fields(args: argparse.Namespace) -> dict[str, object]:
         raise InvalidProblemError(
             f"--moe-shared-expert-intermediate-size {shared} is not a multiple of the expert width {width}")
     return {"num_experts": args.num_experts, "experts_per_token": args.moe_router_topk or 2,
-            "moe_ffn_hidden_size": args.moe_ffn_hidden_size, "first_dense_layers": dense,
+            "moe_ffn_hidden_size": None if args.moe_ffn_hidden_size == args.ffn_hidden_size else args.moe_ffn_hidden_size,
+            "first_dense_layers": dense,
             "num_shared_experts": shared // width if width else 0,
             "capacity_factor": args.moe_expert_capacity_factor}

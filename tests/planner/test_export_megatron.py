@@ -1,0 +1,93 @@
+"""Exported Megatron-LM arguments of today's models, validated by megatron-core's own classes
+(see tests/planner/megatron_check.py for exactly what is built and checked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.config_readers.megatron_reader import read_megatron_args
+from planner.export import megatron_args_text, to_megatron_args
+from tests.planner.megatron_check import parse, validate
+from tests.planner.modern_plans import preset_plan
+
+pytest.importorskip("megatron.core")
+
+# (id, plan, world size): every dimension the plans carry.
+CASES = [
+    ("llama2-7b-d8-zero1", lambda: preset_plan("llama2-7b", data=8, zero_stage=1), 8),
+    ("llama3-8b-t2-sp", lambda: preset_plan("llama3-8b", p=2, tensor=2, data=2, zero_stage=1), 8),
+    ("llama3-70b-fsdp", lambda: preset_plan("llama3-70b", tensor=8, data=4, zero_stage=3), 32),
+    ("llama3-405b-p16-uneven-ends", lambda: preset_plan(
+        "llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, data=2, zero_stage=1, m=16), 256),
+    ("llama3-405b-cp", lambda: preset_plan(
+        "llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, context=2, zero_stage=1, m=16), 256),
+    ("llama3-8b-interleaved-p2", lambda: preset_plan("llama3-8b", p=2, v=2, tensor=1, data=4, m=4), 8),
+    ("llama3-8b-layout", lambda: preset_plan("llama3-8b", [5, 9, 9, 9], p=4, data=2), 8),
+    ("llama3-8b-recompute-full", lambda: preset_plan("llama3-8b", p=2, data=4, recompute="full"), 8),
+    ("llama3-8b-recompute-selective", lambda: preset_plan("llama3-8b", p=2, data=4, recompute="selective"), 8),
+    ("mixtral-8x7b-ep8", lambda: preset_plan("mixtral-8x7b", p=4, tensor=2, data=8, expert=8, zero_stage=1), 64),
+    ("qwen3-30b-a3b-ep8-cp2", lambda: preset_plan("qwen3-30b-a3b", data=4, context=2, expert=8, zero_stage=1), 8),
+    ("qwen3-32b-kv-channels", lambda: preset_plan("qwen3-32b", tensor=8, data=1, zero_stage=1), 8),
+    ("deepseek-v3-pp16-ep64", lambda: preset_plan(
+        "deepseek-v3", [3] + [4] * 14 + [2], p=16, data=128, expert=64, zero_stage=1, m=16), 2048),
+    ("gpt-oss-120b-ep8", lambda: preset_plan("gpt-oss-120b", data=8, expert=8, zero_stage=1), 8),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "world"), CASES, ids=[c[0] for c in CASES])
+def test_megatron_core_accepts_the_export(name: str, make, world: int) -> None:
+    plan = make()
+    argv = to_megatron_args(plan)
+    built = validate(argv, world_size=world)
+    d = plan.degrees
+    assert built["data_parallel_size"] == d.data
+    cfg = built["transformer"]
+    assert cfg.tensor_model_parallel_size == d.tensor and cfg.pipeline_model_parallel_size == d.pipeline
+    assert cfg.context_parallel_size == d.context and cfg.expert_model_parallel_size == d.expert
+    assert cfg.sequence_parallel == (d.tensor > 1)
+    assert built["ddp"].use_distributed_optimizer == (plan.zero_stage >= 1)
+    assert built["microbatches"].get() == plan.num_microbatches
+    model = plan.transformer
+    assert cfg.layernorm_epsilon == model.norm_eps
+    if model.num_experts:
+        assert cfg.num_moe_experts == model.num_experts and cfg.moe_router_topk == model.experts_per_token
+    args = parse(argv)
+    assert args["--rotary-base"] == model.rope_theta
+    if built["rope"] is not None:  # Megatron's RotaryEmbedding uses the exported base
+        dim = cfg.kv_channels
+        expected = 1.0 / model.rope_theta ** (2 / dim)
+        assert float(built["rope"].inv_freq[1]) == pytest.approx(expected, rel=1e-5) or args.get("--use-rope-scaling")
+
+
+def test_uneven_ends_reach_megatron_core_as_first_and_last_stage_counts() -> None:
+    plan = preset_plan("llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, data=2, m=16)
+    cfg = validate(to_megatron_args(plan), world_size=256)["transformer"]
+    assert (cfg.num_layers_in_first_pipeline_stage, cfg.num_layers_in_last_pipeline_stage) == (7, 7)
+
+
+def test_megatron_core_rejects_what_megatron_rejects() -> None:
+    """The check can fail: MoE with TP but no sequence parallelism, and an unknown flag."""
+    plan = preset_plan("mixtral-8x7b", p=4, tensor=2, data=8, expert=8, sequence_parallel=False)
+    with pytest.raises(UserWarning, match="sequence parallelism must be used"):
+        validate(to_megatron_args(plan), world_size=64)
+    heads = preset_plan("llama3-8b", tensor=3, data=1)  # 32 heads over 3 ranks
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        validate(to_megatron_args(heads), world_size=3)
+    with pytest.raises(AssertionError, match="not divisible by t x p x c"):
+        validate(to_megatron_args(preset_plan("llama3-8b", p=2, data=2)), world_size=5)
+    with pytest.raises(AssertionError, match="global batch size"):  # megatron-core's microbatch calculator
+        validate(to_megatron_args(preset_plan("llama3-8b", p=2, data=2)), world_size=6)
+    with pytest.raises(AssertionError, match="not a Megatron-LM flag"):
+        validate(["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
+                  "--overlap-p2p-comm"], world_size=2)
+
+
+@pytest.mark.parametrize("name", ["llama3-405b", "mixtral-8x7b", "deepseek-v3", "qwen3-32b", "gpt-oss-20b"])
+def test_megatron_export_reads_back_to_the_same_model(name: str, tmp_path) -> None:
+    plan = preset_plan(name, data=8)
+    path = tmp_path / "args.sh"
+    path.write_text(megatron_args_text(plan))
+    back = read_megatron_args(path, name=name)
+    assert back == plan.transformer.model_copy(update={"rope_scaling": back.rope_scaling})
+    if plan.transformer.rope_scaling and plan.transformer.rope_scaling.get("rope_type") == "llama3":
+        assert back.rope_scaling == {"rope_type": "llama3", "factor": 8.0}
