@@ -250,16 +250,21 @@ def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     return _simulate.resource_timelines(plan)
 
 
-def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
-    """The plan as Megatron-LM arguments or as torch's per-rank action CSV."""
+def export(plan: Plan, fmt: Literal["megatron", "torch-csv", "torchtitan"], *,
+           schedule_csv_path: str = "schedule.csv") -> str:
+    """The plan as Megatron-LM arguments, torchtitan arguments, or torch's per-rank action CSV
+    (``schedule_csv_path``: where torchtitan's arguments say the CSV is, for non-built-in schedules)."""
     # By name: ``planner.export`` is this function in the package namespace, not the module.
     from planner.export import megatron_args_text, to_torch_csv
+    from planner.export_torchtitan import torchtitan_args_text
 
     if fmt == "megatron":
         return megatron_args_text(plan)
     if fmt == "torch-csv":
         return to_torch_csv(plan)
-    raise InvalidProblemError(f"unknown export format {fmt!r}; choose from ['megatron', 'torch-csv']")
+    if fmt == "torchtitan":
+        return torchtitan_args_text(plan, schedule_csv_path=schedule_csv_path)
+    raise InvalidProblemError(f"unknown export format {fmt!r}; choose from ['megatron', 'torch-csv', 'torchtitan']")
 
 
 def model_info(model: ModelSpec, *, global_batch_size: int = 1, seq_length: int | None = None) -> dict[str, Any]:

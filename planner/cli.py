@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="export a plan for a training framework")
     e.add_argument("plan")
-    e.add_argument("--format", required=True, choices=["megatron", "torch-csv"])
+    e.add_argument("--format", required=True, choices=["megatron", "torch-csv", "torchtitan"])
+    e.add_argument("--schedule-csv", default="schedule.csv",
+                   help="torchtitan: path of the schedule CSV its arguments name (write it with --format torch-csv)")
     e.add_argument("-o", "--output")
     e.set_defaults(handler=cmd_export)
 
@@ -176,7 +178,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from planner import api
 
-    text = api.export(api.load_plan(args.plan), args.format)
+    text = api.export(api.load_plan(args.plan), args.format, schedule_csv_path=args.schedule_csv)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)

@@ -1,0 +1,141 @@
+"""Model configs in: Hugging Face config.json (transformers' AutoConfig), torchtitan's model
+registry, Megatron-LM arguments; --seq-length; bad input gets exit 2 naming the field and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cost_models import moe
+from cost_models.models import model_preset
+from planner import api
+from planner.cli import main
+from planner.errors import InvalidProblemError
+from tests.planner.modern_plans import preset_plan
+
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
+
+
+@pytest.fixture(scope="module")
+def hf_reader():
+    pytest.importorskip("transformers")
+    from planner.config_readers import hf_reader
+
+    return hf_reader
+
+
+# bundled config.json -> the preset with the same model (None: no preset; published total instead)
+HF_CASES = [("llama-3-8b", "llama3-8b", None), ("mixtral-8x7b", "mixtral-8x7b", None),
+            ("qwen3-30b-a3b", "qwen3-30b-a3b", None), ("deepseek-v3", "deepseek-v3", None),
+            ("qwen2-7b", None, 7_615_616_512)]
+
+
+@pytest.mark.parametrize(("directory", "preset", "total"), HF_CASES)
+def test_hf_configs_read_into_the_preset_model(hf_reader, directory: str, preset: str | None, total: int | None) -> None:
+    cfg = hf_reader.read_hf_config(HF / directory / "config.json", seq_length=4096)
+    if preset is None:
+        assert moe.num_parameters(cfg) == total  # Qwen2-7B's released checkpoint: 7,615,616,512
+        assert cfg.qkv_bias and not cfg.bias
+        return
+    ref = model_preset(preset)
+    assert moe.num_parameters(cfg) == moe.num_parameters(ref)
+    assert moe.num_active_parameters(cfg) == moe.num_active_parameters(ref)
+    # nothing the file states is lost: RoPE base and norm epsilon travel to the exports
+    raw = json.loads((HF / directory / "config.json").read_text())
+    assert cfg.rope_theta == raw["rope_theta"] and cfg.norm_eps == raw["rms_norm_eps"]
+    assert cfg.seq_length == 4096 and cfg.dtype == "bf16" and not cfg.tied_embeddings
+
+
+def test_hf_sequence_length_defaults(hf_reader) -> None:
+    # DeepSeek-V3 states its pre-training length in rope_scaling; Llama-3 only its maximum
+    assert hf_reader.read_hf_config(HF / "deepseek-v3").seq_length == 4096
+    assert hf_reader.read_hf_config(HF / "llama-3-8b").seq_length == 8192
+    assert api.load_model(f"hf:{HF / 'llama-3-8b'}", seq_length=2048).seq_length == 2048
+
+
+def test_hf_values_reach_the_megatron_export(hf_reader) -> None:
+    from planner.export import to_megatron_args
+
+    cfg = hf_reader.read_hf_config(HF / "deepseek-v3" / "config.json")
+    args = to_megatron_args(preset_plan(cfg.model_copy(update={"name": "x"}), data=8, expert=8))
+    pairs = dict(zip(args, [*args[1:], None]))
+    assert pairs["--rotary-base"] == "10000" and pairs["--norm-epsilon"] == "1e-06"
+    assert pairs["--num-experts"] == "256" and pairs["--moe-layer-freq"] == "([0]*3+[1]*58)"
+    assert pairs["--moe-shared-expert-intermediate-size"] == "2048" and pairs["--kv-lora-rank"] == "512"
+
+
+def test_hf_unsupported_architecture_exits_2(hf_reader, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model-info", f"hf:{HF / 'unsupported-gpt2' / 'config.json'}"]) == 2
+    err = capsys.readouterr().err
+    assert "model_type='gpt2'" in err and "'llama'" in err and "'deepseek_v3'" in err and "Traceback" not in err
+
+
+def test_hf_config_plans_without_edits(hf_reader, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--model", f"hf:{HF / 'llama-3-8b' / 'config.json'}", "--seq-length", "2048",
+                 "--cluster", "h100:1x8", "--solver", "even", "--tensor-parallel", "2", "--pipeline", "2",
+                 "--global-batch", "16", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    plan = api.load_plan(out)
+    assert plan.transformer.rope_theta == 500000.0 and plan.transformer.seq_length == 2048
+    assert plan.sequence_parallel  # t = 2: the memory model assumes sequence parallelism, the plan says so
+    assert "--sequence-parallel" in api.export(plan, "megatron")
+
+
+def test_megatron_reader_errors_name_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "args.txt"
+    path.write_text("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128\n")
+    with pytest.raises(InvalidProblemError, match=r"lack \['--vocab-size'\]"):
+        api.load_model(f"megatron:{path}")
+    path.write_text("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 \\\n"
+                    "  --num-experts 4 --moe-layer-freq '[1,0,1,0]'  # interleaved dense layers\n")
+    with pytest.raises(InvalidProblemError, match="--moe-layer-freq"):
+        api.load_model(f"megatron:{path}")
+
+
+def test_torchtitan_reader_names_flavors() -> None:
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("triton")
+    cfg = api.load_model("torchtitan:llama3:8B", seq_length=8192)
+    assert moe.num_parameters(cfg) == moe.num_parameters(model_preset("llama3-8b"))
+    with pytest.raises(InvalidProblemError, match=r"no flavor '9B'; choose from \['1B', '3B', '405B'"):
+        api.load_model("torchtitan:llama3:9B")
+    with pytest.raises(InvalidProblemError, match="not supported; choose from"):
+        api.load_model("torchtitan:flux:dev")
+
+
+def _write_plan(tmp_path: Path, plan) -> str:
+    data = json.loads(plan.model_dump_json())
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_expert_degree_not_dividing_the_experts_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = json.loads(preset_plan("mixtral-8x7b", data=8, expert=2).model_dump_json())
+    plan["degrees"]["expert"] = 3
+    plan["degrees"]["data"] = 6
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert main(["export", str(path), "--format", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert "transformer.num_experts=8 is not divisible by degrees.expert=3" in err and "e.g. 2" in err
+
+
+def test_context_degree_not_dividing_the_sequence_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = json.loads(preset_plan("llama3-8b", data=8).model_dump_json())
+    plan["degrees"]["context"] = 3
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "transformer.seq_length=8192 is not divisible by 2 x degrees.context = 6" in err
+    assert "Traceback" not in err
+
+
+def test_seq_length_applies_to_presets_not_profiles() -> None:
+    assert api.load_model("llama3-8b", seq_length=131072).seq_length == 131072
+    with pytest.raises(InvalidProblemError, match="--seq-length applies to transformer configs"):
+        api.load_model("pipedream:vgg16", seq_length=128)
