@@ -1,0 +1,108 @@
+"""Hand-checked parallel-dimension formulas (cost_models.parallelism)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models import moe, parallelism as par
+from cost_models.models import model_preset
+from cost_models.transformer import allreduce_time_s
+from planner.errors import InvalidProblemError
+
+GB = 1e9
+
+
+def test_zero_figure_1() -> None:
+    """ZeRO Fig. 1: Psi = 7.5B, N = 64, K = 12: 120, 31.4, 16.6 and 1.9 GB per device."""
+    expected = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.9}
+    for stage, gb in expected.items():
+        got = par.zero_state_bytes_per_rank(7.5e9, data_parallel=64, zero_stage=stage) / GB
+        assert got == pytest.approx(gb, abs=0.05), stage
+
+
+def test_zero_llama2_7b_on_8_gpus() -> None:
+    """The issue's case: 6.74B parameters, d = 8. DDP needs 107.8 GB of states (more than an 80 GB H100);
+    ZeRO-1 needs 2 x 2 x 6.74 + 12 x 6.74 / 8 = 37.1 GB."""
+    psi = moe.num_parameters(model_preset("llama2-7b"))
+    assert par.zero_state_bytes_per_rank(psi, data_parallel=8, zero_stage=0) == 16 * psi
+    assert par.zero_state_bytes_per_rank(psi, data_parallel=8, zero_stage=1) == pytest.approx(4 * psi + 1.5 * psi)
+    assert par.zero_state_bytes_per_rank(psi, data_parallel=8, zero_stage=3) == pytest.approx(2 * psi)
+
+
+def test_zero_communication_volumes() -> None:
+    """ZeRO Sec. 7.2: stages 0-2 move 2 Psi, stage 3 moves 3 Psi (1.5x), times (N-1)/N per rank."""
+    psi = 1e9
+    for stage in (0, 1, 2):
+        assert par.zero_comm_bytes_per_rank(psi, data_parallel=4, zero_stage=stage) == 2 * 2 * psi * 3 / 4
+    assert par.zero_comm_bytes_per_rank(psi, data_parallel=4, zero_stage=3) == 3 * 2 * psi * 3 / 4
+    # the DDP volume is exactly the ring all-reduce's bytes: time at 1 B/s equals the volume
+    assert allreduce_time_s(2 * psi, 4, 1.0) == par.zero_comm_bytes_per_rank(psi, data_parallel=4, zero_stage=0)
+    assert par.zero_comm_bytes_per_rank(psi, data_parallel=1, zero_stage=3) == 0
+    with pytest.raises(InvalidProblemError, match="zero_stage=4"):
+        par.zero_state_bytes_per_rank(psi, data_parallel=2, zero_stage=4)
+
+
+def test_fsdp_prefetch_overlap() -> None:
+    # first all-gather exposed (2); then 3 vs compute 5 -> 0; 6 vs compute 1 -> 5; 1 vs 4 -> 0
+    assert par.fsdp_exposed_comm_s([2, 3, 6, 1], [5, 1, 4, 9]) == 2 + 0 + 5 + 0
+    assert par.fsdp_exposed_comm_s([], []) == 0
+    with pytest.raises(InvalidProblemError):
+        par.fsdp_exposed_comm_s([1.0], [])
+
+
+def test_ring_attention_volumes_llama3_8b() -> None:
+    """Llama 3 8B at 128K tokens on c = 8: K/V width 8 x 128 = 1024, blocks of 16384 tokens, bf16:
+    7 steps x 2 (K, V) x 16384 x 1024 x 2 bytes = 469.8 MB forward, twice that backward."""
+    cfg = model_preset("llama3-8b")
+    kv_width = cfg.kv_heads * cfg.head_size
+    fwd, bwd = par.ring_attention_kv_bytes_per_rank(microbatch_size=1, seq_length=131072, kv_width=kv_width,
+                                                    context_parallel=8)
+    assert fwd == 7 * 2 * 16384 * 1024 * 2 == 469_762_048
+    assert bwd == 2 * fwd
+    assert par.ring_attention_kv_bytes_per_rank(microbatch_size=1, seq_length=8, kv_width=4, context_parallel=1) == (0, 0)
+    assert par.ring_attention_exposed_s(block_compute_s=1.0, block_transfer_s=1.5, context_parallel=8) == 3.5
+    assert par.ring_attention_exposed_s(block_compute_s=2.0, block_transfer_s=1.5, context_parallel=8) == 0
+    assert par.context_parallel_activation_bytes(8e9, context_parallel=8) == 1e9
+    with pytest.raises(InvalidProblemError, match=r"seq_length=100 is not divisible by 2 x context_parallel = 16"):
+        par.check_context_split(100, 8)
+
+
+def test_expert_parallel_volumes_and_weights() -> None:
+    """Mixtral 8x7B, e = 8: 4096 tokens per rank x top-2 x h 4096 x 2 bytes x 7/8 = 58.7 MB per dispatch."""
+    cfg = model_preset("mixtral-8x7b")
+    sent = par.expert_alltoall_bytes_per_rank(tokens_per_rank=4096, hidden_size=cfg.hidden_size,
+                                              experts_per_token=2, expert_parallel=8)
+    assert sent == 4096 * 2 * 4096 * 2 * 7 / 8 == 58_720_256
+    assert par.expert_alltoall_bytes_per_rank(tokens_per_rank=10, hidden_size=4, experts_per_token=2,
+                                              expert_parallel=1) == 0
+    # DeepSeek-V3 on EP64: 4 experts per rank, 3 x 7168 x 2048 weights each
+    ds = model_preset("deepseek-v3")
+    per_expert = moe.expert_params(ds)
+    assert per_expert == 3 * 7168 * 2048
+    assert par.expert_params_per_rank(num_experts=256, params_per_expert=per_expert, expert_parallel=64) == 4 * per_expert
+    assert par.expert_params_per_rank(num_experts=8, params_per_expert=10.0, expert_parallel=4,
+                                      expert_tensor_parallel=2) == 10.0
+    with pytest.raises(InvalidProblemError, match="num_experts=8 is not divisible by expert_parallel=3"):
+        par.expert_params_per_rank(num_experts=8, params_per_expert=1.0, expert_parallel=3)
+    assert par.expert_tensor_parallel_bytes_per_rank(routed_tokens_per_rank=100, hidden_size=8,
+                                                     expert_tensor_parallel=4) == 2 * 100 * 8 * 2 * 3 / 4
+
+
+def test_expert_load_factor() -> None:
+    assert par.expert_load_time_factor(load_balance_factor=1.3) == 1.3
+    assert par.expert_load_time_factor(load_balance_factor=1.3, capacity_factor=1.25) == 1.25
+    assert par.expert_load_time_factor(load_balance_factor=1.0, capacity_factor=1.25) == 1.25
+    with pytest.raises(InvalidProblemError, match="at least 1"):
+        par.expert_load_time_factor(load_balance_factor=0.9)
+
+
+def test_llama3_405b_uneven_ends() -> None:
+    """Llama 3 Sec. 3.3.2: 126 layers on 16 stages, one layer fewer on the first and the last."""
+    assert par.end_stage_layers(126, 16, first=7, last=7) == [7] + [8] * 14 + [7]
+    assert par.balanced_end_stage_layers(126, 16, embedding_layers=1.0, head_layers=1.0) == [7] + [8] * 14 + [7]
+    # a head worth 2 layers: loads [7, 9, 9, 7 + 2] peak at 9, the least possible ([8, 8, 8, 8] peaks at
+    # 10); [9, 8, 8, 7] also peaks at 9 with the same spread, and the smaller first stage is kept
+    assert par.balanced_end_stage_layers(32, 4, embedding_layers=0.0, head_layers=2.0) == [7, 9, 9, 7]
+    with pytest.raises(InvalidProblemError, match="divisible by num_stages - 2"):
+        par.end_stage_layers(126, 16, first=6, last=7)
+    assert par.layers_equivalent(3.0, 1.5) == 2.0
