@@ -29,15 +29,15 @@ def hf_reader():
 # bundled config.json -> the preset with the same model (None: no preset; published total instead)
 HF_CASES = [("llama-3-8b", "llama3-8b", None), ("mixtral-8x7b", "mixtral-8x7b", None),
             ("qwen3-30b-a3b", "qwen3-30b-a3b", None), ("deepseek-v3", "deepseek-v3", None),
-            ("qwen2-7b", None, 7_615_616_512)]
+            ("gpt-oss-20b", "gpt-oss-20b", None), ("qwen2-7b", None, 7_615_616_512), ("mistral-7b", None, 7_241_732_096)]
 
 
 @pytest.mark.parametrize(("directory", "preset", "total"), HF_CASES)
 def test_hf_configs_read_into_the_preset_model(hf_reader, directory: str, preset: str | None, total: int | None) -> None:
     cfg = hf_reader.read_hf_config(HF / directory / "config.json", seq_length=4096)
-    if preset is None:
-        assert moe.num_parameters(cfg) == total  # Qwen2-7B's released checkpoint: 7,615,616,512
-        assert cfg.qkv_bias and not cfg.bias
+    if preset is None:  # the released checkpoints' exact parameter counts
+        assert moe.num_parameters(cfg) == total
+        assert cfg.qkv_bias == (directory == "qwen2-7b") and not cfg.bias
         return
     ref = model_preset(preset)
     assert moe.num_parameters(cfg) == moe.num_parameters(ref)
@@ -139,3 +139,16 @@ def test_seq_length_applies_to_presets_not_profiles() -> None:
     assert api.load_model("llama3-8b", seq_length=131072).seq_length == 131072
     with pytest.raises(InvalidProblemError, match="--seq-length applies to transformer configs"):
         api.load_model("pipedream:vgg16", seq_length=128)
+
+
+def test_readers_and_exports_load_no_tool_until_used() -> None:
+    """The readers import transformers/torchtitan only when called; the modules themselves stay light."""
+    import subprocess
+    import sys
+
+    code = ("import sys, planner.config_readers, planner.export_torchtitan, planner.export_megatron_flags, "
+            "cost_models.moe, cost_models.parallelism, planner.api\n"
+            "heavy = [m for m in ('torch', 'transformers', 'torchtitan', 'megatron') if m in sys.modules]\n"
+            "assert not heavy, heavy\nprint('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
