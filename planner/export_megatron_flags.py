@@ -94,9 +94,16 @@ def _number(value: float) -> int | float:
 def _rope_scaling_flags(cfg: TransformerConfig, export: _Export) -> None:
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type"))
-    if not scaling or cfg.is_mla:  # MLA: Megatron's MLATransformerConfig carries YaRN settings itself
+    if not scaling:
         return
-    if kind == "llama3":
+    if cfg.is_mla and kind == "yarn":  # Megatron's MLA group: YaRN factor and attention scales
+        export.add("--rope-type", "yarn")
+        export.add("--rotary-scaling-factor", _number(float(scaling.get("factor", 1.0))))
+        for key in ("mscale", "mscale_all_dim"):
+            if key in scaling:
+                export.add("--" + key.replace("_", "-"), _number(float(scaling[key])))
+        return
+    if kind == "llama3" and not cfg.is_mla:
         export.add("--use-rope-scaling")
         export.add("--rope-scaling-factor", _number(float(scaling.get("factor", 8.0))))
         return

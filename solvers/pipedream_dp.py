@@ -307,6 +307,7 @@ def build_plan(
             for x, (first, last, workers) in enumerate(stages)
         ),
         notes=_notes(problem, replicas, noam, m, bottleneck_s, options),
+        sequence_parallel=problem.transformer is not None and t > 1,  # the analytic memory model assumes it
     )
     plan, _ = with_prediction(plan)
     assert plan.predicted is not None

@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                  "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
                  "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"):
         p.add_argument(flag, type=int)
-    for flag in ("--rotary-base", "--norm-epsilon", "--moe-expert-capacity-factor", "--rope-scaling-factor"):
+    for flag in ("--rotary-base", "--norm-epsilon", "--moe-expert-capacity-factor", "--rope-scaling-factor",
+                 "--rotary-scaling-factor", "--mscale", "--mscale-all-dim"):
         p.add_argument(flag, type=float)
     for flag in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
                  "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention",
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--normalization", default="LayerNorm")
     p.add_argument("--position-embedding-type", default="learned_absolute")
     p.add_argument("--moe-layer-freq", default="1")
+    p.add_argument("--rope-type")
     return p
 
 
@@ -82,7 +84,7 @@ def read_megatron_args(path: str | Path, *, seq_length: int | None = None, name:
         "tied_embeddings": not args.untie_embeddings_and_output_weights,
         "dtype": "bf16" if args.bf16 else ("fp16" if args.fp16 else "fp32"),
         "rope_theta": args.rotary_base, "norm_eps": args.norm_epsilon,
-        "rope_scaling": {"rope_type": "llama3", "factor": args.rope_scaling_factor or 8.0} if args.use_rope_scaling else None,
+        "rope_scaling": _rope_scaling(args),
     }
     fields.update(_moe_fields(args))
     if args.multi_latent_attention:
@@ -93,6 +95,16 @@ def read_megatron_args(path: str | Path, *, seq_length: int | None = None, name:
         asked=seq_length, stated=args.seq_length, maximum=args.max_position_embeddings,
         source=f"Megatron-LM arguments {str(file)!r}", stated_what="its --seq-length")
     return build_config(fields)
+
+
+def _rope_scaling(args: argparse.Namespace) -> dict[str, float | str] | None:
+    if args.use_rope_scaling:
+        return {"rope_type": "llama3", "factor": args.rope_scaling_factor or 8.0}
+    if args.multi_latent_attention and args.rope_type == "yarn":
+        out: dict[str, float | str] = {"rope_type": "yarn", "factor": args.rotary_scaling_factor or 1.0}
+        out.update({k: v for k, v in (("mscale", args.mscale), ("mscale_all_dim", args.mscale_all_dim)) if v is not None})
+        return out
+    return None
 
 
 def _head_dim(args: argparse.Namespace) -> int | None:

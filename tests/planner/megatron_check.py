@@ -33,12 +33,13 @@ _OTHER_INT = {"--seq-length", "--max-position-embeddings", "--vocab-size", "--mi
               "--global-batch-size", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"}
 _FLOAT = {"--norm-epsilon": "layernorm_epsilon", "--rotary-base": None, "--rope-scaling-factor": None,
-          "--moe-expert-capacity-factor": "moe_expert_capacity_factor"}
+          "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
+          "--rotary-scaling-factor": "rotary_scaling_factor", "--mscale": "mscale", "--mscale-all-dim": "mscale_all_dim"}
 _STR = {"--normalization": "normalization", "--position-embedding-type": None,
         "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
         "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout", "--moe-layer-freq": "moe_layer_freq",
         "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
-        "--data-parallel-sharding-strategy": None}
+        "--data-parallel-sharding-strategy": None, "--rope-type": "rope_type"}
 _BOOL = {"--sequence-parallel", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
          "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--use-rope-scaling",
          "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16"}

@@ -59,6 +59,15 @@ def test_megatron_core_accepts_the_export(name: str, make, world: int) -> None:
         assert float(built["rope"].inv_freq[1]) == pytest.approx(expected, rel=1e-5) or args.get("--use-rope-scaling")
 
 
+def test_deepseek_v3_yarn_reaches_the_mla_config() -> None:
+    """The released config's YaRN scaling (factor 40, mscale 1, mscale_all_dim 1) is not left at
+    Megatron-LM's argument defaults (--rotary-scaling-factor 1.0, --mscale-all-dim 0.0)."""
+    cfg = validate(to_megatron_args(preset_plan("deepseek-v3", data=8, expert=8)), world_size=8)["transformer"]
+    assert (cfg.rope_type, cfg.rotary_scaling_factor, cfg.mscale, cfg.mscale_all_dim) == ("yarn", 40, 1.0, 1.0)
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim) == (
+        1536, 512, 128, 64, 128)
+
+
 def test_uneven_ends_reach_megatron_core_as_first_and_last_stage_counts() -> None:
     plan = preset_plan("llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, data=2, m=16)
     cfg = validate(to_megatron_args(plan), world_size=256)["transformer"]

@@ -172,7 +172,8 @@ def test_chosen_plan_fits_memory_in_simulation_and_exports_to_megatron() -> None
     d = plan.degrees
     assert d.tensor * d.pipeline * d.data == 96
     args = to_megatron_args(plan)
-    flags = dict(zip(args[::2], args[1::2]))
+    # value flags only (boolean flags such as --sequence-parallel take no value)
+    flags = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
     assert flags["--tensor-model-parallel-size"] == str(d.tensor)
     assert flags["--pipeline-model-parallel-size"] == str(d.pipeline)
     assert flags["--micro-batch-size"] == str(plan.microbatch_size)
