@@ -32,6 +32,8 @@ TORCHTITAN_CONFIGS = {
     "qwen3-32b": ("qwen3", "qwen3_32b", "32B"),
     "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", "30B-A3B"),
     "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B"),
+    "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", "20b"),
+    "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b"),
 }
 _BUILTIN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"}
 _SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "kv_heads", "ffn_size", "vocab_size", "num_experts",

@@ -17,7 +17,7 @@ from planner.config_readers.common import build_config, training_seq_length
 from planner.errors import InvalidProblemError
 from planner.schema import TransformerConfig
 
-SUPPORTED_MODULES = ("deepseek_v3", "llama3", "qwen3")
+SUPPORTED_MODULES = ("deepseek_v3", "gpt_oss", "llama3", "qwen3")
 TORCHTITAN_DEFAULT_SEQ_LEN = 2048
 """torchtitan's ``training.seq_len`` default (torchtitan/config/configs.py TrainingConfig)."""
 
@@ -26,7 +26,7 @@ def read_torchtitan_model(spec: str, *, seq_length: int | None = None) -> Transf
     """A torchtitan model flavor as a TransformerConfig.
 
     Args:
-        spec: ``<module>:<flavor>``, e.g. ``llama3:8B``, ``qwen3:30B-A3B``, ``deepseek_v3:671B``
+        spec: ``<module>:<flavor>``, e.g. ``llama3:8B``, ``qwen3:30B-A3B``, ``deepseek_v3:671B``, ``gpt_oss:20b``
             (the names of ``torchtitan.models.<module>.<module>_configs``).
         seq_length: the training sequence length (default: torchtitan's ``training.seq_len`` 2048).
 
@@ -69,7 +69,7 @@ def _model_fields(model: Any) -> dict[str, Any]:
     last = layers[-1]
     fields: dict[str, Any] = {
         "hidden_size": model.dim, "num_layers": len(layers), "vocab_size": model.vocab_size,
-        "mlp": "swiglu", "norm": "rmsnorm", "bias": bool(model.lm_head.bias), "position_embedding": "rope",
+        "mlp": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
         "tied_embeddings": bool(getattr(model, "enable_weight_tying", False)), "norm_eps": model.norm.eps,
     }
     fields.update(_attention_fields(last.attention, model.dim))
@@ -119,6 +119,9 @@ def _attention_fields(att: Any, dim: int) -> dict[str, Any]:
         })
         return fields
     qkv = att.qkv_linear
+    qkv_bias, out_bias = bool(getattr(qkv.wqkv, "bias", False)), bool(att.wo.bias)
+    fields["bias"] = qkv_bias and out_bias  # gpt-oss: every projection, router and expert has biases
+    fields["qkv_bias"] = qkv_bias and not out_bias
     head_dim = att.head_dim or qkv.head_dim
     fields["num_kv_heads"] = att.n_kv_heads or att.n_heads
     if head_dim * att.n_heads != dim:

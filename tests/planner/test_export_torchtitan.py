@@ -54,6 +54,7 @@ CASES = [
                                             zero_stage=1, m=16, recompute="full"), 256),
     ("llama3-70b-interleaved", lambda: preset_plan("llama3-70b", p=4, v=2, tensor=8, data=2, zero_stage=3, m=8), 64),
     ("qwen3-30b-a3b-ep8-cp2", lambda: preset_plan("qwen3-30b-a3b", data=4, context=2, expert=8, zero_stage=3), 8),
+    ("gpt-oss-20b-p2-ep8", lambda: preset_plan("gpt-oss-20b", p=2, data=4, expert=4, zero_stage=3, m=4), 8),
     ("deepseek-v3-pp16-ep64", lambda: preset_plan("deepseek-v3", [3] + [4] * 14 + [2], p=16, data=128, expert=64,
                                                   zero_stage=1, m=16), 2048),
 ]
