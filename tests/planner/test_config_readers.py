@@ -82,6 +82,9 @@ def test_hf_config_plans_without_edits(hf_reader, tmp_path: Path, capsys: pytest
     assert plan.transformer.rope_theta == 500000.0 and plan.transformer.seq_length == 2048
     assert plan.sequence_parallel  # t = 2: the memory model assumes sequence parallelism, the plan says so
     assert "--sequence-parallel" in api.export(plan, "megatron")
+    assert main(["export", str(out), "--format", "torchtitan", "--schedule-csv", "s.csv"]) == 0
+    text = capsys.readouterr().out
+    assert "--module llama3 \\\n--config llama3_8b \\" in text and "--parallelism.enable-sequence-parallel" in text
 
 
 def test_megatron_reader_errors_name_the_flag(tmp_path: Path) -> None:
