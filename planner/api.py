@@ -78,6 +78,9 @@ def _load_model(spec: ModelSpec, *, seq_length: int | None) -> ModelProfile | Tr
             return profiles.load_pipedream_graph(path)
         data = _read_json(path, what="model")
         kind = data.get("format") if isinstance(data, dict) else None
+        if kind is None and isinstance(data, dict) and ("model_type" in data or "architectures" in data):
+            # a Hugging Face config.json given without the hf: prefix
+            return config_readers.read_model_config(f"hf:{path}", seq_length=seq_length)
         if kind == "paraplan.transformer/v1" or (kind is None and isinstance(data, dict) and "hidden_size" in data):
             return TransformerConfig.from_dict(data)
         return ModelProfile.from_dict(data)

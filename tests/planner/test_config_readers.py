@@ -66,6 +66,12 @@ def test_hf_values_reach_the_megatron_export(hf_reader) -> None:
     assert pairs["--moe-shared-expert-intermediate-size"] == "2048" and pairs["--kv-lora-rank"] == "512"
 
 
+def test_hf_config_json_without_prefix_is_recognised(hf_reader) -> None:
+    """The issue's first-hour failure: a plain config.json path used to fail with 15 'unknown key' lines."""
+    cfg = api.load_model(HF / "llama-3-8b" / "config.json", seq_length=4096)
+    assert cfg.rope_theta == 500000.0 and moe.num_parameters(cfg) == 8_030_261_248
+
+
 def test_hf_unsupported_architecture_exits_2(hf_reader, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model-info", f"hf:{HF / 'unsupported-gpt2' / 'config.json'}"]) == 2
     err = capsys.readouterr().err
