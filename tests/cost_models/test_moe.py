@@ -128,3 +128,11 @@ def test_every_preset_has_a_source() -> None:
     for name, text in list_model_presets().items():
         assert "[" in text and text.rstrip().endswith("]"), name
         assert model_preset(name).name == name
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-v3", "qwen3-32b"])
+def test_iteration_flops_agree_with_per_token_flops(name: str) -> None:
+    """transformer.flops_per_iteration (through the hooks) = 3 (F + B + W) x s x moe.forward_flops_per_token."""
+    cfg = model_preset(name)
+    per_sample = transformer.flops_per_iteration(cfg, global_batch_size=1, recompute=False)
+    assert per_sample == pytest.approx(3 * cfg.seq_length * moe.forward_flops_per_token(cfg), rel=1e-12)
