@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import math
 
+from cost_models import moe
 from planner.errors import InvalidProblemError
+from planner.schema import TransformerConfig
 
 ADAM_OPTIMIZER_BYTES_PER_PARAM = 12
 """ZeRO Sec. 3.1, K = 12: fp32 master weights, Adam momentum and variance."""
@@ -89,6 +91,43 @@ def _check_stage(zero_stage: int, data_parallel: int) -> None:
         raise InvalidProblemError(f"zero_stage={zero_stage} must be 0, 1, 2 or 3")
     if data_parallel < 1:
         raise InvalidProblemError(f"data_parallel={data_parallel} must be at least 1")
+
+
+def model_state_bytes_per_rank(
+    cfg: TransformerConfig, *, tensor: int = 1, pipeline: int = 1, data: int = 1, context: int = 1, expert: int = 1,
+    expert_tensor: int | None = None, zero_stage: int = 0,
+) -> dict[str, float]:
+    """Weights, gradients and Adam states on one rank, dense and expert parts apart (Megatron-Core's
+    layout): dense parameters split over t x p and sharded (ZeRO) over the d x c data-parallel ranks;
+    expert parameters split over p x e x expert-TP and sharded over the expert data-parallel ranks,
+    world / (expert-TP x e x p). Layers are taken as spread evenly over the p stages.
+
+    Raises:
+        InvalidProblemError: degrees the model or the world cannot take.
+    """
+    etp = tensor if expert_tensor is None else expert_tensor
+    world = tensor * pipeline * data * context
+    experts = _expert_params_total(cfg)
+    if experts and (cfg.num_experts or 0) % expert:
+        raise InvalidProblemError(f"num_experts={cfg.num_experts} is not divisible by expert={expert}; use a divisor")
+    if world % (etp * expert * pipeline):
+        raise InvalidProblemError(
+            f"world size t x p x d x c = {world} is not divisible by expert_tensor x expert x pipeline = "
+            f"{etp * expert * pipeline}; expert-parallel groups are carved out of the data-parallel ranks")
+    dense = moe.num_parameters(cfg) - experts
+    dense_bytes = zero_state_bytes_per_rank(dense / (tensor * pipeline), data_parallel=data * context,
+                                            zero_stage=zero_stage)
+    expert_bytes = zero_state_bytes_per_rank(experts / (pipeline * expert * etp),
+                                             data_parallel=world // (etp * expert * pipeline), zero_stage=zero_stage)
+    return {"dense_bytes": dense_bytes, "expert_bytes": expert_bytes, "total_bytes": dense_bytes + expert_bytes}
+
+
+def _expert_params_total(cfg: TransformerConfig) -> int:
+    """Routed-expert weights of the whole model (router and shared experts count as dense)."""
+    if not cfg.is_moe:
+        return 0
+    num_moe_layers = sum(1 for i in range(cfg.num_layers) if moe.is_moe_layer(cfg, i))
+    return num_moe_layers * int(cfg.num_experts or 0) * moe.expert_params(cfg)
 
 
 # ------------------------------------------------------------------------------------------

@@ -106,3 +106,23 @@ def test_llama3_405b_uneven_ends() -> None:
     with pytest.raises(InvalidProblemError, match="divisible by num_stages - 2"):
         par.end_stage_layers(126, 16, first=6, last=7)
     assert par.layers_equivalent(3.0, 1.5) == 2.0
+
+
+def test_deepseek_v3_states_on_its_published_layout() -> None:
+    """DeepSeek-V3's PP16 x EP64 x ZeRO-1 on 2048 GPUs (V3 report Sec. 3.2): 58 MoE layers x 256 experts
+    x 3 x 7168 x 2048 = 653.9B expert weights over p e = 1024 ranks, sharded over 2 expert-DP ranks;
+    17.1B dense weights over 16 stages, sharded over d = 128: 4.37 + 6.39 = 10.8 GB per GPU."""
+    cfg = model_preset("deepseek-v3")
+    experts = 58 * 256 * 3 * 7168 * 2048
+    dense = moe.num_parameters(cfg) - experts
+    got = par.model_state_bytes_per_rank(cfg, pipeline=16, data=128, expert=64, zero_stage=1)
+    assert got["expert_bytes"] == pytest.approx((4 + 12 / 2) * experts / 1024)
+    assert got["dense_bytes"] == pytest.approx((4 + 12 / 128) * dense / 16)
+    assert got["total_bytes"] / GB == pytest.approx(10.76, abs=0.01)
+    # without expert parallelism and ZeRO, a stage's states alone need 16 x 671B / 16 = 671 GB
+    assert par.model_state_bytes_per_rank(cfg, pipeline=16, data=128)["total_bytes"] == pytest.approx(
+        16 * moe.num_parameters(cfg) / 16)
+    with pytest.raises(InvalidProblemError, match="num_experts=256 is not divisible by expert=3"):
+        par.model_state_bytes_per_rank(cfg, pipeline=16, data=3, expert=3)
+    with pytest.raises(InvalidProblemError, match="carved out of the data-parallel ranks"):
+        par.model_state_bytes_per_rank(cfg, pipeline=16, data=2, expert=8)
