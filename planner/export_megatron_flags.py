@@ -124,6 +124,15 @@ def _moe_flags(cfg: TransformerConfig, export: _Export) -> None:
     if cfg.first_dense_layers:
         k = cfg.first_dense_layers
         export.add("--moe-layer-freq", f"([0]*{k}+[1]*{cfg.num_layers - k})")
+    if cfg.router_score_function != "softmax":
+        export.add("--moe-router-score-function", cfg.router_score_function)
+    if cfg.router_expert_bias:
+        export.add("--moe-router-enable-expert-bias")
+    if cfg.router_topk_scaling_factor is not None:
+        export.add("--moe-router-topk-scaling-factor", _number(cfg.router_topk_scaling_factor))
+    if cfg.router_num_groups is not None:
+        export.add("--moe-router-num-groups", cfg.router_num_groups)
+        export.add("--moe-router-group-topk", cfg.router_group_topk)
     export.add("--moe-token-dispatcher-type", "alltoall")
     if cfg.capacity_factor is not None:
         export.add("--moe-expert-capacity-factor", cfg.capacity_factor)

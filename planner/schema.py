@@ -213,6 +213,17 @@ class TransformerConfig(_Frozen):
     """The first k decoder layers use a dense FFN instead of MoE (DeepSeek-V3: 3)."""
     capacity_factor: PositiveFloat | None = None
     """Expert capacity factor (None = dropless)."""
+    # Router numerics: no parameter or FLOP cost of note, but part of the model the exports carry.
+    router_score_function: Literal["softmax", "sigmoid"] = "softmax"
+    """Expert scores (DeepSeek-V3: sigmoid; Megatron --moe-router-score-function)."""
+    router_expert_bias: bool = False
+    """Auxiliary-loss-free balancing with a per-expert bias (DeepSeek-V3; --moe-router-enable-expert-bias)."""
+    router_topk_scaling_factor: PositiveFloat | None = None
+    """Scale of the routed experts' weights (DeepSeek-V3: 2.5; --moe-router-topk-scaling-factor)."""
+    router_num_groups: PositiveInt | None = None
+    """Group-limited routing: expert groups (DeepSeek-V3: 8; --moe-router-num-groups)."""
+    router_group_topk: PositiveInt | None = None
+    """Groups each token may use (DeepSeek-V3: 4; --moe-router-group-topk)."""
     # Attention variants (costs: cost_models.architecture; docs/models-and-configs.md).
     head_dim: PositiveInt | None = None
     """Per-head width when it is not hidden_size / num_heads (Qwen3: 128; Megatron --kv-channels)."""

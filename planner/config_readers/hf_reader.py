@@ -135,6 +135,13 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
         "num_shared_experts": getattr(hf, "n_shared_experts", None) or 0,
         "first_dense_layers": getattr(hf, "first_k_dense_replace", None) or 0,
     }
+    if model_type == "deepseek_v3":
+        fields.update({
+            "router_score_function": "sigmoid" if getattr(hf, "scoring_func", "softmax") == "sigmoid" else "softmax",
+            "router_expert_bias": getattr(hf, "topk_method", None) == "noaux_tc",
+            "router_topk_scaling_factor": getattr(hf, "routed_scaling_factor", None),
+            "router_num_groups": getattr(hf, "n_group", None), "router_group_topk": getattr(hf, "topk_group", None),
+        })
     if model_type == "qwen3_moe":
         dense = sorted(getattr(hf, "mlp_only_layers", None) or [])
         if getattr(hf, "decoder_sparse_step", 1) != 1 or dense != list(range(len(dense))):

@@ -32,19 +32,21 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
                  "--kv-channels", "--seq-length", "--max-position-embeddings", "--vocab-size", "--num-experts",
                  "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-                 "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"):
+                 "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+                 "--moe-router-num-groups", "--moe-router-group-topk"):
         p.add_argument(flag, type=int)
     for flag in ("--rotary-base", "--norm-epsilon", "--moe-expert-capacity-factor", "--rope-scaling-factor",
-                 "--rotary-scaling-factor", "--mscale", "--mscale-all-dim"):
+                 "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-router-topk-scaling-factor"):
         p.add_argument(flag, type=float)
     for flag in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
                  "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention",
-                 "--use-rope-scaling", "--bf16", "--fp16"):
+                 "--use-rope-scaling", "--bf16", "--fp16", "--moe-router-enable-expert-bias"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--normalization", default="LayerNorm")
     p.add_argument("--position-embedding-type", default="learned_absolute")
     p.add_argument("--moe-layer-freq", default="1")
     p.add_argument("--rope-type")
+    p.add_argument("--moe-router-score-function", default="softmax")
     return p
 
 
@@ -135,4 +137,8 @@ def _moe_fields(args: argparse.Namespace) -> dict[str, object]:
             "moe_ffn_hidden_size": None if args.moe_ffn_hidden_size == args.ffn_hidden_size else args.moe_ffn_hidden_size,
             "first_dense_layers": dense,
             "num_shared_experts": shared // width if width else 0,
-            "capacity_factor": args.moe_expert_capacity_factor}
+            "capacity_factor": args.moe_expert_capacity_factor,
+            "router_score_function": args.moe_router_score_function,
+            "router_expert_bias": args.moe_router_enable_expert_bias,
+            "router_topk_scaling_factor": args.moe_router_topk_scaling_factor,
+            "router_num_groups": args.moe_router_num_groups, "router_group_topk": args.moe_router_group_topk}

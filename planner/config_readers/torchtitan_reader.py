@@ -85,6 +85,11 @@ def _model_fields(model: Any) -> dict[str, Any]:
             "num_experts": moe.num_experts, "experts_per_token": moe.router.top_k,
             "moe_ffn_hidden_size": experts.hidden_dim, "first_dense_layers": len(dense),
             "num_shared_experts": _shared_experts(moe, experts.hidden_dim),
+            "router_score_function": "sigmoid" if moe.router.score_func == "sigmoid" else "softmax",
+            "router_topk_scaling_factor": moe.router.route_scale if moe.router.route_scale != 1.0 else None,
+            "router_num_groups": moe.router.num_expert_groups, "router_group_topk": moe.router.num_limited_groups,
+            # torchtitan balances with a per-expert bias when load_balance_coeff is set (aux-loss-free)
+            "router_expert_bias": moe.router.score_func == "sigmoid" and moe.load_balance_coeff is not None,
         })
         fields.setdefault("ffn_hidden_size", experts.hidden_dim)
     return fields

@@ -27,22 +27,25 @@ _INT = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-h
         "--kv-channels", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
         "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--num-experts", "--moe-router-topk",
         "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--recompute-num-layers",
-        "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"}
+        "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+        "--moe-router-num-groups", "--moe-router-group-topk"}
 # Flags that are GPT-model or training arguments, not core-config fields: checked by type here.
 _OTHER_INT = {"--seq-length", "--max-position-embeddings", "--vocab-size", "--micro-batch-size",
               "--global-batch-size", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"}
 _FLOAT = {"--norm-epsilon": "layernorm_epsilon", "--rotary-base": None, "--rope-scaling-factor": None,
           "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
-          "--rotary-scaling-factor": "rotary_scaling_factor", "--mscale": "mscale", "--mscale-all-dim": "mscale_all_dim"}
+          "--rotary-scaling-factor": "rotary_scaling_factor", "--mscale": "mscale", "--mscale-all-dim": "mscale_all_dim",
+          "--moe-router-topk-scaling-factor": "moe_router_topk_scaling_factor"}
 _STR = {"--normalization": "normalization", "--position-embedding-type": None,
         "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
         "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout", "--moe-layer-freq": "moe_layer_freq",
         "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
-        "--data-parallel-sharding-strategy": None, "--rope-type": "rope_type"}
+        "--data-parallel-sharding-strategy": None, "--rope-type": "rope_type",
+        "--moe-router-score-function": "moe_router_score_function"}
 _BOOL = {"--sequence-parallel", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
          "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--use-rope-scaling",
-         "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16"}
+         "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16", "--moe-router-enable-expert-bias"}
 
 
 def parse(argv: list[str]) -> dict[str, Any]:
@@ -92,6 +95,7 @@ def transformer_kwargs(a: dict[str, Any]) -> dict[str, Any]:
     kw["add_bias_linear"] = not a.get("--disable-bias-linear", False)
     kw["add_qkv_bias"] = a.get("--add-qkv-bias", False)
     kw["qk_layernorm"] = a.get("--qk-layernorm", False)
+    kw["moe_router_enable_expert_bias"] = a.get("--moe-router-enable-expert-bias", False)
     kw["sequence_parallel"] = a.get("--sequence-parallel", False)
     kw["num_layers_in_first_pipeline_stage"] = a.get("--decoder-first-pipeline-num-layers")
     kw["num_layers_in_last_pipeline_stage"] = a.get("--decoder-last-pipeline-num-layers")

@@ -46,6 +46,9 @@ def test_hf_configs_read_into_the_preset_model(hf_reader, directory: str, preset
     raw = json.loads((HF / directory / "config.json").read_text())
     assert cfg.rope_theta == raw["rope_theta"] and cfg.norm_eps == raw["rms_norm_eps"]
     assert cfg.seq_length == 4096 and cfg.dtype == "bf16" and not cfg.tied_embeddings
+    router = ("router_score_function", "router_expert_bias", "router_topk_scaling_factor", "router_num_groups",
+              "router_group_topk", "first_dense_layers", "num_shared_experts", "qk_norm", "head_dim")
+    assert {k: getattr(cfg, k) for k in router} == {k: getattr(ref, k) for k in router}
 
 
 def test_hf_sequence_length_defaults(hf_reader) -> None:

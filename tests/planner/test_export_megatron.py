@@ -64,6 +64,9 @@ def test_deepseek_v3_yarn_reaches_the_mla_config() -> None:
     Megatron-LM's argument defaults (--rotary-scaling-factor 1.0, --mscale-all-dim 0.0)."""
     cfg = validate(to_megatron_args(preset_plan("deepseek-v3", data=8, expert=8)), world_size=8)["transformer"]
     assert (cfg.rope_type, cfg.rotary_scaling_factor, cfg.mscale, cfg.mscale_all_dim) == ("yarn", 40, 1.0, 1.0)
+    # the router as released: sigmoid scores, expert bias, 2.5 scaling, 4 of 8 groups
+    assert (cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias, cfg.moe_router_topk_scaling_factor,
+            cfg.moe_router_num_groups, cfg.moe_router_group_topk) == ("sigmoid", True, 2.5, 8, 4)
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim) == (
         1536, 512, 128, 64, 128)
 

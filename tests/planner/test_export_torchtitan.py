@@ -133,6 +133,9 @@ def test_registry_table_matches_the_presets(preset: str) -> None:
     built = read_torchtitan_model(f"{module}:{flavor}", seq_length=cfg.seq_length)
     assert _shape(built) == _shape(cfg)
     assert built.rope_theta == cfg.rope_theta
+    router = ("router_score_function", "router_expert_bias", "router_topk_scaling_factor", "router_num_groups",
+              "router_group_topk")
+    assert {k: getattr(built, k) for k in router} == {k: getattr(cfg, k) for k in router}
     # torchtitan states DeepSeek-V3's RMSNorm epsilon as 1e-5, the released config.json as 1e-6
     assert built.norm_eps == (1e-5 if preset == "deepseek-v3" else cfg.norm_eps)
 
