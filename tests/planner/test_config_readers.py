@@ -27,7 +27,7 @@ def hf_reader():
 
 
 # bundled config.json -> the preset with the same model (None: no preset; published total instead)
-HF_CASES = [("llama-3-8b", "llama3-8b", None), ("mixtral-8x7b", "mixtral-8x7b", None),
+HF_CASES = [("llama-3-8b", "llama3-8b", None), ("llama-3.1-405b", "llama3-405b", None), ("mixtral-8x7b", "mixtral-8x7b", None),
             ("qwen3-30b-a3b", "qwen3-30b-a3b", None), ("deepseek-v3", "deepseek-v3", None),
             ("gpt-oss-20b", "gpt-oss-20b", None), ("qwen2-7b", None, 7_615_616_512), ("mistral-7b", None, 7_241_732_096)]
 
@@ -52,8 +52,11 @@ def test_hf_configs_read_into_the_preset_model(hf_reader, directory: str, preset
 
 
 def test_hf_sequence_length_defaults(hf_reader) -> None:
-    # DeepSeek-V3 states its pre-training length in rope_scaling; Llama-3 only its maximum
+    # DeepSeek-V3 and Llama 3.1 state their pre-training length in rope_scaling; Llama 3 only its maximum
     assert hf_reader.read_hf_config(HF / "deepseek-v3").seq_length == 4096
+    llama31 = hf_reader.read_hf_config(HF / "llama-3.1-405b")
+    assert llama31.seq_length == 8192 and llama31.rope_scaling["rope_type"] == "llama3"
+    assert llama31.rope_scaling["factor"] == 8.0
     assert hf_reader.read_hf_config(HF / "llama-3-8b").seq_length == 8192
     assert api.load_model(f"hf:{HF / 'llama-3-8b'}", seq_length=2048).seq_length == 2048
 
