@@ -32,6 +32,7 @@ from planner.schema import TransformerConfig
 
 __all__ = [
     "attention_core_forward_flops",
+    "attention_kv_widths",
     "attention_matmul_params",
     "attention_params",
     "decoder_layer_params",
@@ -109,6 +110,15 @@ def kv_cache_elements_per_token(cfg: TransformerConfig) -> int:
     if cfg.is_mla:
         return int(cfg.kv_lora_rank or 0) + int(cfg.qk_rope_head_dim or 0)
     return 2 * cfg.kv_heads * cfg.head_size
+
+
+def attention_kv_widths(cfg: TransformerConfig) -> tuple[int, int]:
+    """(K, V) elements per token the attention core reads: n_kv d each; MLA expands its latent to
+    n_h (d_nope + d_rope) and n_h d_v (what context parallelism passes around the ring)."""
+    if cfg.is_mla:
+        return cfg.num_heads * _qk_head_dim(cfg), cfg.num_heads * _v_head_dim(cfg)
+    width = cfg.kv_heads * cfg.head_size
+    return width, width
 
 
 def attention_core_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:

@@ -139,8 +139,9 @@ def ring_attention_kv_bytes_per_rank(
     *, microbatch_size: int, seq_length: int, kv_width: int, context_parallel: int, element_bytes: int = 2,
 ) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends per attention layer and microbatch: c - 1 ring steps
-    each pass on one K and one V block of s/c tokens x ``kv_width`` (n_kv x d; MLA: the expanded
-    heads); the backward passes K/V again and returns their gradients, twice the forward.
+    each pass on one K and one V block of s/c tokens x ``kv_width`` (the mean of the K and V widths
+    of ``moe.attention_kv_widths``: n_kv d; MLA: the expanded heads); the backward passes K/V again
+    and returns their gradients, twice the forward.
 
     Raises:
         InvalidProblemError: a sequence the context degree does not split into 2c balanced chunks.

@@ -126,3 +126,14 @@ def test_deepseek_v3_states_on_its_published_layout() -> None:
         par.model_state_bytes_per_rank(cfg, pipeline=16, data=3, expert=3)
     with pytest.raises(InvalidProblemError, match="carved out of the data-parallel ranks"):
         par.model_state_bytes_per_rank(cfg, pipeline=16, data=2, expert=8)
+
+
+def test_ring_volume_of_mla_uses_the_expanded_heads() -> None:
+    """DeepSeek-V3 under context parallelism: K is 128 x (128 + 64) wide, V 128 x 128 per token."""
+    cfg = model_preset("deepseek-v3")
+    k, v = moe.attention_kv_widths(cfg)
+    assert (k, v) == (128 * 192, 128 * 128)
+    fwd, _ = par.ring_attention_kv_bytes_per_rank(microbatch_size=1, seq_length=4096, kv_width=(k + v) // 2,
+                                                  context_parallel=4)
+    assert fwd == 3 * 1024 * (k + v) * 2
+    assert moe.attention_kv_widths(model_preset("llama3-8b")) == (1024, 1024)
