@@ -112,6 +112,7 @@ def _attention_fields(att: Any, dim: int) -> dict[str, Any]:
     if scaling not in ("none", "None"):
         factor = rope.rope_factor if scaling == "yarn" else rope.scaling_factor
         fields["rope_scaling"] = {"rope_type": "llama3" if scaling == "llama" else scaling, "factor": float(factor)}
+    fields["bias"] = bool(att.wo.bias)
     if getattr(att, "wkv_a", None) is not None:  # multi-latent attention
         c = att.wkv_b.in_features
         rope_dim = att.wkv_a.out_features - c

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from cost_models import moe
 from planner.config_readers.torchtitan_reader import read_torchtitan_model
 from planner.errors import InvalidProblemError
 from planner.export import to_torch_csv
@@ -132,6 +133,7 @@ def test_registry_table_matches_the_presets(preset: str) -> None:
     cfg = model_preset(preset)
     built = read_torchtitan_model(f"{module}:{flavor}", seq_length=cfg.seq_length)
     assert _shape(built) == _shape(cfg)
+    assert moe.num_parameters(built) == moe.num_parameters(cfg)  # biases and norms included
     assert built.rope_theta == cfg.rope_theta
     router = ("router_score_function", "router_expert_bias", "router_topk_scaling_factor", "router_num_groups",
               "router_group_topk")
