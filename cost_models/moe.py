@@ -178,7 +178,10 @@ def decoder_matmul_params(cfg: TransformerConfig, index: int) -> int:
     else:
         width = cfg.moe_ffn_hidden_size or cfg.ffn_size
         experts = int(cfg.experts_per_token or 0) + cfg.num_shared_experts
-        mlp = cfg.hidden_size * int(cfg.num_experts or 0) + experts * (3 if cfg.mlp == "swiglu" else 2) * cfg.hidden_size * width
+        mlp = (
+            cfg.hidden_size * int(cfg.num_experts or 0)
+            + experts * (3 if cfg.mlp == "swiglu" else 2) * cfg.hidden_size * width
+        )
     return attention_matmul_params(cfg) + mlp
 
 

@@ -42,7 +42,12 @@ ADAM_OPTIMIZER_BYTES_PER_PARAM = 12
 
 
 def zero_state_bytes_per_rank(
-    num_params: float, *, data_parallel: int, zero_stage: int, weight_bytes: int = 2, grad_bytes: int = 2,
+    num_params: float,
+    *,
+    data_parallel: int,
+    zero_stage: int,
+    weight_bytes: int = 2,
+    grad_bytes: int = 2,
     optimizer_bytes: int = ADAM_OPTIMIZER_BYTES_PER_PARAM,
 ) -> float:
     """Model-state bytes on one rank (ZeRO Sec. 5, Fig. 1): stage 0 keeps (2 + 2 + K) Psi;
@@ -54,8 +59,12 @@ def zero_state_bytes_per_rank(
     """
     _check_stage(zero_stage, data_parallel)
     n = data_parallel
-    sharded = {0: 0, 1: optimizer_bytes, 2: optimizer_bytes + grad_bytes,
-               3: optimizer_bytes + grad_bytes + weight_bytes}[zero_stage]
+    sharded = {
+        0: 0,
+        1: optimizer_bytes,
+        2: optimizer_bytes + grad_bytes,
+        3: optimizer_bytes + grad_bytes + weight_bytes,
+    }[zero_stage]
     replicated = weight_bytes + grad_bytes + optimizer_bytes - sharded
     return num_params * (replicated + sharded / n)
 
@@ -94,8 +103,15 @@ def _check_stage(zero_stage: int, data_parallel: int) -> None:
 
 
 def model_state_bytes_per_rank(
-    cfg: TransformerConfig, *, tensor: int = 1, pipeline: int = 1, data: int = 1, context: int = 1, expert: int = 1,
-    expert_tensor: int | None = None, zero_stage: int = 0,
+    cfg: TransformerConfig,
+    *,
+    tensor: int = 1,
+    pipeline: int = 1,
+    data: int = 1,
+    context: int = 1,
+    expert: int = 1,
+    expert_tensor: int | None = None,
+    zero_stage: int = 0,
 ) -> dict[str, float]:
     """Weights, gradients and Adam states on one rank, dense and expert parts apart (Megatron-Core's
     layout): dense parameters split over t x p and sharded (ZeRO) over the d x c data-parallel ranks;
@@ -113,12 +129,15 @@ def model_state_bytes_per_rank(
     if world % (etp * expert * pipeline):
         raise InvalidProblemError(
             f"world size t x p x d x c = {world} is not divisible by expert_tensor x expert x pipeline = "
-            f"{etp * expert * pipeline}; expert-parallel groups are carved out of the data-parallel ranks")
+            f"{etp * expert * pipeline}; expert-parallel groups are carved out of the data-parallel ranks"
+        )
     dense = moe.num_parameters(cfg) - experts
-    dense_bytes = zero_state_bytes_per_rank(dense / (tensor * pipeline), data_parallel=data * context,
-                                            zero_stage=zero_stage)
-    expert_bytes = zero_state_bytes_per_rank(experts / (pipeline * expert * etp),
-                                             data_parallel=world // (etp * expert * pipeline), zero_stage=zero_stage)
+    dense_bytes = zero_state_bytes_per_rank(
+        dense / (tensor * pipeline), data_parallel=data * context, zero_stage=zero_stage
+    )
+    expert_bytes = zero_state_bytes_per_rank(
+        experts / (pipeline * expert * etp), data_parallel=world // (etp * expert * pipeline), zero_stage=zero_stage
+    )
     return {"dense_bytes": dense_bytes, "expert_bytes": expert_bytes, "total_bytes": dense_bytes + expert_bytes}
 
 
@@ -136,7 +155,12 @@ def _expert_params_total(cfg: TransformerConfig) -> int:
 
 
 def ring_attention_kv_bytes_per_rank(
-    *, microbatch_size: int, seq_length: int, kv_width: int, context_parallel: int, element_bytes: int = 2,
+    *,
+    microbatch_size: int,
+    seq_length: int,
+    kv_width: int,
+    context_parallel: int,
+    element_bytes: int = 2,
 ) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends per attention layer and microbatch: c - 1 ring steps
     each pass on one K and one V block of s/c tokens x ``kv_width`` (the mean of the K and V widths
@@ -175,7 +199,8 @@ def check_context_split(seq_length: int, context_parallel: int) -> None:
     if c > 1 and seq_length % (2 * c):
         raise InvalidProblemError(
             f"seq_length={seq_length} is not divisible by 2 x context_parallel = {2 * c}; pad the sequence to a "
-            f"multiple of {2 * c} or use a context degree c with seq_length divisible by 2c")
+            f"multiple of {2 * c} or use a context degree c with seq_length divisible by 2c"
+        )
 
 
 # ------------------------------------------------------------------------------------------
@@ -184,7 +209,12 @@ def check_context_split(seq_length: int, context_parallel: int) -> None:
 
 
 def expert_alltoall_bytes_per_rank(
-    *, tokens_per_rank: int, hidden_size: int, experts_per_token: int, expert_parallel: int, element_bytes: int = 2,
+    *,
+    tokens_per_rank: int,
+    hidden_size: int,
+    experts_per_token: int,
+    expert_parallel: int,
+    element_bytes: int = 2,
 ) -> float:
     """Bytes one rank sends in one dispatch all-to-all of an MoE layer (GShard Sec. 3): each token goes
     to k experts, a fraction (e-1)/e of them on other ranks under uniform routing. Combine sends the
@@ -211,7 +241,11 @@ def expert_load_time_factor(*, load_balance_factor: float, capacity_factor: floa
 
 
 def expert_params_per_rank(
-    *, num_experts: int, params_per_expert: float, expert_parallel: int, expert_tensor_parallel: int = 1,
+    *,
+    num_experts: int,
+    params_per_expert: float,
+    expert_parallel: int,
+    expert_tensor_parallel: int = 1,
 ) -> float:
     """Expert weights one rank holds in an MoE layer: E/e experts, each split over the expert-TP ranks.
 
@@ -221,12 +255,17 @@ def expert_params_per_rank(
     if num_experts % expert_parallel:
         raise InvalidProblemError(
             f"num_experts={num_experts} is not divisible by expert_parallel={expert_parallel}; use a divisor "
-            f"of {num_experts}")
+            f"of {num_experts}"
+        )
     return num_experts // expert_parallel * params_per_expert / expert_tensor_parallel
 
 
 def expert_tensor_parallel_bytes_per_rank(
-    *, routed_tokens_per_rank: int, hidden_size: int, expert_tensor_parallel: int, element_bytes: int = 2,
+    *,
+    routed_tokens_per_rank: int,
+    hidden_size: int,
+    expert_tensor_parallel: int,
+    element_bytes: int = 2,
 ) -> float:
     """Per MoE layer and direction, the expert-TP collectives of a row/column-split FFN (Megatron TP
     applied to each expert): one all-reduce of the routed tokens' h-wide output among the etp ranks,
@@ -256,13 +295,18 @@ def end_stage_layers(num_layers: int, num_stages: int, *, first: int, last: int)
     if middle_total < 0 or (middle and middle_total % middle) or (not middle and middle_total):
         raise InvalidProblemError(
             f"first={first} and last={last} leave {middle_total} layers for {middle} middle stages; Megatron needs "
-            f"num_layers - first - last divisible by num_stages - 2")
+            f"num_layers - first - last divisible by num_stages - 2"
+        )
     per = middle_total // middle if middle else 0
     return [first, *([per] * middle), last]
 
 
 def balanced_end_stage_layers(
-    num_layers: int, num_stages: int, *, embedding_layers: float, head_layers: float,
+    num_layers: int,
+    num_stages: int,
+    *,
+    embedding_layers: float,
+    head_layers: float,
 ) -> list[int]:
     """The first/last counts minimising the busiest stage when the embedding costs
     ``embedding_layers`` decoder layers and the output head ``head_layers`` (ties: most even split).

@@ -42,7 +42,8 @@ def parallel_flags(plan: Plan, export: _Export) -> None:
         export.warnings.append(
             "zero_stage=2: Megatron's distributed optimizer shards the optimizer states and reduce-scatters "
             "gradients, but keeps a full gradient buffer per rank (ZeRO-1 memory for gradients); use "
-            "zero_stage 3 (Megatron FSDP) to shard gradients too")
+            "zero_stage 3 (Megatron FSDP) to shard gradients too"
+        )
     if plan.zero_stage == 3:
         export.add("--use-megatron-fsdp")
         export.add("--data-parallel-sharding-strategy", "optim_grads_params")
@@ -109,7 +110,8 @@ def _rope_scaling_flags(cfg: TransformerConfig, export: _Export) -> None:
         return
     export.warnings.append(
         f"rope_scaling {dict(scaling)} has no Megatron-LM GPT flag; the run uses unscaled RoPE "
-        "(harmless when training at the pre-extension length)")
+        "(harmless when training at the pre-extension length)"
+    )
 
 
 def _moe_flags(cfg: TransformerConfig, export: _Export) -> None:

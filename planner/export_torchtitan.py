@@ -36,8 +36,20 @@ TORCHTITAN_CONFIGS = {
     "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b"),
 }
 _BUILTIN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"}
-_SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "kv_heads", "ffn_size", "vocab_size", "num_experts",
-                 "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts", "kv_lora_rank", "head_size")
+_SHAPE_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "kv_heads",
+    "ffn_size",
+    "vocab_size",
+    "num_experts",
+    "experts_per_token",
+    "moe_ffn_hidden_size",
+    "num_shared_experts",
+    "kv_lora_rank",
+    "head_size",
+)
 
 
 @dataclass
@@ -71,8 +83,10 @@ def torchtitan_args_text(plan: Plan, *, schedule_csv_path: str = "schedule.csv")
     """The arguments one per line with ``\\`` continuations, warnings as ``#`` comments."""
     export = _export(plan, schedule_csv_path)
     d = plan.degrees
-    lines = [f"# paraplan plan ({plan.solver}, schedule {plan.schedule}) for torchtitan: launch on "
-             f"{d.data * d.tensor * d.pipeline * d.context} GPUs (torchrun ... -m torchtitan.train)"]
+    lines = [
+        f"# paraplan plan ({plan.solver}, schedule {plan.schedule}) for torchtitan: launch on "
+        f"{d.data * d.tensor * d.pipeline * d.context} GPUs (torchrun ... -m torchtitan.train)"
+    ]
     lines += [f"# WARNING: {w}" for w in export.warnings]
     groups: list[list[str]] = []
     for token in export.flags:
@@ -90,7 +104,8 @@ def _export(plan: Plan, schedule_csv_path: str) -> _Export:
     if cfg is None:
         raise InvalidProblemError(
             f"profile {plan.model.name!r} is not a transformer config; torchtitan builds its models from "
-            "config_registry functions: plan a transformer (preset, hf: or torchtitan: model) to export it")
+            "config_registry functions: plan a transformer (preset, hf: or torchtitan: model) to export it"
+        )
     export = _Export()
     module, config, _ = _registry_entry(cfg)
     export.add("--module", module)
@@ -105,8 +120,10 @@ def _export(plan: Plan, schedule_csv_path: str) -> _Export:
         # torchtitan's config check: CUDA graphs support neither pipelining nor the default EP dispatcher
         export.flags.append("--training.disable-cuda-graphs")
     if plan.global_batch_size != plan.microbatch_size * plan.num_microbatches * d.data:
-        export.warnings.append("global_batch_size differs from microbatch_size x num_microbatches x data; torchtitan "
-                               "accumulates gradients over the difference")
+        export.warnings.append(
+            "global_batch_size differs from microbatch_size x num_microbatches x data; torchtitan "
+            "accumulates gradients over the difference"
+        )
     _activation_checkpoint(plan, export)
     return export
 
@@ -120,7 +137,8 @@ def _registry_entry(cfg: TransformerConfig) -> tuple[str, str, str]:
             return entry
     raise InvalidProblemError(
         f"torchtitan ships no config_registry function for the shape of {cfg.name!r}; paraplan exports "
-        f"{sorted(TORCHTITAN_CONFIGS)} (write a config_registry function for other shapes, or use --format megatron)")
+        f"{sorted(TORCHTITAN_CONFIGS)} (write a config_registry function for other shapes, or use --format megatron)"
+    )
 
 
 def _parallel(plan: Plan, export: _Export) -> None:
@@ -133,11 +151,15 @@ def _parallel(plan: Plan, export: _Export) -> None:
         export.warnings.append(
             f"zero_stage={plan.zero_stage}{' with expert parallelism' if plan.zero_stage == 0 else ''}: torchtitan "
             "has no ZeRO-1/2; exported as FSDP that keeps parameters unsharded from forward to backward "
-            "(reshard_after_forward=never): optimizer states and gradients sharded, more communication than planned")
+            "(reshard_after_forward=never): optimizer states and gradients sharded, more communication than planned"
+        )
     export.add("--parallelism.tensor-parallel-degree", d.tensor)
     if d.tensor > 1:
-        export.add("--parallelism.enable-sequence-parallel" if plan.sequence_parallel
-                   else "--parallelism.no-enable-sequence-parallel")
+        export.add(
+            "--parallelism.enable-sequence-parallel"
+            if plan.sequence_parallel
+            else "--parallelism.no-enable-sequence-parallel"
+        )
     export.add("--parallelism.context-parallel-degree", d.context)
     export.add("--parallelism.expert-parallel-degree", d.expert)
 
@@ -152,8 +174,10 @@ def _pipeline(plan: Plan, export: _Export, schedule_csv_path: str) -> None:
         # Loop-style stage placement (virtual stage c*p + x on rank x) as the plan's; the CSV gives the order.
         export.add("--parallelism.pipeline-parallel-schedule", "Interleaved1F1B" if d.virtual > 1 else "1F1B")
         export.add("--parallelism.pipeline-parallel-schedule-csv", schedule_csv_path)
-        export.warnings.append(f"schedule {plan.schedule!r} runs from the per-rank CSV: write it with "
-                               f"'paraplan export PLAN --format torch-csv -o {schedule_csv_path}'")
+        export.warnings.append(
+            f"schedule {plan.schedule!r} runs from the per-rank CSV: write it with "
+            f"'paraplan export PLAN --format torch-csv -o {schedule_csv_path}'"
+        )
         if plan.schedule == "2bw":
             export.warnings.append("torch has no PipeDream-2BW weight stashing: the CSV order runs with flushes")
     else:
@@ -170,7 +194,8 @@ def _module_fqns(plan: Plan) -> list[list[str]]:
     if kinds[0] != "embedding" or kinds[-1] != "head" or set(kinds[1:-1]) != {"decoder"}:
         raise InvalidProblemError(
             f"cannot name torchtitan modules for profile {plan.model.name!r}: its layers must be 'embedding', "
-            "'decoder' layers, 'head' in order; build the profile from a transformer config")
+            "'decoder' layers, 'head' in order; build the profile from a transformer config"
+        )
     parts = []
     for chunk in plan.virtual_stages():
         names = []
@@ -181,17 +206,26 @@ def _module_fqns(plan: Plan) -> list[list[str]]:
 
 
 def _activation_checkpoint(plan: Plan, export: _Export) -> None:
-    used = {s for stage in plan.stages for chunk in stage.chunks
-            for s, i in zip(chunk.layer_strategies(), range(*chunk.layers)) if plan.model.layers[i].kind == "decoder"}
+    used = {
+        s
+        for stage in plan.stages
+        for chunk in stage.chunks
+        for s, i in zip(chunk.layer_strategies(), range(*chunk.layers))
+        if plan.model.layers[i].kind == "decoder"
+    }
     if used == {"none"}:
         export.flags.append("activation-checkpoint:none")
     elif used == {"full"}:
         export.flags.append("activation-checkpoint:full")
     elif used == {"selective"}:
         export.flags.append("activation-checkpoint:selective")
-        export.warnings.append("torchtitan's selective checkpointing saves chosen matmul outputs (op-level), not "
-                               "exactly the attention-core recompute the plan costs")
+        export.warnings.append(
+            "torchtitan's selective checkpointing saves chosen matmul outputs (op-level), not "
+            "exactly the attention-core recompute the plan costs"
+        )
     else:
         export.flags.append("activation-checkpoint:full")
-        export.warnings.append(f"the plan mixes recompute strategies {sorted(used)} over layers; torchtitan applies "
-                               "one to every block: exported full (less memory, more time than planned)")
+        export.warnings.append(
+            f"the plan mixes recompute strategies {sorted(used)} over layers; torchtitan applies "
+            "one to every block: exported full (less memory, more time than planned)"
+        )

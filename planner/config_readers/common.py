@@ -10,8 +10,14 @@ from planner.schema import TransformerConfig
 logger = logging.getLogger(__name__)
 
 
-def training_seq_length(*, asked: int | None, stated: int | None, maximum: int | None, source: str,
-                        stated_what: str = "the pre-training sequence length the config states") -> int:
+def training_seq_length(
+    *,
+    asked: int | None,
+    stated: int | None,
+    maximum: int | None,
+    source: str,
+    stated_what: str = "the pre-training sequence length the config states",
+) -> int:
     """The sequence length to plan for: ``--seq-length`` when given, else the pre-training length the
     config states, else its maximum context (with a warning: a maximum is rarely the training length)."""
     if asked is not None:
@@ -23,8 +29,11 @@ def training_seq_length(*, asked: int | None, stated: int | None, maximum: int |
         from planner.errors import InvalidProblemError
 
         raise InvalidProblemError(f"{source} states no sequence length; give --seq-length (e.g. --seq-length 4096)")
-    logger.warning("%s: planning at the maximum context %d the config states; --seq-length sets the "
-                   "training sequence length", source, maximum)
+    logger.warning(
+        "%s: planning at the maximum context %d the config states; --seq-length sets the training sequence length",
+        source,
+        maximum,
+    )
     return maximum
 
 

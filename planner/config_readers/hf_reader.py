@@ -66,8 +66,11 @@ def read_hf_config(path: str | Path, *, seq_length: int | None = None, name: str
     fields = _fields(hf, model_type)
     fields["name"] = name or file.parent.name or model_type
     fields["seq_length"] = training_seq_length(
-        asked=seq_length, stated=_pretraining_length(hf), maximum=getattr(hf, "max_position_embeddings", None),
-        source=f"Hugging Face config {str(file)!r}")
+        asked=seq_length,
+        stated=_pretraining_length(hf),
+        maximum=getattr(hf, "max_position_embeddings", None),
+        source=f"Hugging Face config {str(file)!r}",
+    )
     _warn_unmodelled(hf, model_type)
     return build_config(fields)
 
@@ -103,16 +106,23 @@ def _fields(hf: Any, model_type: str) -> dict[str, Any]:
     act = str(getattr(hf, "hidden_act", "silu"))
     dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
     fields: dict[str, Any] = {
-        "hidden_size": h, "num_layers": hf.num_hidden_layers, "num_heads": heads,
+        "hidden_size": h,
+        "num_layers": hf.num_hidden_layers,
+        "num_heads": heads,
         "num_kv_heads": getattr(hf, "num_key_value_heads", None) or heads,
-        "vocab_size": hf.vocab_size, "ffn_hidden_size": hf.intermediate_size,
-        "mlp": "swiglu" if act in _GATED_ACTIVATIONS else "gelu", "norm": "rmsnorm",
+        "vocab_size": hf.vocab_size,
+        "ffn_hidden_size": hf.intermediate_size,
+        "mlp": "swiglu" if act in _GATED_ACTIVATIONS else "gelu",
+        "norm": "rmsnorm",
         "bias": bool(getattr(hf, "attention_bias", False)) and model_type == "gpt_oss",
         "qkv_bias": model_type == "qwen2" or (bool(getattr(hf, "attention_bias", False)) and model_type != "gpt_oss"),
         "qk_norm": model_type in ("qwen3", "qwen3_moe"),
-        "position_embedding": "rope", "tied_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
+        "position_embedding": "rope",
+        "tied_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
         "dtype": _DTYPES.get(str(dtype).removeprefix("torch."), "bf16"),
-        "rope_theta": theta, "rope_scaling": scaling, "norm_eps": getattr(hf, "rms_norm_eps", None),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "norm_eps": getattr(hf, "rms_norm_eps", None),
     }
     head_dim = getattr(hf, "head_dim", None)
     if model_type != "deepseek_v3" and head_dim and head_dim * heads != h:
@@ -136,12 +146,17 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
         "first_dense_layers": getattr(hf, "first_k_dense_replace", None) or 0,
     }
     if model_type == "deepseek_v3":
-        fields.update({
-            "router_score_function": "sigmoid" if getattr(hf, "scoring_func", "softmax") == "sigmoid" else "softmax",
-            "router_expert_bias": getattr(hf, "topk_method", None) == "noaux_tc",
-            "router_topk_scaling_factor": getattr(hf, "routed_scaling_factor", None),
-            "router_num_groups": getattr(hf, "n_group", None), "router_group_topk": getattr(hf, "topk_group", None),
-        })
+        fields.update(
+            {
+                "router_score_function": "sigmoid"
+                if getattr(hf, "scoring_func", "softmax") == "sigmoid"
+                else "softmax",
+                "router_expert_bias": getattr(hf, "topk_method", None) == "noaux_tc",
+                "router_topk_scaling_factor": getattr(hf, "routed_scaling_factor", None),
+                "router_num_groups": getattr(hf, "n_group", None),
+                "router_group_topk": getattr(hf, "topk_group", None),
+            }
+        )
     if model_type == "qwen3_moe":
         dense = sorted(getattr(hf, "mlp_only_layers", None) or [])
         if getattr(hf, "decoder_sparse_step", 1) != 1 or dense != list(range(len(dense))):
@@ -156,10 +171,14 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
 
 def _warn_unmodelled(hf: Any, model_type: str) -> None:
     if getattr(hf, "sliding_window", None) and getattr(hf, "use_sliding_window", True) and model_type != "qwen3":
-        logger.warning("sliding_window=%s is not modelled: attention is costed over the full sequence", hf.sliding_window)
+        logger.warning(
+            "sliding_window=%s is not modelled: attention is costed over the full sequence", hf.sliding_window
+        )
     if model_type == "gpt_oss":
         logger.warning("gpt-oss attention sinks and alternating banded attention are not modelled (full attention)")
     if model_type == "deepseek_v3" and getattr(hf, "num_nextn_predict_layers", 0):
-        logger.warning("DeepSeek-V3's %d multi-token-prediction module(s) are not modelled", hf.num_nextn_predict_layers)
+        logger.warning(
+            "DeepSeek-V3's %d multi-token-prediction module(s) are not modelled", hf.num_nextn_predict_layers
+        )
     if model_type == "llama" and getattr(hf, "attention_bias", False):
         logger.warning("Llama attention_bias=true: the Q/K/V biases are counted, the output-projection bias is not")

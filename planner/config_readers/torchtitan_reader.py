@@ -36,15 +36,20 @@ def read_torchtitan_model(spec: str, *, seq_length: int | None = None) -> Transf
     """
     module_name, sep, flavor = spec.partition(":")
     if not sep or not flavor:
-        raise InvalidProblemError(f"torchtitan model {spec!r}: write torchtitan:<module>:<flavor>, e.g. torchtitan:llama3:8B")
+        raise InvalidProblemError(
+            f"torchtitan model {spec!r}: write torchtitan:<module>:<flavor>, e.g. torchtitan:llama3:8B"
+        )
     if module_name not in SUPPORTED_MODULES:
         raise InvalidProblemError(
-            f"torchtitan module {module_name!r} is not supported; choose from {list(SUPPORTED_MODULES)}")
+            f"torchtitan module {module_name!r} is not supported; choose from {list(SUPPORTED_MODULES)}"
+        )
     try:
         module = importlib.import_module(f"torchtitan.models.{module_name}")
     except ImportError as e:
-        raise InvalidProblemError(f"cannot import torchtitan.models.{module_name} ({e}); "
-                                  "install the torchtitan extra: pip install 'paraplan[torchtitan]'") from None
+        raise InvalidProblemError(
+            f"cannot import torchtitan.models.{module_name} ({e}); "
+            "install the torchtitan extra: pip install 'paraplan[torchtitan]'"
+        ) from None
     flavors = _flavors(module)
     if flavor not in flavors:
         raise InvalidProblemError(f"torchtitan {module_name} has no flavor {flavor!r}; choose from {sorted(flavors)}")
@@ -52,8 +57,12 @@ def read_torchtitan_model(spec: str, *, seq_length: int | None = None) -> Transf
     fields = _model_fields(model)
     fields["name"] = f"torchtitan-{module_name}-{flavor}".lower()
     fields["seq_length"] = training_seq_length(
-        asked=seq_length, stated=TORCHTITAN_DEFAULT_SEQ_LEN, maximum=None, source=f"torchtitan {spec}",
-        stated_what="torchtitan's training.seq_len default")
+        asked=seq_length,
+        stated=TORCHTITAN_DEFAULT_SEQ_LEN,
+        maximum=None,
+        source=f"torchtitan {spec}",
+        stated_what="torchtitan's training.seq_len default",
+    )
     return build_config(fields)
 
 
@@ -68,9 +77,14 @@ def _model_fields(model: Any) -> dict[str, Any]:
     layers = model.layers
     last = layers[-1]
     fields: dict[str, Any] = {
-        "hidden_size": model.dim, "num_layers": len(layers), "vocab_size": model.vocab_size,
-        "mlp": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
-        "tied_embeddings": bool(getattr(model, "enable_weight_tying", False)), "norm_eps": model.norm.eps,
+        "hidden_size": model.dim,
+        "num_layers": len(layers),
+        "vocab_size": model.vocab_size,
+        "mlp": "swiglu",
+        "norm": "rmsnorm",
+        "position_embedding": "rope",
+        "tied_embeddings": bool(getattr(model, "enable_weight_tying", False)),
+        "norm_eps": model.norm.eps,
     }
     fields.update(_attention_fields(last.attention, model.dim))
     dense = [layer for layer in layers if getattr(layer, "moe", None) is None]
@@ -78,19 +92,26 @@ def _model_fields(model: Any) -> dict[str, Any]:
         fields["ffn_hidden_size"] = dense[0].feed_forward.w1.out_features
     moe = getattr(last, "moe", None)
     if moe is not None:
-        if any(getattr(layer, "moe", None) is None for layer in layers[len(dense):]):
-            raise InvalidProblemError("torchtitan model interleaves dense and MoE layers; paraplan models a dense prefix only")
+        if any(getattr(layer, "moe", None) is None for layer in layers[len(dense) :]):
+            raise InvalidProblemError(
+                "torchtitan model interleaves dense and MoE layers; paraplan models a dense prefix only"
+            )
         experts = moe.routed_experts.inner_experts
-        fields.update({
-            "num_experts": moe.num_experts, "experts_per_token": moe.router.top_k,
-            "moe_ffn_hidden_size": experts.hidden_dim, "first_dense_layers": len(dense),
-            "num_shared_experts": _shared_experts(moe, experts.hidden_dim),
-            "router_score_function": "sigmoid" if moe.router.score_func == "sigmoid" else "softmax",
-            "router_topk_scaling_factor": moe.router.route_scale if moe.router.route_scale != 1.0 else None,
-            "router_num_groups": moe.router.num_expert_groups, "router_group_topk": moe.router.num_limited_groups,
-            # torchtitan balances with a per-expert bias when load_balance_coeff is set (aux-loss-free)
-            "router_expert_bias": moe.router.score_func == "sigmoid" and moe.load_balance_coeff is not None,
-        })
+        fields.update(
+            {
+                "num_experts": moe.num_experts,
+                "experts_per_token": moe.router.top_k,
+                "moe_ffn_hidden_size": experts.hidden_dim,
+                "first_dense_layers": len(dense),
+                "num_shared_experts": _shared_experts(moe, experts.hidden_dim),
+                "router_score_function": "sigmoid" if moe.router.score_func == "sigmoid" else "softmax",
+                "router_topk_scaling_factor": moe.router.route_scale if moe.router.route_scale != 1.0 else None,
+                "router_num_groups": moe.router.num_expert_groups,
+                "router_group_topk": moe.router.num_limited_groups,
+                # torchtitan balances with a per-expert bias when load_balance_coeff is set (aux-loss-free)
+                "router_expert_bias": moe.router.score_func == "sigmoid" and moe.load_balance_coeff is not None,
+            }
+        )
         fields.setdefault("ffn_hidden_size", experts.hidden_dim)
     return fields
 
@@ -118,11 +139,15 @@ def _attention_fields(att: Any, dim: int) -> dict[str, Any]:
         rope_dim = att.wkv_a.out_features - c
         query_out = (att.wq_b if att.wq_a is not None else att.wq).out_features
         nope = query_out // att.n_heads - rope_dim
-        fields.update({
-            "kv_lora_rank": c, "q_lora_rank": att.wq_a.out_features if att.wq_a is not None else None,
-            "qk_rope_head_dim": rope_dim, "qk_nope_head_dim": nope,
-            "v_head_dim": att.wkv_b.out_features // att.n_heads - nope,
-        })
+        fields.update(
+            {
+                "kv_lora_rank": c,
+                "q_lora_rank": att.wq_a.out_features if att.wq_a is not None else None,
+                "qk_rope_head_dim": rope_dim,
+                "qk_nope_head_dim": nope,
+                "v_head_dim": att.wkv_b.out_features // att.n_heads - nope,
+            }
+        )
         return fields
     qkv = att.qkv_linear
     qkv_bias, out_bias = bool(getattr(qkv.wqkv, "bias", False)), bool(att.wo.bias)

@@ -67,7 +67,9 @@ def test_deepseek_v3_mla_by_hand() -> None:
     sparse = moe.decoder_layer_params(cfg, 3)
     assert dense - moe.attention_params(cfg) - 2 * h == 3 * h * 18432
     assert sparse - moe.attention_params(cfg) - 2 * h == 256 * h + 257 * 3 * h * 2048
-    assert moe.decoder_layer_params(cfg, 3, active=True) - moe.attention_params(cfg) - 2 * h == 256 * h + 9 * 3 * h * 2048
+    assert (
+        moe.decoder_layer_params(cfg, 3, active=True) - moe.attention_params(cfg) - 2 * h == 256 * h + 9 * 3 * h * 2048
+    )
 
 
 def test_gpt_oss_active_excludes_input_embedding() -> None:
@@ -94,7 +96,8 @@ def test_dense_configs_match_the_ptdp_counts() -> None:
         assert moe.num_parameters(cfg) == transformer.num_parameters(cfg)
         assert moe.mean_decoder_matmul_params(cfg) == transformer.decoder_matmul_params(cfg)
         assert moe.attention_core_forward_flops(cfg, microbatch_size=2, tensor_parallel=2) == pytest.approx(
-            transformer.attention_core_forward_flops(cfg, microbatch_size=2, tensor_parallel=2))
+            transformer.attention_core_forward_flops(cfg, microbatch_size=2, tensor_parallel=2)
+        )
 
 
 def test_moe_flops_use_active_experts_only() -> None:
@@ -107,21 +110,40 @@ def test_moe_flops_use_active_experts_only() -> None:
     assert diff == 2 * cfg.num_layers * per_layer_extra
     # the profile's per-layer FLOPs (via the transformer hook) are the active ones
     f = transformer.decoder_forward_flops(cfg, microbatch_size=1)
-    assert f == pytest.approx(2 * cfg.seq_length * moe.decoder_matmul_params(cfg, 0)
-                              + moe.attention_core_forward_flops(cfg, microbatch_size=1))
+    assert f == pytest.approx(
+        2 * cfg.seq_length * moe.decoder_matmul_params(cfg, 0)
+        + moe.attention_core_forward_flops(cfg, microbatch_size=1)
+    )
 
 
 def test_first_dense_layers_and_shared_experts() -> None:
-    cfg = TransformerConfig(name="m", hidden_size=8, num_layers=4, num_heads=2, seq_length=4, vocab_size=16,
-                            ffn_hidden_size=32, moe_ffn_hidden_size=4, num_experts=4, experts_per_token=1,
-                            num_shared_experts=2, first_dense_layers=1, mlp="swiglu", norm="rmsnorm", bias=False,
-                            position_embedding="rope", tied_embeddings=True)
+    cfg = TransformerConfig(
+        name="m",
+        hidden_size=8,
+        num_layers=4,
+        num_heads=2,
+        seq_length=4,
+        vocab_size=16,
+        ffn_hidden_size=32,
+        moe_ffn_hidden_size=4,
+        num_experts=4,
+        experts_per_token=1,
+        num_shared_experts=2,
+        first_dense_layers=1,
+        mlp="swiglu",
+        norm="rmsnorm",
+        bias=False,
+        position_embedding="rope",
+        tied_embeddings=True,
+    )
     assert [moe.is_moe_layer(cfg, i) for i in range(4)] == [False, True, True, True]
     attention, norms = 4 * 8 * 8, 2 * 8
     assert moe.decoder_layer_params(cfg, 0) == attention + 3 * 8 * 32 + norms
     assert moe.decoder_layer_params(cfg, 1) == attention + 4 * 8 + 6 * 3 * 8 * 4 + norms
     assert moe.decoder_layer_params(cfg, 1, active=True) == attention + 4 * 8 + 3 * 3 * 8 * 4 + norms
-    assert moe.num_parameters(cfg) == 16 * 8 + 8 + moe.decoder_layer_params(cfg, 0) + 3 * moe.decoder_layer_params(cfg, 1)
+    assert moe.num_parameters(cfg) == 16 * 8 + 8 + moe.decoder_layer_params(cfg, 0) + 3 * moe.decoder_layer_params(
+        cfg, 1
+    )
 
 
 def test_every_preset_has_a_source() -> None:

@@ -55,11 +55,15 @@ def test_ring_attention_volumes_llama3_8b() -> None:
     7 steps x 2 (K, V) x 16384 x 1024 x 2 bytes = 469.8 MB forward, twice that backward."""
     cfg = model_preset("llama3-8b")
     kv_width = cfg.kv_heads * cfg.head_size
-    fwd, bwd = par.ring_attention_kv_bytes_per_rank(microbatch_size=1, seq_length=131072, kv_width=kv_width,
-                                                    context_parallel=8)
+    fwd, bwd = par.ring_attention_kv_bytes_per_rank(
+        microbatch_size=1, seq_length=131072, kv_width=kv_width, context_parallel=8
+    )
     assert fwd == 7 * 2 * 16384 * 1024 * 2 == 469_762_048
     assert bwd == 2 * fwd
-    assert par.ring_attention_kv_bytes_per_rank(microbatch_size=1, seq_length=8, kv_width=4, context_parallel=1) == (0, 0)
+    assert par.ring_attention_kv_bytes_per_rank(microbatch_size=1, seq_length=8, kv_width=4, context_parallel=1) == (
+        0,
+        0,
+    )
     assert par.ring_attention_exposed_s(block_compute_s=1.0, block_transfer_s=1.5, context_parallel=8) == 3.5
     assert par.ring_attention_exposed_s(block_compute_s=2.0, block_transfer_s=1.5, context_parallel=8) == 0
     assert par.context_parallel_activation_bytes(8e9, context_parallel=8) == 1e9
@@ -70,22 +74,31 @@ def test_ring_attention_volumes_llama3_8b() -> None:
 def test_expert_parallel_volumes_and_weights() -> None:
     """Mixtral 8x7B, e = 8: 4096 tokens per rank x top-2 x h 4096 x 2 bytes x 7/8 = 58.7 MB per dispatch."""
     cfg = model_preset("mixtral-8x7b")
-    sent = par.expert_alltoall_bytes_per_rank(tokens_per_rank=4096, hidden_size=cfg.hidden_size,
-                                              experts_per_token=2, expert_parallel=8)
+    sent = par.expert_alltoall_bytes_per_rank(
+        tokens_per_rank=4096, hidden_size=cfg.hidden_size, experts_per_token=2, expert_parallel=8
+    )
     assert sent == 4096 * 2 * 4096 * 2 * 7 / 8 == 58_720_256
-    assert par.expert_alltoall_bytes_per_rank(tokens_per_rank=10, hidden_size=4, experts_per_token=2,
-                                              expert_parallel=1) == 0
+    assert (
+        par.expert_alltoall_bytes_per_rank(tokens_per_rank=10, hidden_size=4, experts_per_token=2, expert_parallel=1)
+        == 0
+    )
     # DeepSeek-V3 on EP64: 4 experts per rank, 3 x 7168 x 2048 weights each
     ds = model_preset("deepseek-v3")
     per_expert = moe.expert_params(ds)
     assert per_expert == 3 * 7168 * 2048
-    assert par.expert_params_per_rank(num_experts=256, params_per_expert=per_expert, expert_parallel=64) == 4 * per_expert
-    assert par.expert_params_per_rank(num_experts=8, params_per_expert=10.0, expert_parallel=4,
-                                      expert_tensor_parallel=2) == 10.0
+    assert (
+        par.expert_params_per_rank(num_experts=256, params_per_expert=per_expert, expert_parallel=64) == 4 * per_expert
+    )
+    assert (
+        par.expert_params_per_rank(num_experts=8, params_per_expert=10.0, expert_parallel=4, expert_tensor_parallel=2)
+        == 10.0
+    )
     with pytest.raises(InvalidProblemError, match="num_experts=8 is not divisible by expert_parallel=3"):
         par.expert_params_per_rank(num_experts=8, params_per_expert=1.0, expert_parallel=3)
-    assert par.expert_tensor_parallel_bytes_per_rank(routed_tokens_per_rank=100, hidden_size=8,
-                                                     expert_tensor_parallel=4) == 2 * 100 * 8 * 2 * 3 / 4
+    assert (
+        par.expert_tensor_parallel_bytes_per_rank(routed_tokens_per_rank=100, hidden_size=8, expert_tensor_parallel=4)
+        == 2 * 100 * 8 * 2 * 3 / 4
+    )
 
 
 def test_expert_load_factor() -> None:
@@ -121,7 +134,8 @@ def test_deepseek_v3_states_on_its_published_layout() -> None:
     assert got["total_bytes"] / GB == pytest.approx(10.76, abs=0.01)
     # without expert parallelism and ZeRO, a stage's states alone need 16 x 671B / 16 = 671 GB
     assert par.model_state_bytes_per_rank(cfg, pipeline=16, data=128)["total_bytes"] == pytest.approx(
-        16 * moe.num_parameters(cfg) / 16)
+        16 * moe.num_parameters(cfg) / 16
+    )
     with pytest.raises(InvalidProblemError, match="num_experts=256 is not divisible by expert=3"):
         par.model_state_bytes_per_rank(cfg, pipeline=16, data=3, expert=3)
     with pytest.raises(InvalidProblemError, match="carved out of the data-parallel ranks"):
@@ -133,7 +147,8 @@ def test_ring_volume_of_mla_uses_the_expanded_heads() -> None:
     cfg = model_preset("deepseek-v3")
     k, v = moe.attention_kv_widths(cfg)
     assert (k, v) == (128 * 192, 128 * 128)
-    fwd, _ = par.ring_attention_kv_bytes_per_rank(microbatch_size=1, seq_length=4096, kv_width=(k + v) // 2,
-                                                  context_parallel=4)
+    fwd, _ = par.ring_attention_kv_bytes_per_rank(
+        microbatch_size=1, seq_length=4096, kv_width=(k + v) // 2, context_parallel=4
+    )
     assert fwd == 3 * 1024 * (k + v) * 2
     assert moe.attention_kv_widths(model_preset("llama3-8b")) == (1024, 1024)

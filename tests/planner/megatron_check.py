@@ -23,29 +23,81 @@ import re
 import warnings
 from typing import Any
 
-_INT = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
-        "--kv-channels", "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-        "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--num-experts", "--moe-router-topk",
-        "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--recompute-num-layers",
-        "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-        "--moe-router-num-groups", "--moe-router-group-topk"}
+_INT = {
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--num-query-groups",
+    "--kv-channels",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--context-parallel-size",
+    "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size",
+    "--num-experts",
+    "--moe-router-topk",
+    "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size",
+    "--recompute-num-layers",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
+    "--moe-router-num-groups",
+    "--moe-router-group-topk",
+}
 # Flags that are GPT-model or training arguments, not core-config fields: checked by type here.
-_OTHER_INT = {"--seq-length", "--max-position-embeddings", "--vocab-size", "--micro-batch-size",
-              "--global-batch-size", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-              "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"}
-_FLOAT = {"--norm-epsilon": "layernorm_epsilon", "--rotary-base": None, "--rope-scaling-factor": None,
-          "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
-          "--rotary-scaling-factor": "rotary_scaling_factor", "--mscale": "mscale", "--mscale-all-dim": "mscale_all_dim",
-          "--moe-router-topk-scaling-factor": "moe_router_topk_scaling_factor"}
-_STR = {"--normalization": "normalization", "--position-embedding-type": None,
-        "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
-        "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout", "--moe-layer-freq": "moe_layer_freq",
-        "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
-        "--data-parallel-sharding-strategy": None, "--rope-type": "rope_type",
-        "--moe-router-score-function": "moe_router_score_function"}
-_BOOL = {"--sequence-parallel", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
-         "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--use-rope-scaling",
-         "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16", "--moe-router-enable-expert-bias"}
+_OTHER_INT = {
+    "--seq-length",
+    "--max-position-embeddings",
+    "--vocab-size",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
+}
+_FLOAT = {
+    "--norm-epsilon": "layernorm_epsilon",
+    "--rotary-base": None,
+    "--rope-scaling-factor": None,
+    "--moe-expert-capacity-factor": "moe_expert_capacity_factor",
+    "--rotary-scaling-factor": "rotary_scaling_factor",
+    "--mscale": "mscale",
+    "--mscale-all-dim": "mscale_all_dim",
+    "--moe-router-topk-scaling-factor": "moe_router_topk_scaling_factor",
+}
+_STR = {
+    "--normalization": "normalization",
+    "--position-embedding-type": None,
+    "--recompute-granularity": "recompute_granularity",
+    "--recompute-method": "recompute_method",
+    "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
+    "--moe-layer-freq": "moe_layer_freq",
+    "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
+    "--data-parallel-sharding-strategy": None,
+    "--rope-type": "rope_type",
+    "--moe-router-score-function": "moe_router_score_function",
+}
+_BOOL = {
+    "--sequence-parallel",
+    "--group-query-attention",
+    "--swiglu",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--add-qkv-bias",
+    "--qk-layernorm",
+    "--multi-latent-attention",
+    "--use-rope-scaling",
+    "--use-distributed-optimizer",
+    "--use-megatron-fsdp",
+    "--bf16",
+    "--fp16",
+    "--moe-router-enable-expert-bias",
+}
 
 
 def parse(argv: list[str]) -> dict[str, Any]:
@@ -74,8 +126,12 @@ def transformer_kwargs(a: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    kw: dict[str, Any] = {"num_layers": a["--num-layers"], "hidden_size": a["--hidden-size"],
-                          "num_attention_heads": a["--num-attention-heads"], "use_cpu_initialization": True}
+    kw: dict[str, Any] = {
+        "num_layers": a["--num-layers"],
+        "hidden_size": a["--hidden-size"],
+        "num_attention_heads": a["--num-attention-heads"],
+        "use_cpu_initialization": True,
+    }
     for flag in _INT - {"--num-layers", "--hidden-size", "--num-attention-heads", "--num-experts"}:
         if flag in a and not flag.startswith("--recompute"):
             kw[flag[2:].replace("-", "_")] = a[flag]
@@ -144,7 +200,8 @@ def validate(argv: list[str], *, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {"data_parallel_size": d}
     if "--micro-batch-size" in a:
         out["microbatches"] = ConstantNumMicroBatchesCalculator(
-            a["--global-batch-size"], a["--micro-batch-size"], d, decrease_batch_size_if_needed=False, rank=0)
+            a["--global-batch-size"], a["--micro-batch-size"], d, decrease_batch_size_if_needed=False, rank=0
+        )
     if "--num-layers" in a:
         cls = MLATransformerConfig if a.get("--multi-latent-attention") else TransformerConfig
         with warnings.catch_warnings():
@@ -155,7 +212,8 @@ def validate(argv: list[str], *, world_size: int) -> dict[str, Any]:
     out["ddp"] = DistributedDataParallelConfig(
         use_distributed_optimizer=a.get("--use-distributed-optimizer", False),
         use_megatron_fsdp=a.get("--use-megatron-fsdp", False),
-        data_parallel_sharding_strategy=a.get("--data-parallel-sharding-strategy", "no_shard"))
+        data_parallel_sharding_strategy=a.get("--data-parallel-sharding-strategy", "no_shard"),
+    )
     return out
 
 
@@ -164,7 +222,11 @@ def _rotary(a: dict[str, Any], config: Any) -> Any:
         return None
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-    return RotaryEmbedding(kv_channels=config.kv_channels, rotary_percent=1.0,
-                           rotary_base=int(a.get("--rotary-base", 10000)), use_cpu_initialization=True,
-                           rope_scaling=a.get("--use-rope-scaling", False),
-                           rope_scaling_factor=a.get("--rope-scaling-factor", 8.0))
+    return RotaryEmbedding(
+        kv_channels=config.kv_channels,
+        rotary_percent=1.0,
+        rotary_base=int(a.get("--rotary-base", 10000)),
+        use_cpu_initialization=True,
+        rope_scaling=a.get("--use-rope-scaling", False),
+        rope_scaling_factor=a.get("--rope-scaling-factor", 8.0),
+    )

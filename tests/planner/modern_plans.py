@@ -27,8 +27,17 @@ _RECOMPUTE = {
 
 def _profile(cfg: TransformerConfig) -> ModelProfile:
     layers = [LayerProfile(name="embedding", kind="embedding", forward_s=0.1, backward_s=0.2)]
-    layers += [LayerProfile(name=f"decoder{i}", kind="decoder", forward_s=1.0, backward_s=2.0, backward_weight_s=1.0,
-                            recompute=_RECOMPUTE) for i in range(cfg.num_layers)]
+    layers += [
+        LayerProfile(
+            name=f"decoder{i}",
+            kind="decoder",
+            forward_s=1.0,
+            backward_s=2.0,
+            backward_weight_s=1.0,
+            recompute=_RECOMPUTE,
+        )
+        for i in range(cfg.num_layers)
+    ]
     layers.append(LayerProfile(name="head", kind="head", forward_s=0.5, backward_s=1.0))
     return ModelProfile(name=cfg.name, layers=tuple(layers))
 
@@ -66,18 +75,29 @@ def preset_plan(
     chunks: list[list[Chunk]] = [[] for _ in range(p)]
     for k in range(k_total):
         first, last = bounds[k], bounds[k + 1]
-        spec = {} if recompute == "none" else {recompute: tuple(i for i in range(first, last)
-                                                                if 0 < i <= cfg.num_layers)}
+        spec = (
+            {} if recompute == "none" else {recompute: tuple(i for i in range(first, last) if 0 < i <= cfg.num_layers)}
+        )
         chunks[k % p].append(Chunk(layers=(first, last), recompute=spec))
     devices = data * tensor * p * context
-    cluster = Cluster(name="h100", device=Device(name="h100", memory_bytes=80e9, peak_flops=989e12),
-                      num_nodes=max(1, devices // 8), devices_per_node=min(8, devices),
-                      intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9)
+    cluster = Cluster(
+        name="h100",
+        device=Device(name="h100", memory_bytes=80e9, peak_flops=989e12),
+        num_nodes=max(1, devices // 8),
+        devices_per_node=min(8, devices),
+        intra_node_bytes_per_s=450e9,
+        inter_node_bytes_per_s=50e9,
+    )
     return Plan(
-        solver="test", model=_profile(cfg), cluster=cluster, transformer=cfg,
+        solver="test",
+        model=_profile(cfg),
+        cluster=cluster,
+        transformer=cfg,
         degrees=Degrees(data=data, tensor=tensor, pipeline=p, virtual=v, context=context, expert=expert),
         schedule=schedule or ("interleaved-1f1b" if v > 1 else "1f1b"),
-        microbatch_size=b, num_microbatches=m, global_batch_size=b * m * data,
+        microbatch_size=b,
+        num_microbatches=m,
+        global_batch_size=b * m * data,
         stages=tuple(Stage(index=x, chunks=tuple(chunks[x])) for x in range(p)),
         zero_stage=zero_stage,  # type: ignore[arg-type]
         sequence_parallel=tensor > 1 if sequence_parallel is None else sequence_parallel,

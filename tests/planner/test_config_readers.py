@@ -27,13 +27,22 @@ def hf_reader():
 
 
 # bundled config.json -> the preset with the same model (None: no preset; published total instead)
-HF_CASES = [("llama-3-8b", "llama3-8b", None), ("llama-3.1-405b", "llama3-405b", None), ("mixtral-8x7b", "mixtral-8x7b", None),
-            ("qwen3-30b-a3b", "qwen3-30b-a3b", None), ("deepseek-v3", "deepseek-v3", None),
-            ("gpt-oss-20b", "gpt-oss-20b", None), ("qwen2-7b", None, 7_615_616_512), ("mistral-7b", None, 7_241_732_096)]
+HF_CASES = [
+    ("llama-3-8b", "llama3-8b", None),
+    ("llama-3.1-405b", "llama3-405b", None),
+    ("mixtral-8x7b", "mixtral-8x7b", None),
+    ("qwen3-30b-a3b", "qwen3-30b-a3b", None),
+    ("deepseek-v3", "deepseek-v3", None),
+    ("gpt-oss-20b", "gpt-oss-20b", None),
+    ("qwen2-7b", None, 7_615_616_512),
+    ("mistral-7b", None, 7_241_732_096),
+]
 
 
 @pytest.mark.parametrize(("directory", "preset", "total"), HF_CASES)
-def test_hf_configs_read_into_the_preset_model(hf_reader, directory: str, preset: str | None, total: int | None) -> None:
+def test_hf_configs_read_into_the_preset_model(
+    hf_reader, directory: str, preset: str | None, total: int | None
+) -> None:
     cfg = hf_reader.read_hf_config(HF / directory / "config.json", seq_length=4096)
     if preset is None:  # the released checkpoints' exact parameter counts
         assert moe.num_parameters(cfg) == total
@@ -46,8 +55,17 @@ def test_hf_configs_read_into_the_preset_model(hf_reader, directory: str, preset
     raw = json.loads((HF / directory / "config.json").read_text())
     assert cfg.rope_theta == raw["rope_theta"] and cfg.norm_eps == raw["rms_norm_eps"]
     assert cfg.seq_length == 4096 and cfg.dtype == "bf16" and not cfg.tied_embeddings
-    router = ("router_score_function", "router_expert_bias", "router_topk_scaling_factor", "router_num_groups",
-              "router_group_topk", "first_dense_layers", "num_shared_experts", "qk_norm", "head_dim")
+    router = (
+        "router_score_function",
+        "router_expert_bias",
+        "router_topk_scaling_factor",
+        "router_num_groups",
+        "router_group_topk",
+        "first_dense_layers",
+        "num_shared_experts",
+        "qk_norm",
+        "head_dim",
+    )
     assert {k: getattr(cfg, k) for k in router} == {k: getattr(ref, k) for k in router}
 
 
@@ -86,9 +104,27 @@ def test_hf_unsupported_architecture_exits_2(hf_reader, capsys: pytest.CaptureFi
 
 def test_hf_config_plans_without_edits(hf_reader, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.json"
-    code = main(["plan", "--model", f"hf:{HF / 'llama-3-8b' / 'config.json'}", "--seq-length", "2048",
-                 "--cluster", "h100:1x8", "--solver", "even", "--tensor-parallel", "2", "--pipeline", "2",
-                 "--global-batch", "16", "-o", str(out)])
+    code = main(
+        [
+            "plan",
+            "--model",
+            f"hf:{HF / 'llama-3-8b' / 'config.json'}",
+            "--seq-length",
+            "2048",
+            "--cluster",
+            "h100:1x8",
+            "--solver",
+            "even",
+            "--tensor-parallel",
+            "2",
+            "--pipeline",
+            "2",
+            "--global-batch",
+            "16",
+            "-o",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     plan = api.load_plan(out)
     assert plan.transformer.rope_theta == 500000.0 and plan.transformer.seq_length == 2048
@@ -104,8 +140,10 @@ def test_megatron_reader_errors_name_the_flag(tmp_path: Path) -> None:
     path.write_text("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128\n")
     with pytest.raises(InvalidProblemError, match=r"lack \['--vocab-size'\]"):
         api.load_model(f"megatron:{path}")
-    path.write_text("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 \\\n"
-                    "  --num-experts 4 --moe-layer-freq '[1,0,1,0]'  # interleaved dense layers\n")
+    path.write_text(
+        "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 \\\n"
+        "  --num-experts 4 --moe-layer-freq '[1,0,1,0]'  # interleaved dense layers\n"
+    )
     with pytest.raises(InvalidProblemError, match="--moe-layer-freq"):
         api.load_model(f"megatron:{path}")
 
@@ -161,9 +199,11 @@ def test_readers_and_exports_load_no_tool_until_used() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, planner.config_readers, planner.export_torchtitan, planner.export_megatron_flags, "
-            "cost_models.moe, cost_models.parallelism, planner.api\n"
-            "heavy = [m for m in ('torch', 'transformers', 'torchtitan', 'megatron') if m in sys.modules]\n"
-            "assert not heavy, heavy\nprint('ok')\n")
+    code = (
+        "import sys, planner.config_readers, planner.export_torchtitan, planner.export_megatron_flags, "
+        "cost_models.moe, cost_models.parallelism, planner.api\n"
+        "heavy = [m for m in ('torch', 'transformers', 'torchtitan', 'megatron') if m in sys.modules]\n"
+        "assert not heavy, heavy\nprint('ok')\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

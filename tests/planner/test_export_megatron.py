@@ -17,10 +17,16 @@ CASES = [
     ("llama2-7b-d8-zero1", lambda: preset_plan("llama2-7b", data=8, zero_stage=1), 8),
     ("llama3-8b-t2-sp", lambda: preset_plan("llama3-8b", p=2, tensor=2, data=2, zero_stage=1), 8),
     ("llama3-70b-fsdp", lambda: preset_plan("llama3-70b", tensor=8, data=4, zero_stage=3), 32),
-    ("llama3-405b-p16-uneven-ends", lambda: preset_plan(
-        "llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, data=2, zero_stage=1, m=16), 256),
-    ("llama3-405b-cp", lambda: preset_plan(
-        "llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, context=2, zero_stage=1, m=16), 256),
+    (
+        "llama3-405b-p16-uneven-ends",
+        lambda: preset_plan("llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, data=2, zero_stage=1, m=16),
+        256,
+    ),
+    (
+        "llama3-405b-cp",
+        lambda: preset_plan("llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, context=2, zero_stage=1, m=16),
+        256,
+    ),
     ("llama3-8b-interleaved-p2", lambda: preset_plan("llama3-8b", p=2, v=2, tensor=1, data=4, m=4), 8),
     ("llama3-8b-layout", lambda: preset_plan("llama3-8b", [5, 9, 9, 9], p=4, data=2), 8),
     ("llama3-8b-recompute-full", lambda: preset_plan("llama3-8b", p=2, data=4, recompute="full"), 8),
@@ -28,8 +34,11 @@ CASES = [
     ("mixtral-8x7b-ep8", lambda: preset_plan("mixtral-8x7b", p=4, tensor=2, data=8, expert=8, zero_stage=1), 64),
     ("qwen3-30b-a3b-ep8-cp2", lambda: preset_plan("qwen3-30b-a3b", data=4, context=2, expert=8, zero_stage=1), 8),
     ("qwen3-32b-kv-channels", lambda: preset_plan("qwen3-32b", tensor=8, data=1, zero_stage=1), 8),
-    ("deepseek-v3-pp16-ep64", lambda: preset_plan(
-        "deepseek-v3", [3] + [4] * 14 + [2], p=16, data=128, expert=64, zero_stage=1, m=16), 2048),
+    (
+        "deepseek-v3-pp16-ep64",
+        lambda: preset_plan("deepseek-v3", [3] + [4] * 14 + [2], p=16, data=128, expert=64, zero_stage=1, m=16),
+        2048,
+    ),
     ("gpt-oss-120b-ep8", lambda: preset_plan("gpt-oss-120b", data=8, expert=8, zero_stage=1), 8),
 ]
 
@@ -69,10 +78,20 @@ def test_deepseek_v3_yarn_reaches_the_mla_config() -> None:
     cfg = validate(to_megatron_args(preset_plan("deepseek-v3", data=8, expert=8)), world_size=8)["transformer"]
     assert (cfg.rope_type, cfg.rotary_scaling_factor, cfg.mscale, cfg.mscale_all_dim) == ("yarn", 40, 1.0, 1.0)
     # the router as released: sigmoid scores, expert bias, 2.5 scaling, 4 of 8 groups
-    assert (cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias, cfg.moe_router_topk_scaling_factor,
-            cfg.moe_router_num_groups, cfg.moe_router_group_topk) == ("sigmoid", True, 2.5, 8, 4)
+    assert (
+        cfg.moe_router_score_function,
+        cfg.moe_router_enable_expert_bias,
+        cfg.moe_router_topk_scaling_factor,
+        cfg.moe_router_num_groups,
+        cfg.moe_router_group_topk,
+    ) == ("sigmoid", True, 2.5, 8, 4)
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim) == (
-        1536, 512, 128, 64, 128)
+        1536,
+        512,
+        128,
+        64,
+        128,
+    )
 
 
 def test_uneven_ends_reach_megatron_core_as_first_and_last_stage_counts() -> None:
@@ -94,8 +113,10 @@ def test_megatron_core_rejects_what_megatron_rejects() -> None:
     with pytest.raises(AssertionError, match="global batch size"):  # megatron-core's microbatch calculator
         validate(to_megatron_args(preset_plan("llama3-8b", p=2, data=2)), world_size=6)
     with pytest.raises(AssertionError, match="not a Megatron-LM flag"):
-        validate(["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
-                  "--overlap-p2p-comm"], world_size=2)
+        validate(
+            ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2", "--overlap-p2p-comm"],
+            world_size=2,
+        )
 
 
 @pytest.mark.parametrize("name", ["llama3-405b", "mixtral-8x7b", "deepseek-v3", "qwen3-32b", "gpt-oss-20b"])

@@ -51,13 +51,21 @@ def _parallel_dims(config, world: int):
 CASES = [
     ("llama3-8b-d8-fsdp", lambda: preset_plan("llama3-8b", data=8, zero_stage=3), 8),
     ("llama3-8b-ddp-t2", lambda: preset_plan("llama3-8b", data=4, tensor=2), 8),
-    ("llama3-405b-p16", lambda: preset_plan("llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, data=2,
-                                            zero_stage=1, m=16, recompute="full"), 256),
+    (
+        "llama3-405b-p16",
+        lambda: preset_plan(
+            "llama3-405b", [7] + [8] * 14 + [7], p=16, tensor=8, data=2, zero_stage=1, m=16, recompute="full"
+        ),
+        256,
+    ),
     ("llama3-70b-interleaved", lambda: preset_plan("llama3-70b", p=4, v=2, tensor=8, data=2, zero_stage=3, m=8), 64),
     ("qwen3-30b-a3b-ep8-cp2", lambda: preset_plan("qwen3-30b-a3b", data=4, context=2, expert=8, zero_stage=3), 8),
     ("gpt-oss-20b-p2-ep8", lambda: preset_plan("gpt-oss-20b", p=2, data=4, expert=4, zero_stage=3, m=4), 8),
-    ("deepseek-v3-pp16-ep64", lambda: preset_plan("deepseek-v3", [3] + [4] * 14 + [2], p=16, data=128, expert=64,
-                                                  zero_stage=1, m=16), 2048),
+    (
+        "deepseek-v3-pp16-ep64",
+        lambda: preset_plan("deepseek-v3", [3] + [4] * 14 + [2], p=16, data=128, expert=64, zero_stage=1, m=16),
+        2048,
+    ),
 ]
 
 
@@ -68,8 +76,12 @@ def test_torchtitan_config_manager_loads_the_export(name: str, make, world: int)
     par, d = config.parallelism, plan.degrees
     dims = _parallel_dims(config, world)  # asserts dp_replicate x dp_shard x cp x tp x pp == world
     assert dims.dp_replicate * dims.dp_shard == d.data
-    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
-            par.expert_parallel_degree) == (d.tensor, d.pipeline, d.context, d.expert)
+    assert (
+        par.tensor_parallel_degree,
+        par.pipeline_parallel_degree,
+        par.context_parallel_degree,
+        par.expert_parallel_degree,
+    ) == (d.tensor, d.pipeline, d.context, d.expert)
     assert (dims.dp_shard * d.context * d.tensor) % d.expert == 0  # torchtitan's EP mesh constraint
     assert (par.data_parallel_shard_degree > 1) == (plan.zero_stage >= 1 or d.expert > 1) or d.data == 1
     assert config.training.local_batch_size == plan.microbatch_size * plan.num_microbatches
@@ -135,16 +147,37 @@ def test_registry_table_matches_the_presets(preset: str) -> None:
     assert _shape(built) == _shape(cfg)
     assert moe.num_parameters(built) == moe.num_parameters(cfg)  # biases and norms included
     assert built.rope_theta == cfg.rope_theta
-    router = ("router_score_function", "router_expert_bias", "router_topk_scaling_factor", "router_num_groups",
-              "router_group_topk")
+    router = (
+        "router_score_function",
+        "router_expert_bias",
+        "router_topk_scaling_factor",
+        "router_num_groups",
+        "router_group_topk",
+    )
     assert {k: getattr(built, k) for k in router} == {k: getattr(cfg, k) for k in router}
     # torchtitan states DeepSeek-V3's RMSNorm epsilon as 1e-5, the released config.json as 1e-6
     assert built.norm_eps == (1e-5 if preset == "deepseek-v3" else cfg.norm_eps)
 
 
-_SHAPE = ("hidden_size", "num_layers", "num_heads", "kv_heads", "vocab_size", "num_experts", "experts_per_token",
-          "num_shared_experts", "first_dense_layers", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
-          "qk_rope_head_dim", "v_head_dim", "head_size", "qk_norm", "tied_embeddings")
+_SHAPE = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "kv_heads",
+    "vocab_size",
+    "num_experts",
+    "experts_per_token",
+    "num_shared_experts",
+    "first_dense_layers",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "head_size",
+    "qk_norm",
+    "tied_embeddings",
+)
 
 
 def _shape(cfg) -> dict:
