@@ -57,7 +57,12 @@ def read_hf_config(path: str | Path, *, seq_length: int | None = None, name: str
             f"supported model_type values: {list(SUPPORTED_MODEL_TYPES)}; write a paraplan.transformer/v1 "
             "JSON for other decoders (docs/models-and-configs.md)"
         )
-    from transformers import AutoConfig  # heavy (imports torch): only on this path
+    try:
+        from transformers import AutoConfig  # heavy (imports torch): only on this path
+    except ImportError as e:
+        raise InvalidProblemError(
+            f"reading Hugging Face configs needs transformers ({e}); install it: pip install 'paraplan[hf]'"
+        ) from None
 
     try:
         hf = AutoConfig.from_pretrained(str(file))

@@ -207,3 +207,18 @@ def test_readers_and_exports_load_no_tool_until_used() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_missing_transformers_is_invalid_input_with_the_install_hint(monkeypatch, capsys) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("No module named 'transformers'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    assert main(["model-info", f"hf:{HF / 'llama-3-8b' / 'config.json'}"]) == 2
+    assert "pip install 'paraplan[hf]'" in capsys.readouterr().err
