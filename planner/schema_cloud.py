@@ -28,13 +28,19 @@ MARKETS: tuple[str, ...] = Market.__args__  # type: ignore[attr-defined]
 Objective = Literal["max-throughput", "min-cost", "min-makespan"]
 
 
-def unit_error(field: str, unit: str) -> str | None:
+def unit_error(field: str, unit: str, *, rename: str = "") -> str | None:
     """The message for a price unit other than dollars per hour, or None when it is right."""
     if unit == PRICE_UNIT:
         return None
     factor = UNIT_TO_PER_HOUR.get(unit)
-    fix = f"multiply each price by {factor:g} and set {field}={PRICE_UNIT!r}" if factor else f"convert to {PRICE_UNIT!r}"
-    return f"{field}={unit!r}: prices must be in US dollars per hour; {fix}"
+    then = rename or f"set {field}={PRICE_UNIT!r}"
+    if factor is None:
+        fix = f"convert the prices to US dollars per hour and {then}"
+    elif factor >= 1:
+        fix = f"multiply each price by {factor:g} and {then}"
+    else:
+        fix = f"divide each price by {1 / factor:g} and {then}"
+    return f"{field}={unit!r}: prices must be in US dollars per hour ({PRICE_UNIT!r}); {fix}"
 
 
 class Source(_Frozen):

@@ -130,11 +130,11 @@ def _hours_out(mx: Matrix, sol: f.Solution) -> dict[str, JobAllocation]:
 
 
 def _nonzero(mx: Matrix, row: np.ndarray) -> dict[str, float]:
-    return {mx.option_keys[j]: round(float(v), 9) for j, v in enumerate(row) if v > 1e-9}
+    return {mx.option_keys[j]: round(float(v), 6) for j, v in enumerate(row) if v > 5e-7}
 
 
 def _packing(mx: Matrix, m: int, row: np.ndarray) -> dict[str, int]:
-    return {mx.option_keys[j]: int(round(1 / mx.share[m, j])) for j, v in enumerate(row) if v > 1e-9}
+    return {mx.option_keys[j]: int(round(1 / mx.share[m, j])) for j, v in enumerate(row) if v > 5e-7}
 
 
 def _used(jobs: dict[str, JobAllocation]) -> list[str]:

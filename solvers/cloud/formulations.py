@@ -150,11 +150,12 @@ def deadline_scale(mx: Matrix, *, deadlines_h: np.ndarray, quotas: np.ndarray | 
             np.hstack([block[finite], -deadlines_h[finite][:, None]])]  # sum_j Y_mj <= alpha SLO_m
     lo = [mx.num_steps, np.full(finite.sum(), -np.inf)]
     hi = [np.full(num_jobs, np.inf), np.zeros(finite.sum())]
-    if quotas is not None:
+    if quotas is not None and np.isfinite(quotas).any():
         weights = np.where(finite, 1.0 / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
-        rows.append(np.hstack([_column_sums(weights), -quotas[:, None]]))
-        lo.append(np.full(num_opts, -np.inf))
-        hi.append(np.zeros(num_opts))
+        limited = np.isfinite(quotas)
+        rows.append(np.hstack([_column_sums(weights)[limited], -quotas[limited][:, None]]))
+        lo.append(np.full(limited.sum(), -np.inf))
+        hi.append(np.zeros(limited.sum()))
     c = np.concatenate([np.zeros(n), [1.0]])
     res = milp(c, constraints=LinearConstraint(np.vstack(rows), np.concatenate(lo), np.concatenate(hi)),
                bounds=Bounds(np.zeros(n + 1), np.concatenate([mx.runnable.astype(float).ravel() * 1e12, [np.inf]])))
@@ -207,10 +208,11 @@ def min_makespan_lp(mx: Matrix, *, budget_usd: float, quotas: np.ndarray | None 
             np.concatenate([mx.usd_per_h.ravel(), [0.0]])[None, :]]
     lo = [mx.num_steps, np.full(num_jobs, -np.inf), [-np.inf]]
     hi = [np.full(num_jobs, np.inf), np.zeros(num_jobs), [budget_usd]]
-    if quotas is not None:
-        rows.append(np.hstack([_column_sums(mx.share), -quotas[:, None]]))
-        lo.append(np.full(num_opts, -np.inf))
-        hi.append(np.zeros(num_opts))
+    if quotas is not None and np.isfinite(quotas).any():
+        limited = np.isfinite(quotas)
+        rows.append(np.hstack([_column_sums(mx.share)[limited], -quotas[limited][:, None]]))
+        lo.append(np.full(limited.sum(), -np.inf))
+        hi.append(np.zeros(limited.sum()))
     c = np.concatenate([np.zeros(n), [1.0]])
     res = milp(c, constraints=LinearConstraint(np.vstack(rows), np.concatenate(lo), np.concatenate(hi)),
                bounds=Bounds(np.zeros(n + 1), np.concatenate([mx.runnable.astype(float).ravel() * 1e12, [np.inf]])))

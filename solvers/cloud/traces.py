@@ -69,7 +69,7 @@ def parse_trace_csv(text: str, *, name: str = "<trace>") -> PriceTrace:
         raise InvalidProblemError(f"price trace {name!r} is empty; the first line must be {','.join(COLUMNS)}")
     header = tuple(c.strip() for c in rows[0])
     if len(header) == len(COLUMNS) and header[:-1] == COLUMNS[:-1] and header[-1] != PRICE_UNIT:
-        raise InvalidProblemError(f"price trace {name!r}: {unit_error('price column', header[-1])}")
+        raise InvalidProblemError(f"price trace {name!r}: {unit_error('price column', header[-1], rename=f'rename the column {PRICE_UNIT}')}")
     if header != COLUMNS:
         raise InvalidProblemError(f"price trace {name!r}: header {','.join(header)!r} must be {','.join(COLUMNS)!r}")
     start: datetime | None = None
