@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from planner.errors import InfeasibleError
@@ -68,7 +69,7 @@ def max_throughput(mx: Matrix, *, quotas: np.ndarray | None = None, budget_usd_p
     upper = mx.runnable.astype(float).ravel()  # X_mj = 0 where job m cannot run on j
     rows, lower_b, upper_b = [], [], []
     # sum_j X_mj <= 1: a job is on one instance at a time
-    rows.append(np.kron(np.eye(num_jobs), np.ones(num_opts)))
+    rows.append(_per_job(num_jobs, num_opts))
     lower_b.append(np.full(num_jobs, -np.inf))
     upper_b.append(np.ones(num_jobs))
     if quotas is not None:  # sum_m share_mj X_mj <= quota_j (instances of type j)
@@ -79,7 +80,7 @@ def max_throughput(mx: Matrix, *, quotas: np.ndarray | None = None, budget_usd_p
         rows.append(mx.usd_per_h.ravel()[None, :])
         lower_b.append([-np.inf])
         upper_b.append([budget_usd_per_h])
-    a, lo, hi, bounds = np.vstack(rows), np.concatenate(lower_b), np.concatenate(upper_b), Bounds(np.zeros(n), upper)
+    a, lo, hi, bounds = sp.vstack(rows).tocsr(), np.concatenate(lower_b), np.concatenate(upper_b), Bounds(np.zeros(n), upper)
     res = milp(-mx.steps_per_h.ravel(), constraints=LinearConstraint(a, lo, hi), bounds=bounds)
     _check(res, "max-throughput")
     best = -res.fun
@@ -103,31 +104,32 @@ def min_cost(mx: Matrix, eg: Egress, *, deadlines_h: np.ndarray, quotas: np.ndar
     rows, lo, hi = [], [], []
 
     def add(block: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
-        rows.append(np.hstack([block, np.zeros((block.shape[0], n_z))]) if block.shape[1] == n_y else block)
+        rows.append(sp.hstack([block, sp.csr_matrix((block.shape[0], n_z))]) if n_z else block)
         lo.append(low)
         hi.append(high)
 
     # work: sum_j T_mj Y_mj >= num_steps_m (the SLO constraint of sec. 6.4.3 times SLO_m)
-    add(np.kron(np.eye(num_jobs), np.ones(num_opts)) * thr.ravel()[None, :], mx.num_steps, np.full(num_jobs, np.inf))
+    add(_per_job(num_jobs, num_opts, thr), mx.num_steps, np.full(num_jobs, np.inf))
     finite = np.isfinite(deadlines_h)
     if finite.any():  # one instance at a time: sum_j Y_mj <= SLO_m
-        add(np.kron(np.eye(num_jobs), np.ones(num_opts))[finite], np.full(finite.sum(), -np.inf), deadlines_h[finite])
+        add(_per_job(num_jobs, num_opts)[finite], np.full(finite.sum(), -np.inf), deadlines_h[finite])
         if quotas is not None:  # sum_m share_mj Y_mj / SLO_m <= quota_j
             weights = np.where(finite, 1.0 / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
             add(_column_sums(weights), np.full(num_opts, -np.inf), quotas)
     if n_z:  # Y_mj <= (hours alone on j) z_m,cloud(j): no time in a cloud the job does not enter
-        link = np.zeros((len(active) * num_opts, n_y + n_z))
-        for a, m in enumerate(active):
-            for j in range(num_opts):
-                link[a * num_opts + j, m * num_opts + j] = 1.0
-                link[a * num_opts + j, n_y + a * num_clouds + eg.column_cloud[j]] = -upper_y[m * num_opts + j]
+        row = np.arange(len(active) * num_opts)
+        y_col = (active[:, None] * num_opts + np.arange(num_opts)[None, :]).ravel()
+        z_col = n_y + (np.arange(len(active))[:, None] * num_clouds + eg.column_cloud[None, :]).ravel()
+        link = sp.csr_matrix((np.concatenate([np.ones(len(row)), -upper_y[y_col]]),
+                              (np.concatenate([row, row]), np.concatenate([y_col, z_col]))),
+                             shape=(len(row), n_y + n_z))
         rows.append(link)
         lo.append(np.full(link.shape[0], -np.inf))
         hi.append(np.zeros(link.shape[0]))
     cost_z = np.concatenate([eg.enter_usd[m] + eg.checkpoint_usd[m] for m in active]) if n_z else np.zeros(0)
     c = np.concatenate([mx.usd_per_h.ravel(), cost_z])
     integrality = np.concatenate([np.zeros(n_y), np.ones(n_z)])
-    res = milp(c, constraints=LinearConstraint(np.vstack(rows), np.concatenate(lo), np.concatenate(hi)),
+    res = milp(c, constraints=LinearConstraint(sp.vstack(rows).tocsr(), np.concatenate(lo), np.concatenate(hi)),
                bounds=Bounds(np.zeros(n_y + n_z), np.concatenate([upper_y, np.ones(n_z)])), integrality=integrality)
     if res.status == 2 or res.x is None:
         return None
@@ -145,19 +147,19 @@ def deadline_scale(mx: Matrix, *, deadlines_h: np.ndarray, quotas: np.ndarray | 
     num_jobs, num_opts = mx.steps_per_h.shape
     n = num_jobs * num_opts
     finite = np.isfinite(deadlines_h)
-    block = np.kron(np.eye(num_jobs), np.ones(num_opts))
-    rows = [np.hstack([block * mx.steps_per_h.ravel()[None, :], np.zeros((num_jobs, 1))]),
-            np.hstack([block[finite], -deadlines_h[finite][:, None]])]  # sum_j Y_mj <= alpha SLO_m
+    block = _per_job(num_jobs, num_opts)
+    rows = [sp.hstack([_per_job(num_jobs, num_opts, mx.steps_per_h), sp.csr_matrix((num_jobs, 1))]),
+            sp.hstack([block[finite], -deadlines_h[finite][:, None]])]  # sum_j Y_mj <= alpha SLO_m
     lo = [mx.num_steps, np.full(finite.sum(), -np.inf)]
     hi = [np.full(num_jobs, np.inf), np.zeros(finite.sum())]
     if quotas is not None and np.isfinite(quotas).any():
         weights = np.where(finite, 1.0 / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
         limited = np.isfinite(quotas)
-        rows.append(np.hstack([_column_sums(weights)[limited], -quotas[limited][:, None]]))
+        rows.append(sp.hstack([_column_sums(weights)[limited], -quotas[limited][:, None]]))
         lo.append(np.full(limited.sum(), -np.inf))
         hi.append(np.zeros(limited.sum()))
     c = np.concatenate([np.zeros(n), [1.0]])
-    res = milp(c, constraints=LinearConstraint(np.vstack(rows), np.concatenate(lo), np.concatenate(hi)),
+    res = milp(c, constraints=LinearConstraint(sp.vstack(rows).tocsr(), np.concatenate(lo), np.concatenate(hi)),
                bounds=Bounds(np.zeros(n + 1), np.concatenate([mx.runnable.astype(float).ravel() * 1e12, [np.inf]])))
     _check(res, "deadline scale")
     return float(res.x[-1])
@@ -202,31 +204,36 @@ def min_makespan_lp(mx: Matrix, *, budget_usd: float, quotas: np.ndarray | None 
     """The same optimum as one LP in (Y, M), without egress: an oracle for the bisection."""
     num_jobs, num_opts = mx.steps_per_h.shape
     n = num_jobs * num_opts
-    block = np.kron(np.eye(num_jobs), np.ones(num_opts))
-    rows = [np.hstack([block * mx.steps_per_h.ravel()[None, :], np.zeros((num_jobs, 1))]),
-            np.hstack([block, -np.ones((num_jobs, 1))]),
-            np.concatenate([mx.usd_per_h.ravel(), [0.0]])[None, :]]
+    block = _per_job(num_jobs, num_opts)
+    rows = [sp.hstack([_per_job(num_jobs, num_opts, mx.steps_per_h), sp.csr_matrix((num_jobs, 1))]),
+            sp.hstack([block, -np.ones((num_jobs, 1))]),
+            sp.csr_matrix(np.concatenate([mx.usd_per_h.ravel(), [0.0]])[None, :])]
     lo = [mx.num_steps, np.full(num_jobs, -np.inf), [-np.inf]]
     hi = [np.full(num_jobs, np.inf), np.zeros(num_jobs), [budget_usd]]
     if quotas is not None and np.isfinite(quotas).any():
         limited = np.isfinite(quotas)
-        rows.append(np.hstack([_column_sums(mx.share)[limited], -quotas[limited][:, None]]))
+        rows.append(sp.hstack([_column_sums(mx.share)[limited], -quotas[limited][:, None]]))
         lo.append(np.full(limited.sum(), -np.inf))
         hi.append(np.zeros(limited.sum()))
     c = np.concatenate([np.zeros(n), [1.0]])
-    res = milp(c, constraints=LinearConstraint(np.vstack(rows), np.concatenate(lo), np.concatenate(hi)),
+    res = milp(c, constraints=LinearConstraint(sp.vstack(rows).tocsr(), np.concatenate(lo), np.concatenate(hi)),
                bounds=Bounds(np.zeros(n + 1), np.concatenate([mx.runnable.astype(float).ravel() * 1e12, [np.inf]])))
     _check(res, "min-makespan LP")
     return float(res.x[-1])
 
 
-def _column_sums(weights: np.ndarray) -> np.ndarray:
+def _per_job(num_jobs: int, num_opts: int, values: np.ndarray | None = None) -> sp.csr_matrix:
+    """Rows m: sum over options j of values_mj x var_mj (variables flattened job-major)."""
+    data = np.ones(num_jobs * num_opts) if values is None else values.ravel()
+    return sp.csr_matrix((data, (np.repeat(np.arange(num_jobs), num_opts), np.arange(num_jobs * num_opts))),
+                         shape=(num_jobs, num_jobs * num_opts))
+
+
+def _column_sums(weights: np.ndarray) -> sp.csr_matrix:
     """Rows j: sum over jobs m of weights_mj x var_mj (variables flattened job-major)."""
     num_jobs, num_opts = weights.shape
-    out = np.zeros((num_opts, num_jobs * num_opts))
-    for m in range(num_jobs):
-        out[np.arange(num_opts), m * num_opts + np.arange(num_opts)] = weights[m]
-    return out
+    return sp.csr_matrix((weights.ravel(), (np.tile(np.arange(num_opts), num_jobs), np.arange(num_jobs * num_opts))),
+                         shape=(num_opts, num_jobs * num_opts))
 
 
 def _check(res: object, what: str) -> None:

@@ -165,6 +165,9 @@ class _Run:
                 next_preempt = self._draw(t, cur)
                 continue
             i += 1
+            if mk.prices[i, cur] != mk.prices[i - 1, cur]:  # one step per price: exact cost curves
+                self._close(seg_start, t, cur, seg_usd)
+                seg_start, seg_usd = t, 0.0
             if self.dynamic and self.switches < self.max_switches:
                 nxt = self.best(i)
                 saving = (mk.prices[i, cur] * self.weight[cur] - mk.prices[i, nxt] * self.weight[nxt]) * remaining
@@ -186,7 +189,8 @@ class _Run:
 
     def _close(self, start: float, end: float, cur: int, usd: float) -> None:
         self.compute += usd
-        self.steps.append(ReplayStep(start_h=start, end_h=end, option=self.mk.labels[cur], usd=usd))
+        if end > start or usd > 0:
+            self.steps.append(ReplayStep(start_h=start, end_h=end, option=self.mk.labels[cur], usd=usd))
 
     def _draw(self, t: float, cur: int) -> float:
         rate = self.mk.preemption_rate_per_h[cur]
