@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.schema_cloud import Catalogue, CloudJob, CloudProblem
 
 
@@ -25,3 +27,15 @@ def job(job_id: str, throughputs: dict[str, float], num_steps: float, **fields) 
 
 def problem(*jobs: CloudJob, **fields) -> CloudProblem:
     return CloudProblem.model_validate({"jobs": [j.model_dump() for j in jobs], **fields})
+
+
+@lru_cache(maxsize=4)
+def generated_market(seed: int):
+    """(trace, market) of the bundled ch6-2020 catalogue's generated trace for a seed (cached)."""
+    from solvers.cloud.catalogue import load_catalogue
+    from solvers.cloud.replay import market
+    from solvers.cloud.traces import generate_trace
+
+    cat = load_catalogue("ch6-2020")
+    trace = generate_trace(cat, seed=seed)
+    return trace, market(trace, cat)
