@@ -117,12 +117,7 @@ def min_cost(mx: Matrix, eg: Egress, *, deadlines_h: np.ndarray, quotas: np.ndar
             weights = np.where(finite, 1.0 / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
             add(_column_sums(weights), np.full(num_opts, -np.inf), quotas)
     if n_z:  # Y_mj <= (hours alone on j) z_m,cloud(j): no time in a cloud the job does not enter
-        row = np.arange(len(active) * num_opts)
-        y_col = (active[:, None] * num_opts + np.arange(num_opts)[None, :]).ravel()
-        z_col = n_y + (np.arange(len(active))[:, None] * num_clouds + eg.column_cloud[None, :]).ravel()
-        link = sp.csr_matrix((np.concatenate([np.ones(len(row)), -upper_y[y_col]]),
-                              (np.concatenate([row, row]), np.concatenate([y_col, z_col]))),
-                             shape=(len(row), n_y + n_z))
+        link = _link_rows(active, eg.column_cloud, upper_y, num_opts=num_opts, num_clouds=num_clouds)
         rows.append(link)
         lo.append(np.full(link.shape[0], -np.inf))
         hi.append(np.zeros(link.shape[0]))
@@ -136,10 +131,22 @@ def min_cost(mx: Matrix, eg: Egress, *, deadlines_h: np.ndarray, quotas: np.ndar
     _check(res, "min-cost")
     hours = res.x[:n_y].reshape(num_jobs, num_opts)
     egress = np.zeros(num_jobs)
-    for a, m in enumerate(active):
+    for a, m in enumerate(active):  # dataset into each entered cloud, a checkpoint per cloud beyond the first
         used = np.round(res.x[n_y + a * num_clouds: n_y + (a + 1) * num_clouds])
         egress[m] = float(used @ eg.enter_usd[m] + max(used.sum() - 1, 0) * eg.checkpoint_usd[m])
     return Solution(hours=hours, egress_usd=egress, objective=float((mx.usd_per_h * hours).sum() + egress.sum()))
+
+
+def _link_rows(active: np.ndarray, column_cloud: np.ndarray, upper_y: np.ndarray, *, num_opts: int,
+               num_clouds: int) -> sp.csr_matrix:
+    """Rows Y_mj - upper_mj z_m,cloud(j) <= 0 for the jobs with egress (variables: all Y, then their z)."""
+    n_y = len(upper_y)
+    row = np.arange(len(active) * num_opts)
+    y_col = (active[:, None] * num_opts + np.arange(num_opts)[None, :]).ravel()
+    z_col = n_y + (np.arange(len(active))[:, None] * num_clouds + column_cloud[None, :]).ravel()
+    return sp.csr_matrix((np.concatenate([np.ones(len(row)), -upper_y[y_col]]),
+                          (np.concatenate([row, row]), np.concatenate([y_col, z_col]))),
+                         shape=(len(row), n_y + len(active) * num_clouds))
 
 
 def deadline_scale(mx: Matrix, *, deadlines_h: np.ndarray, quotas: np.ndarray | None) -> float:

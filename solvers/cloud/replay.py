@@ -132,60 +132,73 @@ class _Run:
 
     def go(self, strategy: str, start_h: float) -> ReplayResult:
         mk = self.mk
-        i = max(int(np.searchsorted(mk.times_h, start_h, side="right")) - 1, 0)
-        t, remaining, cur = start_h, float(self.job.num_steps), self.best(i)
-        seg_start, seg_usd = t, 0.0
-        self.egress += self._dataset_usd(mk.clouds[cur])
-        self._enter(cur)
-        next_preempt = self._draw(t, cur)
-        while remaining > 0.0:
-            end = mk.times_h[i + 1] if i + 1 < len(mk.times_h) else math.inf
-            if t >= end:  # a restart ran past a price change
-                i += 1
-                continue
-            rate = mk.prices[i, cur] * self.share[cur]
-            finish = t + remaining / self.speed[cur]
-            stop = min(end, finish, next_preempt)
-            remaining = 0.0 if stop == finish else remaining - self.speed[cur] * (stop - t)
-            seg_usd += rate * (stop - t)
-            t = stop
-            if remaining <= 0.0:
-                break
-            if t == next_preempt:
-                self.preempted += 1
-                lost_h = self._lost_h()
-                seg_usd += rate * lost_h
-                remaining = min(remaining + self.speed[cur] * self._lost_work_h(cur), float(self.job.num_steps))
-                t += lost_h
-                nxt = self.best(i) if self.dynamic else cur
-                self.egress += self._move_usd(cur, nxt)
-                self._enter(nxt)
-                self._close(seg_start, t, cur, seg_usd)
-                seg_start, seg_usd, cur = t, 0.0, nxt
-                next_preempt = self._draw(t, cur)
-                continue
-            i += 1
-            if mk.prices[i, cur] != mk.prices[i - 1, cur]:  # one step per price: exact cost curves
-                self._close(seg_start, t, cur, seg_usd)
-                seg_start, seg_usd = t, 0.0
-            if self.dynamic and self.switches < self.max_switches:
-                nxt = self.best(i)
-                saving = (mk.prices[i, cur] * self.weight[cur] - mk.prices[i, nxt] * self.weight[nxt]) * remaining
-                move = self._move_usd(cur, nxt) + mk.prices[i, nxt] * self.share[nxt] * self.job.restart_s / 3600
-                now = mk.prices[i, cur] * self.weight[cur] * remaining
-                if nxt != cur and saving > move and saving >= self.min_saving * now:
-                    self._close(seg_start, t, cur, seg_usd)
-                    self.egress += self._move_usd(cur, nxt)
-                    self._enter(nxt)
-                    self.switches += 1
-                    restart_usd = mk.prices[i, nxt] * self.share[nxt] * self.job.restart_s / 3600
-                    seg_start, seg_usd, cur = t, restart_usd, nxt
-                    t += self.job.restart_s / 3600
-                    next_preempt = self._draw(t, cur)
-        self._close(seg_start, t, cur, seg_usd)
+        self.i = max(int(np.searchsorted(mk.times_h, start_h, side="right")) - 1, 0)
+        self.t, self.remaining, self.cur = start_h, float(self.job.num_steps), self.best(self.i)
+        self.seg_start, self.seg_usd = self.t, 0.0
+        self.egress += self._dataset_usd(mk.clouds[self.cur])
+        self._enter(self.cur)
+        self.next_preempt = self._draw(self.t, self.cur)
+        while self.remaining > 0.0:
+            end = mk.times_h[self.i + 1] if self.i + 1 < len(mk.times_h) else math.inf
+            if self.t >= end:  # a restart ran past a price change
+                self.i += 1
+            elif self._advance(end) and self.t == self.next_preempt:
+                self._preempt()
+            elif self.remaining > 0.0:
+                self._next_price()
+        self._close(self.seg_start, self.t, self.cur, self.seg_usd)
         return ReplayResult(strategy=strategy, job=self.job.id, total_usd=self.compute + self.egress,
-                            compute_usd=self.compute, egress_usd=self.egress, duration_h=t - start_h,
+                            compute_usd=self.compute, egress_usd=self.egress, duration_h=self.t - start_h,
                             num_switches=self.switches, num_preemptions=self.preempted, steps=tuple(self.steps))
+
+    def _advance(self, end: float) -> bool:
+        """Train until the price changes, the job ends or a preemption; True unless it ended."""
+        cur = self.cur
+        finish = self.t + self.remaining / self.speed[cur]
+        stop = min(end, finish, self.next_preempt)
+        self.remaining = 0.0 if stop == finish else self.remaining - self.speed[cur] * (stop - self.t)
+        self.seg_usd += self.mk.prices[self.i, cur] * self.share[cur] * (stop - self.t)
+        self.t = stop
+        return self.remaining > 0.0
+
+    def _preempt(self) -> None:
+        """Restart (on the same type, or the best one if dynamic), losing work the notice could not save."""
+        cur = self.cur
+        self.preempted += 1
+        lost_h = self.job.restart_s / 3600
+        self.seg_usd += self.mk.prices[self.i, cur] * self.share[cur] * lost_h
+        self.remaining = min(self.remaining + self.speed[cur] * self._lost_work_h(cur), float(self.job.num_steps))
+        self.t += lost_h
+        nxt = self.best(self.i) if self.dynamic else cur
+        self.egress += self._move_usd(cur, nxt)
+        self._enter(nxt)
+        self._close(self.seg_start, self.t, cur, self.seg_usd)
+        self.seg_start, self.seg_usd, self.cur = self.t, 0.0, nxt
+        self.next_preempt = self._draw(self.t, nxt)
+
+    def _next_price(self) -> None:
+        """Step to the next price interval; a dynamic job moves when that pays (module docstring)."""
+        mk, cur = self.mk, self.cur
+        self.i += 1
+        i = self.i
+        if mk.prices[i, cur] != mk.prices[i - 1, cur]:  # one step per price: exact cost curves
+            self._close(self.seg_start, self.t, cur, self.seg_usd)
+            self.seg_start, self.seg_usd = self.t, 0.0
+        if not self.dynamic or self.switches >= self.max_switches:
+            return
+        nxt = self.best(i)
+        now = mk.prices[i, cur] * self.weight[cur] * self.remaining
+        saving = now - mk.prices[i, nxt] * self.weight[nxt] * self.remaining
+        restart_usd = mk.prices[i, nxt] * self.share[nxt] * self.job.restart_s / 3600
+        if nxt == cur or saving <= self._move_usd(cur, nxt) + restart_usd or saving < self.min_saving * now:
+            return
+        self._close(self.seg_start, self.t, cur, self.seg_usd)
+        self.egress += self._move_usd(cur, nxt)
+        self._enter(nxt)
+        self.switches += 1
+        self.seg_start, self.seg_usd, self.cur = self.t, restart_usd, nxt
+        self.t += self.job.restart_s / 3600
+        self.next_preempt = self._draw(self.t, nxt)
 
     def _close(self, start: float, end: float, cur: int, usd: float) -> None:
         self.compute += usd
@@ -197,9 +210,6 @@ class _Run:
         if self.rng is None or rate <= 0:
             return math.inf
         return t + float(self.rng.exponential(1.0 / rate))
-
-    def _lost_h(self) -> float:
-        return self.job.restart_s / 3600
 
     def _lost_work_h(self, cur: int) -> float:
         notice = self.cat.clouds[self.mk.clouds[cur]].preemption_notice_s
