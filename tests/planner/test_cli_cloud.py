@@ -76,13 +76,18 @@ def test_bad_catalogue_exit_2(capsys, jobs_file: Path, tmp_path: Path, edit: dic
     assert code == 2 and match in err
 
 
-def test_trace_out_of_order_exit_2(capsys, jobs_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("header", "rows", "match"), [
+    ("usd_per_hour", ["2020-02-02T00:00:00Z,1.0", "2020-02-01T00:00:00Z,0.9"], "line 3: timestamp 2020-02-01T00:00:00Z"),
+    ("usd_per_hour", ["2020-02-01T00:00:00Z,-0.9"], "usd_per_hour=-0.9 is negative"),
+    ("usd_per_second", ["2020-02-01T00:00:00Z,0.0003"], "multiply each price by 3600"),
+])
+def test_bad_trace_exit_2(capsys, jobs_file: Path, tmp_path: Path, header: str, rows: list[str], match: str) -> None:
     trace = tmp_path / "t.csv"
-    trace.write_text("timestamp,cloud,region,zone,instance,usd_per_hour\n"
-                     "2020-02-02T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,1.0\n"
-                     "2020-02-01T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,0.9\n")
-    code, _, err = run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--trace", str(trace))
-    assert code == 2 and "line 3" in err and "sort the rows by timestamp" in err
+    body = "".join(f"{when},aws,us-east-1,us-east-1a,p3.2xlarge,{price}\n" for when, price in (r.split(",") for r in rows))
+    trace.write_text(f"timestamp,cloud,region,zone,instance,{header}\n" + body)
+    for argv in (("plan", "--jobs", str(jobs_file), "--trace", str(trace)), ("trace", str(trace))):
+        code, _, err = run(capsys, "cloud", *argv)
+        assert code == 2 and match in err
 
 
 def test_budget_no_allocation_meets_exit_3_with_the_cheapest(capsys, jobs_file: Path) -> None:
