@@ -17,9 +17,10 @@ from planner.schema_cloud import CloudJob, CloudProblem
 
 # The SkyPilot catalogue rows the parser checks instance types against (it downloads them
 # otherwise; tests run offline): InstanceType, AcceleratorName, AcceleratorCount, vCPUs,
-# MemoryGiB, GpuInfo, Price, SpotPrice, Region, then AvailabilityZone (AWS) or Generation (Azure).
+# MemoryGiB, GpuInfo, Price, SpotPrice, Region, then AvailabilityZone (AWS, GCP) or Generation (Azure).
 AWS_ROWS = ["p2.xlarge,K80,1,4,61,,0.9,0.3,us-east-1,us-east-1a", "p3.2xlarge,V100,1,8,61,,3.06,0.93,us-east-1,us-east-1a",
             "p3.8xlarge,V100,4,32,244,,12.24,3.67,us-east-1,us-east-1a"]
+GCP_ROWS = ["n1-standard-8,,,8,30,,0.38,0.08,us-west1,us-west1-a", ",V100,1,,,V100,2.48,0.74,us-west1,us-west1-a"]
 AZURE_ROWS = ["Standard_NC6,K80,1,6,56,,0.9,0.12,eastus,V1", "Standard_NC6s_v2,P100,1,6,112,,2.07,0.26,eastus,V1",
               "Standard_NC24s_v2,P100,4,24,448,,8.28,1.04,eastus,V1", "Standard_NC6s_v3,V100,1,6,112,,3.06,0.6,eastus,V1"]
 
@@ -38,6 +39,12 @@ def single_plan():
     """Azure P100 spot: the 4-GPU type (fewer preemptions) at the same price per GPU as the 1-GPU type."""
     job = CloudJob(id="transformer", throughputs={"k80": 1.0, "p100": 3.3, "v100": 3.3}, num_steps=3.3 * 3600 * 20, restart_s=600)
     return _plan((job,), markets=("spot",), clouds=("azure",))
+
+
+def gcp_plan():
+    """A V100 attached to an n1 host on GCP (SkyPilot's instance_type is the host)."""
+    job = CloudJob(id="resnet", throughputs={"v100": 9.6}, num_steps=9.6 * 3600)
+    return _plan((job,), markets=("spot",), instances=("gcp/us-west1/n1-standard-8-v100x1",))
 
 
 def test_single_option_is_a_plain_resources_block() -> None:
@@ -69,21 +76,22 @@ def test_interchangeable_options_become_any_of() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("sky") is None, reason="skypilot is not installed (the test extra has it)")
 def test_skypilot_parses_the_exported_tasks(tmp_path: Path) -> None:
-    files = {"a3c": split_plan(), "transformer": single_plan()}
+    files = {"a3c": split_plan(), "transformer": single_plan(), "resnet": gcp_plan()}
     for job, plan in files.items():
         (tmp_path / f"{job}.yaml").write_text(skypilot_yaml(plan, job, run="python train.py"))
     script = f"""
 import json, os, sys
 from sky.catalog import common
 root = common._ABSOLUTE_VERSIONED_CATALOG_DIR
-for cloud, header, rows in (("aws", "AvailabilityZone", {AWS_ROWS!r}), ("azure", "Generation", {AZURE_ROWS!r})):
+for cloud, header, rows in (("aws", "AvailabilityZone", {AWS_ROWS!r}), ("azure", "Generation", {AZURE_ROWS!r}),
+                            ("gcp", "AvailabilityZone", {GCP_ROWS!r})):
     os.makedirs(os.path.join(root, cloud), exist_ok=True)
     with open(os.path.join(root, cloud, "vms.csv"), "w") as f:
         f.write("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region," + header + "\\n")
         f.write("\\n".join(rows) + "\\n")
 import sky
 out = {{}}
-for job in ("a3c", "transformer"):
+for job in ("a3c", "transformer", "resnet"):
     task = sky.Task.from_yaml(os.path.join({str(tmp_path)!r}, job + ".yaml"))
     out[job] = {{"name": task.name, "run": task.run, "ordered": isinstance(task.resources, list),
                 "resources": [[str(r.cloud), r.region, r.instance_type, r.accelerators, r.use_spot] for r in task.resources]}}
@@ -98,3 +106,4 @@ print(json.dumps(out))
     assert out["a3c"]["resources"] == [["AWS", "us-east-1", "p2.xlarge", {"K80": 1}, False],
                                        ["AWS", "us-east-1", "p3.2xlarge", {"V100": 1}, False]]
     assert out["transformer"]["resources"] == [["Azure", "eastus", "Standard_NC24s_v2", {"P100": 4}, True]]
+    assert out["resnet"]["resources"] == [["GCP", "us-west1", "n1-standard-8", {"V100": 1}, True]]
