@@ -141,5 +141,5 @@ def mean_spot_prices(trace: PriceTrace) -> dict[str, float]:
     by: dict[str, list[np.ndarray]] = {}
     for s in trace.series:
         curve = Curve.of(s)
-        by.setdefault(s.instance, []).append(np.array([curve.at(t) for t in grid]))
+        by.setdefault(s.instance, []).append(curve.sample(grid))
     return {k: float(np.min(np.vstack(v), axis=0).mean()) for k, v in by.items()}

@@ -202,6 +202,10 @@ class Curve:
         index = int(np.searchsorted(self.times_h, time_h, side="right")) - 1
         return float(self.prices[max(index, 0)])
 
+    def sample(self, times_h: np.ndarray) -> np.ndarray:
+        """Prices at many times at once."""
+        return self.prices[np.maximum(np.searchsorted(self.times_h, times_h, side="right") - 1, 0)]
+
     def next_change_h(self, time_h: float) -> float:
         index = int(np.searchsorted(self.times_h, time_h, side="right"))
         return float(self.times_h[index]) if index < len(self.times_h) else math.inf
@@ -228,7 +232,7 @@ def trace_stats(trace: PriceTrace, catalogue: Catalogue) -> dict[str, dict[str, 
     for key, group in by_instance.items():
         inst = catalogue.instance(key)
         curves = [Curve.of(s) for s in group]
-        hourly = np.array([[c.at(t) for t in grid] for c in curves])
+        hourly = np.array([c.sample(grid) for c in curves])
         changes = sum(len(s.points) - 1 for s in group) / len(group) / (end_h / 24.0)
         cheapest = np.argmin(hourly, axis=0)
         out[key] = {
