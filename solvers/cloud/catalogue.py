@@ -93,11 +93,17 @@ def build_options(
             out[option_key(inst, market)] = Option(
                 instance=inst.key, market=market, accelerator=inst.accelerator, num_accelerators=inst.num_accelerators,
                 cloud=inst.cloud, region=inst.region, name=inst.instance_type or inst.name, usd_per_h=price,
-                preemption_rate_per_h=inst.preemption_rate_per_h if market == "spot" else 0.0)
+                preemption_rate_per_h=spot_preemption_rate(inst, catalogue) if market == "spot" else 0.0)
     if not out:
         raise InvalidProblemError(f"no instance type of catalogue {catalogue.name!r} has a price on markets {list(markets)}"
                                   + (f" in clouds {list(clouds)}" if clouds else ""))
     return out
+
+
+def spot_preemption_rate(inst: InstanceType, catalogue: Catalogue) -> float:
+    """Preemptions per hour, at least one per maximum lifetime (GCP: every 24 h, sec. 6.2)."""
+    lifetime = catalogue.clouds[inst.cloud].max_lifetime_h
+    return max(inst.preemption_rate_per_h, 1.0 / lifetime if lifetime else 0.0)
 
 
 def _instances(catalogue: Catalogue, names: tuple[str, ...] | None) -> list[InstanceType]:

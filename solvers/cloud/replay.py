@@ -26,6 +26,7 @@ import numpy as np
 
 from planner.errors import InvalidProblemError
 from planner.schema_cloud import Catalogue, CloudJob, PriceTrace, ReplayResult, ReplayStep
+from solvers.cloud.catalogue import spot_preemption_rate
 from solvers.cloud.traces import check_trace
 
 
@@ -74,7 +75,7 @@ def market(trace: PriceTrace, catalogue: Catalogue) -> Market:
                   instances=tuple(s.instance for s in trace.series), clouds=tuple(i.cloud for i in insts),
                   accelerators=tuple(i.accelerator for i in insts),
                   num_accelerators=np.array([i.num_accelerators for i in insts]),
-                  preemption_rate_per_h=np.array([i.preemption_rate_per_h for i in insts]))
+                  preemption_rate_per_h=np.array([spot_preemption_rate(i, catalogue) for i in insts]))
 
 
 def replay(job: CloudJob, mk: Market, catalogue: Catalogue, *, strategy: str, start_h: float = 0.0,

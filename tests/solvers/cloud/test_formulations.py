@@ -156,3 +156,10 @@ def test_unknown_instance_type_lists_the_valid_ones() -> None:
 def test_job_that_runs_nowhere_is_refused() -> None:
     with pytest.raises(InvalidProblemError, match="can run on no offered instance type"):
         cloud.solve(problem(job("a", {"k80": 1.0}, 10, num_accelerators=2)), catalogue=CAT)
+
+
+def test_a_maximum_lifetime_is_at_least_one_preemption_per_lifetime() -> None:
+    from solvers.cloud.catalogue import load_catalogue
+
+    options = build_options(load_catalogue("ch6-2020"), markets=("spot",), clouds=("gcp",))
+    assert {round(o.preemption_rate_per_h, 6) for o in options.values()} == {round(1 / 24, 6)}
