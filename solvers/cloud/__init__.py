@@ -41,7 +41,6 @@ def solve(problem: CloudProblem, *, catalogue: str | Catalogue = DEFAULT_CATALOG
     eg = f.egress_table(jobs, options, cat)
     quotas = _quotas(problem, cat, options)
     started = time.perf_counter()
-    notes: list[str] = []
     if problem.objective == "max-throughput":
         sol = f.max_throughput(mx, quotas=quotas, budget_usd_per_h=problem.budget_usd_per_h)
         plan_jobs = _fractions_out(mx, sol.hours)
@@ -60,7 +59,7 @@ def solve(problem: CloudProblem, *, catalogue: str | Catalogue = DEFAULT_CATALOG
     makespan = max((j.duration_h for j in plan_jobs.values() if j.duration_h is not None), default=None)
     return CloudPlan(objective=problem.objective, catalogue=cat.name, options={k: options[k] for k in _used(plan_jobs)},
                      jobs=plan_jobs, total_usd=total, makespan_h=makespan, objective_value=value,
-                     solve_time_s=time.perf_counter() - started, notes=tuple(notes))
+                     solve_time_s=time.perf_counter() - started, notes=_notes(spot_prices))
 
 
 def _min_cost(mx: Matrix, eg: f.Egress, deadlines: np.ndarray, quotas: np.ndarray | None,
@@ -88,18 +87,22 @@ def _min_cost(mx: Matrix, eg: f.Egress, deadlines: np.ndarray, quotas: np.ndarra
 def _quotas(problem: CloudProblem, cat: Catalogue, options: dict[str, Option]) -> np.ndarray | None:
     if not problem.quotas:
         return None
-    known = {i.key for i in cat.instances}
     out = np.full(len(options), np.inf)
     for name, count in problem.quotas.items():
         try:
             key = cat.instance(name).key
         except KeyError as e:
             raise InvalidProblemError(f"quotas: {e.args[0]}") from None
-        assert key in known
         for j, option in enumerate(options.values()):
             if option.instance == key:
                 out[j] = count
     return out
+
+
+def _notes(spot_prices: dict[str, float] | None) -> tuple[str, ...]:
+    if not spot_prices:
+        return ()
+    return (f"spot prices of {len(spot_prices)} instance types are their time-weighted means over the given trace",)
 
 
 def _fractions_out(mx: Matrix, x: np.ndarray) -> dict[str, JobAllocation]:
