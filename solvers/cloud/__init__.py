@@ -72,6 +72,11 @@ def _min_cost(mx: Matrix, eg: f.Egress, deadlines: np.ndarray, quotas: np.ndarra
                              f"{mx.option_keys[int(mx.steps_per_h[m].argmax())]}"
                              for m, (job, d, h) in enumerate(zip(mx.job_ids, deadlines, fastest)) if h > d * (1 + 1e-9))
             raise InfeasibleError(f"no allocation meets the deadlines: {late}; relax slo_h to at least these")
+        if quotas is not None:
+            stranded = [job for m, job in enumerate(mx.job_ids) if not (quotas[mx.runnable[m]] > 0).any()]
+            if stranded:
+                raise InfeasibleError(f"the quotas leave jobs {stranded} no instance type they can run on; raise the "
+                                      "quotas (--quota) of the types their throughputs cover")
         scale = f.deadline_scale(mx, deadlines_h=deadlines, quotas=quotas)
         meetable = ", ".join(f"{job} {d * scale:.2f} h" for job, d in zip(mx.job_ids, deadlines) if math.isfinite(d))
         raise InfeasibleError(

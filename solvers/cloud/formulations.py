@@ -101,6 +101,8 @@ def min_cost(mx: Matrix, eg: Egress, *, deadlines_h: np.ndarray, quotas: np.ndar
     with np.errstate(divide="ignore"):
         alone_h = np.where(mx.runnable, mx.num_steps[:, None] / np.where(thr > 0, thr, 1), 0.0)
     upper_y = np.minimum(alone_h, np.where(np.isfinite(deadlines_h), deadlines_h, np.inf)[:, None]).ravel()
+    if quotas is not None:
+        upper_y[np.tile(quotas == 0, num_jobs)] = 0.0  # no time at all on a type with a zero quota
     rows, lo, hi = [], [], []
 
     def add(block: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
@@ -113,9 +115,10 @@ def min_cost(mx: Matrix, eg: Egress, *, deadlines_h: np.ndarray, quotas: np.ndar
     finite = np.isfinite(deadlines_h)
     if finite.any():  # one instance at a time: sum_j Y_mj <= SLO_m
         add(_per_job(num_jobs, num_opts)[finite], np.full(finite.sum(), -np.inf), deadlines_h[finite])
-        if quotas is not None:  # sum_m share_mj Y_mj / SLO_m <= quota_j
-            weights = np.where(finite, 1.0 / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
-            add(_column_sums(weights), np.full(num_opts, -np.inf), quotas)
+        if quotas is not None:  # sum_m share_mj Y_mj / SLO_m <= quota_j, times the longest SLO (scaling)
+            longest = float(deadlines_h[finite].max())
+            weights = np.where(finite, longest / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
+            add(_column_sums(weights), np.full(num_opts, -np.inf), quotas * longest)
     if n_z:  # Y_mj <= (hours alone on j) z_m,cloud(j): no time in a cloud the job does not enter
         link = _link_rows(active, eg.column_cloud, upper_y, num_opts=num_opts, num_clouds=num_clouds)
         rows.append(link)
@@ -160,9 +163,10 @@ def deadline_scale(mx: Matrix, *, deadlines_h: np.ndarray, quotas: np.ndarray | 
     lo = [mx.num_steps, np.full(finite.sum(), -np.inf)]
     hi = [np.full(num_jobs, np.inf), np.zeros(finite.sum())]
     if quotas is not None and np.isfinite(quotas).any():
-        weights = np.where(finite, 1.0 / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
+        longest = float(deadlines_h[finite].max()) if finite.any() else 1.0
+        weights = np.where(finite, longest / np.where(finite, deadlines_h, 1.0), 0.0)[:, None] * mx.share
         limited = np.isfinite(quotas)
-        rows.append(sp.hstack([_column_sums(weights)[limited], -quotas[limited][:, None]]))
+        rows.append(sp.hstack([_column_sums(weights)[limited], -longest * quotas[limited][:, None]]))
         lo.append(np.full(limited.sum(), -np.inf))
         hi.append(np.zeros(limited.sum()))
     c = np.concatenate([np.zeros(n), [1.0]])
@@ -183,8 +187,10 @@ def min_makespan(mx: Matrix, eg: Egress, *, budget_usd: float, quotas: np.ndarra
         sol = min_cost(mx, eg, deadlines_h=np.full(len(mx.job_ids), m_h), quotas=quotas)
         return sol if sol is not None and sol.objective <= budget_usd * (1 + 1e-9) else None
 
-    cheapest = min_cost(mx, eg, deadlines_h=np.full(len(mx.job_ids), np.inf))
-    assert cheapest is not None  # every job runs somewhere (build_matrix checked)
+    cheapest = min_cost(mx, eg, deadlines_h=np.full(len(mx.job_ids), np.inf), quotas=quotas)
+    if cheapest is None:
+        raise InfeasibleError("no makespan fits: the quotas leave some job no instance type it can run on; "
+                              "raise the quotas (--quota) of the types its throughputs cover")
     if cheapest.objective > budget_usd * (1 + 1e-9):
         longest = float(cheapest.hours.sum(axis=1).max())
         raise InfeasibleError(
@@ -196,7 +202,8 @@ def min_makespan(mx: Matrix, eg: Egress, *, budget_usd: float, quotas: np.ndarra
         return lo, best
     hi = lo * 2
     while (best := fits(hi)) is None:
-        lo, hi = hi, hi * 2
+        assert hi < lo * 2**80, "min_cost at a long makespan reaches the cheapest allocation"
+        hi *= 2
     while hi - lo > rel_tol * hi:
         mid = (lo + hi) / 2
         sol = fits(mid)

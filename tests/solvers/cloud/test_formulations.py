@@ -163,3 +163,19 @@ def test_a_maximum_lifetime_is_at_least_one_preemption_per_lifetime() -> None:
 
     options = build_options(load_catalogue("ch6-2020"), markets=("spot",), clouds=("gcp",))
     assert {round(o.preemption_rate_per_h, 6) for o in options.values()} == {round(1 / 24, 6)}
+
+
+def test_zero_quotas_everywhere_a_job_runs_are_infeasible_not_a_hang() -> None:
+    j = job("a", {"k80": 1.0, "v100": 2.5}, 3600 * 8)
+    with pytest.raises(InfeasibleError, match="quotas leave some job no instance type"):
+        cloud.solve(problem(j, objective="min-makespan", budget_usd=100.0, markets=["on-demand"],
+                            quotas={"slow": 0, "fast": 0}), catalogue=CAT)
+
+
+def test_zero_quotas_in_min_cost_are_named() -> None:
+    j = job("a", {"k80": 1.0, "v100": 2.5}, 3600 * 8)
+    with pytest.raises(InfeasibleError, match=r"the quotas leave jobs \['a'\] no instance type"):
+        cloud.solve(problem(j, markets=["on-demand"], quotas={"slow": 0, "fast": 0}), catalogue=CAT)
+    # a zero quota on one type only moves the job to the other
+    plan = cloud.solve(problem(j, markets=["on-demand"], quotas={"slow": 0}), catalogue=CAT)
+    assert plan.jobs["a"].fractions == {"aws/r1/fast:on-demand": 1.0}
