@@ -179,3 +179,22 @@ def test_zero_quotas_in_min_cost_are_named() -> None:
     # a zero quota on one type only moves the job to the other
     plan = cloud.solve(problem(j, markets=["on-demand"], quotas={"slow": 0}), catalogue=CAT)
     assert plan.jobs["a"].fractions == {"aws/r1/fast:on-demand": 1.0}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_min_cost_matches_brute_force_on_a_grid(seed: int) -> None:
+    """One job under a deadline: enumerate hours on one option of each pair, the other finishes the work."""
+    rng = np.random.default_rng(200 + seed)
+    mx, eg, _ = _random_matrix(rng, 1)
+    thr, cost, work = mx.steps_per_h[0], mx.usd_per_h[0], mx.num_steps[0]
+    deadline = work / thr.max() * float(rng.uniform(1.05, 2.0))
+    best = np.inf
+    for j, k in itertools.permutations(range(len(thr)), 2):
+        y_j = np.linspace(0, work / thr[j], 20001)
+        y_k = np.maximum(work - thr[j] * y_j, 0) / thr[k]
+        ok = y_j + y_k <= deadline
+        if ok.any():
+            best = min(best, float((cost[j] * y_j + cost[k] * y_k)[ok].min()))
+    sol = f.min_cost(mx, eg, deadlines_h=np.array([deadline]))
+    assert sol.objective <= best * (1 + 1e-9)
+    assert sol.objective == pytest.approx(best, rel=1e-3)
