@@ -49,7 +49,8 @@ def solve(problem: CloudProblem, *, catalogue: str | Catalogue = DEFAULT_CATALOG
         deadlines = np.array([j.slo_h if j.slo_h is not None else math.inf for j in jobs])
         if problem.objective == "min-makespan":
             assert problem.budget_usd is not None
-            makespan_h, sol = f.min_makespan(mx, eg, budget_usd=problem.budget_usd, quotas=quotas)
+            _min_cost(mx, eg, deadlines, quotas, problem.budget_usd)  # names unmeetable deadlines, quotas, budget
+            makespan_h, sol = f.min_makespan(mx, eg, budget_usd=problem.budget_usd, quotas=quotas, deadlines_h=deadlines)
             value = makespan_h
         else:
             sol = _min_cost(mx, eg, deadlines, quotas, problem.budget_usd)
@@ -83,9 +84,10 @@ def _min_cost(mx: Matrix, eg: f.Egress, deadlines: np.ndarray, quotas: np.ndarra
             f"no allocation meets the deadlines (slo_h) within the quotas; they can be met all scaled by {scale:.4f}: "
             f"{meetable}; relax slo_h to these or raise the quotas")
     if budget_usd is not None and sol.objective > budget_usd * (1 + 1e-9):
-        raise InfeasibleError(f"the cheapest allocation meeting the deadlines costs ${sol.objective:,.2f}, above the "
-                              f"budget ${budget_usd:,.2f}; raise budget_usd to at least "
-                              f"${math.ceil(sol.objective * 100) / 100:,.2f} or relax the deadlines")
+        what = "allocation meeting the deadlines" if np.isfinite(deadlines).any() else "allocation of these jobs"
+        raise InfeasibleError(f"the cheapest {what} costs ${sol.objective:,.2f}, above the budget ${budget_usd:,.2f}; "
+                              f"{'relax the deadlines or ' if np.isfinite(deadlines).any() else ''}raise the budget "
+                              f"to at least ${math.ceil(sol.objective * 100) / 100:,.2f}")
     return sol
 
 

@@ -177,20 +177,24 @@ def deadline_scale(mx: Matrix, *, deadlines_h: np.ndarray, quotas: np.ndarray | 
 
 
 def min_makespan(mx: Matrix, eg: Egress, *, budget_usd: float, quotas: np.ndarray | None = None,
-                 rel_tol: float = 1e-6) -> tuple[float, Solution]:
+                 deadlines_h: np.ndarray | None = None, rel_tol: float = 1e-6) -> tuple[float, Solution]:
     """Sec. 6.4.3: bisection for the smallest makespan M (hours) whose cheapest allocation fits the budget.
+
+    Jobs with their own deadline (``deadlines_h``, inf = none) keep it when it is below M.
 
     Raises:
         InfeasibleError: no makespan fits the budget (the message gives the cheapest feasible budget).
     """
+    own = np.full(len(mx.job_ids), np.inf) if deadlines_h is None else deadlines_h
+
     def fits(m_h: float) -> Solution | None:
-        sol = min_cost(mx, eg, deadlines_h=np.full(len(mx.job_ids), m_h), quotas=quotas)
+        sol = min_cost(mx, eg, deadlines_h=np.minimum(own, m_h), quotas=quotas)
         return sol if sol is not None and sol.objective <= budget_usd * (1 + 1e-9) else None
 
-    cheapest = min_cost(mx, eg, deadlines_h=np.full(len(mx.job_ids), np.inf), quotas=quotas)
+    cheapest = min_cost(mx, eg, deadlines_h=own, quotas=quotas)
     if cheapest is None:
-        raise InfeasibleError("no makespan fits: the quotas leave some job no instance type it can run on; "
-                              "raise the quotas (--quota) of the types its throughputs cover")
+        raise InfeasibleError("no makespan fits: the jobs' own deadlines or the quotas cannot be met at any "
+                              "makespan; plan with --objective min-cost to see which")
     if cheapest.objective > budget_usd * (1 + 1e-9):
         longest = float(cheapest.hours.sum(axis=1).max())
         raise InfeasibleError(

@@ -167,7 +167,7 @@ def test_a_maximum_lifetime_is_at_least_one_preemption_per_lifetime() -> None:
 
 def test_zero_quotas_everywhere_a_job_runs_are_infeasible_not_a_hang() -> None:
     j = job("a", {"k80": 1.0, "v100": 2.5}, 3600 * 8)
-    with pytest.raises(InfeasibleError, match="quotas leave some job no instance type"):
+    with pytest.raises(InfeasibleError, match=r"the quotas leave jobs \['a'\] no instance type"):
         cloud.solve(problem(j, objective="min-makespan", budget_usd=100.0, markets=["on-demand"],
                             quotas={"slow": 0, "fast": 0}), catalogue=CAT)
 
@@ -198,3 +198,15 @@ def test_min_cost_matches_brute_force_on_a_grid(seed: int) -> None:
     sol = f.min_cost(mx, eg, deadlines_h=np.array([deadline]))
     assert sol.objective <= best * (1 + 1e-9)
     assert sol.objective == pytest.approx(best, rel=1e-3)
+
+
+def test_min_makespan_keeps_a_jobs_own_tighter_deadline() -> None:
+    # Each job has 8 K80-hours of work; at deadline D (3.2 <= D <= 8) its cheapest cost is 16 - D
+    # (D - Y_v hours on the K80, Y_v = (8 - D)/1.5 on the V100). b keeps D = 4 ($12), so with
+    # $22 a gets 16 - M = 10: M = 6 h.
+    a, b = job("a", {"k80": 1.0, "v100": 2.5}, 3600 * 8), job("b", {"k80": 1.0, "v100": 2.5}, 3600 * 8, slo_h=4)
+    plan = cloud.solve(problem(a, b, objective="min-makespan", budget_usd=22.0, markets=["on-demand"]), catalogue=CAT)
+    assert plan.objective_value == pytest.approx(6.0, rel=1e-5)
+    assert plan.jobs["b"].duration_h == pytest.approx(4.0, rel=1e-6)
+    assert plan.jobs["b"].compute_usd == pytest.approx(12.0, rel=1e-5)
+    assert plan.total_usd == pytest.approx(22.0, rel=1e-5)
