@@ -3,11 +3,15 @@
 Time advances in rounds (6 minutes, L5761-5763). At the start of a round the jobs that have
 arrived join; if the set of jobs changed (an arrival or a completion: a reset event,
 L5042-5048) the policy is solved again on the remaining steps and the time-received counters
-restart. The mechanism (``mechanism.select``) picks the (combination, type) cells that run;
-each running job advances throughput x round length steps, and a job whose remaining steps
-take less than the round finishes at that exact time (its accelerators then idle until the
-round ends, as in Gavel's simulator). Work is conserved: a job finishes with exactly its
-num_steps.
+restart. The mechanism (``mechanism.select``) picks the (combination, type) cells that run.
+
+Round rule (as Gavel's own simulator, ``Scheduler.simulate``): every job scheduled in a round
+runs min(remaining steps, floor(throughput x round length)) whole steps, so it is busy for
+steps / throughput seconds; the round ends when the last job running in it stops, i.e. at
+the start plus the longest of those times. A round in which every running job finishes early
+is short; a round of full-length jobs lasts floor(thr x R) / thr of the slowest-rounding job,
+at most R. A job's completion time is when its last step ends. When no job is active the
+clock jumps to the next arrival. Work is conserved: a job finishes with exactly num_steps.
 
 Metrics (L6064-6072): average and tail job completion time (JCT), makespan (first arrival
 to last completion), utilization per type (busy accelerator-seconds over capacity x
@@ -19,6 +23,7 @@ contention), and cost at ``prices_per_hour`` for busy accelerator time.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,12 +132,12 @@ class _Simulation:
                 continue
             if changed or current is None:
                 current = self._allocate(active)
-            finished = self._run_round(current, active)
+            finished, length_s = self._run_round(current, active)
             if finished:
                 done += len(finished)
                 active = [m for m in active if m not in finished]
                 current = None
-            self.now += self.round_s
+            self.now += length_s
             self.num_rounds += 1
             if on_round is not None:
                 on_round(done, len(self.state))
@@ -158,7 +163,8 @@ class _Simulation:
             entities=dict(self.jobs.entities), prices_per_hour={t: self.prices[t] for t in self.types if t in self.prices},
         )
 
-    def _run_round(self, current: _Round, active: list[int]) -> set[int]:
+    def _run_round(self, current: _Round, active: list[int]) -> tuple[set[int], float]:
+        """Run one round; returns the jobs that finished in it and the round's length (s)."""
         f = current.f
         cells = select(current.x, current.received_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity)
         wanted = [("+".join(f.job_ids[m] for m in f.combos[k]), self.types[j], int(f.combo_scale[k])) for k, j in cells]
@@ -168,32 +174,39 @@ class _Simulation:
             self.state[m].contention_sum += len(active)
             self.state[m].contention_rounds += 1
         finished: set[int] = set()
+        length_s = 0.0
         for k, j in cells:
-            current.received_s[k, j] += self.round_s
             busy_until = 0.0
             for slot, local in enumerate(f.combos[k]):
                 busy_until = max(busy_until, self._advance(current.jobs[local], f.combo_throughput[k, j, slot], finished))
+            current.received_s[k, j] += busy_until
+            length_s = max(length_s, busy_until)
             busy = busy_until * f.combo_scale[k]
             self.busy_s[j] += busy
             dollars = busy * self.prices.get(self.types[j], 0.0) / 3600.0
             for local in f.combos[k]:
                 self.state[current.jobs[local]].cost_usd += dollars / len(f.combos[k])
-        return finished
+        return finished, (length_s if cells else self.round_s)
 
     def _advance(self, m: int, thr: float, finished: set[int]) -> float:
-        """Run job m for a round at ``thr`` steps/s; returns the seconds it was busy."""
+        """Run job m for a round at ``thr`` steps/s; returns the seconds it was busy.
+
+        Whole steps per round, floor(thr x R), as Gavel's simulator; a job slower than one step
+        per round runs its fractional step so that it still progresses.
+        """
         st = self.state[m]
         st.num_rounds += 1
         if thr <= 0:
             return self.round_s
-        if st.remaining <= thr * self.round_s:
+        per_round = round_steps(thr, self.round_s)
+        if st.remaining <= per_round:
             busy = st.remaining / thr
             st.remaining = 0.0
             st.completion_s = self.now + busy
             finished.add(m)
             return busy
-        st.remaining -= thr * self.round_s
-        return self.round_s
+        st.remaining -= per_round
+        return per_round / thr
 
     def result(self, *, seed: int | None, measure: tuple[int, int] | None) -> ClusterSimResult:
         records = [self._job_result(st) for st in self.state]
@@ -228,6 +241,13 @@ class _Simulation:
             ftf=jct / _isolated_time_s(job.num_steps, job.throughputs or {}, job.scale_factor, self.worker_types, contention),
             num_rounds=st.num_rounds, cost_usd=st.cost_usd,
         )
+
+
+def round_steps(thr: float, round_s: float) -> float:
+    """Steps a job runs in a full round: floor(thr x R) whole steps (Gavel), or thr x R below one."""
+    steps = thr * round_s
+    whole = math.floor(steps + 1e-9)
+    return float(whole) if whole >= 1 else steps
 
 
 def _isolated_time_s(steps: float, thr: dict[str, float], scale: int, workers: dict[str, int], n: float) -> float:
