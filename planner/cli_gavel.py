@@ -47,6 +47,20 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     c.set_defaults(handler=cmd_cluster_sim)
 
+    r = sub.add_parser("cluster-run", help="run jobs for real on a Ray cluster with Gavel's rounds; compare with cluster-sim")
+    r.add_argument("--engine", choices=("ray",), default="ray", help="the engine that runs the jobs (ray)")
+    r.add_argument("--cluster", required=True, help="accelerator counts, e.g. v100:1,p100:1 (Ray custom resources)")
+    r.add_argument("--policy", required=True)
+    r.add_argument("--trace", required=True, help="jobs JSON or Gavel .trace with arrival times")
+    r.add_argument("--round", type=float, default=1.0, help="round length in wall-clock seconds (default 1)")
+    r.add_argument("--time-scale", type=float, default=1.0,
+                   help="divide the trace's times by K and multiply throughputs by K (360: a 6-minute round in 1 s)")
+    r.add_argument("--checkpoint-dir", help="where job checkpoints go (default: a temporary folder)")
+    r.add_argument("--address", help="join a running Ray cluster (it must offer one custom resource per type)")
+    r.add_argument("--throughputs", help="a Gavel throughput table JSON (default: the bundled simulation table)")
+    r.add_argument("--json", action="store_true", help="print the result JSON on stdout")
+    r.set_defaults(handler=cmd_cluster_run, space_sharing=False)
+
     p = sub.add_parser("policies", help="list the Gavel policies")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_policies)
@@ -91,6 +105,41 @@ def cmd_cluster_sim(args: argparse.Namespace) -> int:
         print(f"wrote {args.cdf}", file=sys.stderr)
     print(result.model_dump_json(indent=2) if args.json else sim_table(result))
     return 0
+
+
+def cmd_cluster_run(args: argparse.Namespace) -> int:
+    from planner.cluster_run import import_ray, run_on_ray
+    from solvers.gavel import get_policy
+
+    get_policy(args.policy)
+    if args.round <= 0 or args.time_scale <= 0:
+        raise InvalidProblemError(f"--round {args.round} and --time-scale {args.time_scale} must be positive")
+    import_ray()
+    workers = load_worker_types(args.cluster)
+    args.jobs = None
+    jobs = scale_time(_sim_jobs(args, workers), args.time_scale)
+    with progress(f"running {len(jobs.jobs)} jobs on Ray under {args.policy}", delay_s=1.0):
+        result = run_on_ray(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
+                            checkpoint_dir=args.checkpoint_dir, address=args.address)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+        return 0
+    print(f"policy {result.policy} on {result.engine}: {result.num_jobs} jobs, {result.num_rounds} rounds of "
+          f"{result.round_s:g} s, {result.num_preemptions} preemptions")
+    print(f"average JCT {result.avg_jct_s:.3f} s measured, {result.sim_avg_jct_s:.3f} s simulated; "
+          f"makespan {result.makespan_s:.3f} s measured, {result.sim_makespan_s:.3f} s simulated")
+    for j in result.jobs:
+        print(f"  {j.id:>8s}  JCT {j.jct_s:8.3f} s  sim {j.sim_jct_s:8.3f} s  leases {j.num_leases:3d}  loss {j.final_loss:.4g}")
+    return 0
+
+
+def scale_time(jobs: JobsFile, k: float) -> JobsFile:
+    """Times divided by k, throughputs multiplied by k: the same schedule, k times faster."""
+    if k == 1.0:
+        return jobs
+    return jobs.model_copy(update={"jobs": tuple(j.model_copy(update={
+        "arrival_time_s": j.arrival_time_s / k, "slo_s": None if j.slo_s is None else j.slo_s / k,
+        "throughputs": {t: v * k for t, v in (j.throughputs or {}).items()}}) for j in jobs.jobs)})
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
