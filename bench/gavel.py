@@ -115,13 +115,13 @@ def trace_path(name: str) -> str:
 
 def run_traces(args: argparse.Namespace) -> None:
     workers = {t: int(n) for t, n in (part.split(":") for part in args.cluster.split(","))}
-    print(f"cluster {workers}, {args.round:.0f} s rounds; avg JCT and makespan in hours")
+    print(f"cluster {workers}, {args.round:.0f} s rounds, {args.mechanism} mechanism; avg JCT and makespan in hours")
     print(f"{'trace':20s} {'policy':28s} {'avg JCT h':>10} {'makespan h':>11} {'rounds':>7}")
     for name in args.traces.split(","):
         jobs = read_trace(trace_path(name), worker_types=workers)
         jct: dict[str, float] = {}
         for policy in args.policies.split(","):
-            r = simulate(jobs, worker_types=workers, policy=policy, round_s=args.round)
+            r = simulate(jobs, worker_types=workers, policy=policy, round_s=args.round, mechanism=args.mechanism, seed=0)
             jct[policy] = r.avg_jct_s
             print(f"{name:20s} {policy:28s} {r.avg_jct_s / 3600:10.4f} {r.makespan_s / 3600:11.4f} {r.num_rounds:7d}",
                   flush=True)
@@ -148,6 +148,7 @@ def main() -> None:
     t.add_argument("--round", type=float, default=360.0)
     t.add_argument("--traces", default=",".join(TRACES))
     t.add_argument("--policies", default=",".join(TRACE_POLICIES))
+    t.add_argument("--mechanism", choices=("paper", "gavel"), default="paper")
     args = parser.parse_args()
     {"scale": run_scale, "sim": run_sim, "traces": run_traces}[args.what](args)
 

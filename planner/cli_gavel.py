@@ -41,6 +41,8 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--multi-gpu", action="store_true", help="scale factors 1/2/4/8 (continuous-multiple)")
     c.add_argument("--round", type=float, default=360.0, help="round length in seconds (default 360)")
+    c.add_argument("--mechanism", choices=("paper", "gavel"), default="paper",
+                   help="round mechanism: the chapter's (paper) or Gavel's simulator code (gavel); see docs/gavel-simulator.md")
     c.add_argument("--measure", help="FIRST:LAST job indices the averages cover (steady state)")
     c.add_argument("--cdf", help="draw the CDF of completion times to a .png or .svg file")
     _common_flags(c)
@@ -96,7 +98,8 @@ def cmd_cluster_sim(args: argparse.Namespace) -> int:
     # A live bar on a terminal; in logs, progress() prints one line when it starts and ends.
     with progress(f"simulating {len(jobs.jobs)} jobs under {args.policy}", delay_s=1.0 if not bar.tty else 1e9):
         result = simulate(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
-                          options=_options(args), seed=args.seed, measure=measure, on_round=bar.update)
+                          options=_options(args), seed=args.seed, measure=measure, on_round=bar.update,
+                          mechanism=args.mechanism)
     bar.close()
     if args.cdf:
         from solvers.gavel.plots import draw_jct_cdf

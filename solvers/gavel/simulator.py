@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +34,15 @@ import numpy as np
 from planner.errors import InvalidProblemError
 from planner.schema_gavel import ClusterSimResult, JobResult, JobsFile
 from solvers.gavel import common, get_policy, solve_matrix
+from solvers.gavel import mechanism as mechanism_mod
 from solvers.gavel.mechanism import Placer, select
 
 log = logging.getLogger(__name__)
 
 ROUND_S = 360.0
+MECHANISMS = ("paper", "gavel")
+MIN_RESET_S = 1920.0
+"""Gavel's simulator recomputes the allocation at most this often (its default)."""
 MAX_ROUNDS = 2_000_000
 
 
@@ -59,10 +64,24 @@ class _Round:
     f: common.Formulation
     x: np.ndarray
     jobs: list[int]
+    start_s: float = 0.0
+    credit_s: float = 0.0
+    """Time every combination is credited with at the start (Gavel's code: half a round)."""
     received_s: np.ndarray = field(init=False)
+    deficit_s: np.ndarray = field(init=False)
+    done: set[int] = field(default_factory=set)
+    """Local indices of the jobs that finished since the allocation (``gavel`` mechanism)."""
 
     def __post_init__(self) -> None:
-        self.received_s = np.zeros_like(self.x)
+        self.received_s = np.full_like(self.x, self.credit_s)
+        self.deficit_s = np.zeros_like(self.x)
+
+    def runnable(self) -> np.ndarray:
+        """(combination, type) cells whose members all run there and none has finished."""
+        thr = self.f.combo_throughput
+        rows = [np.all(thr[k, :, :len(c)] > 0, axis=1) & (not any(m in self.done for m in c))
+                for k, c in enumerate(self.f.combos)]
+        return np.array(rows, dtype=bool).reshape(self.x.shape)
 
 
 def simulate(
@@ -76,6 +95,7 @@ def simulate(
     measure: tuple[int, int] | None = None,
     prices_per_hour: dict[str, float] | None = None,
     on_round: Callable[[int, int], None] | None = None,
+    mechanism: str = "paper",
 ) -> ClusterSimResult:
     """Run a trace through a policy and the round-based mechanism.
 
@@ -89,17 +109,24 @@ def simulate(
         measure: [first, last) job indices the averages are over (steady state); all if None.
         prices_per_hour: dollars per accelerator-hour (GCP defaults for v100/p100/k80).
         on_round: called with (jobs done, jobs total) after every round (progress bars).
+        mechanism: ``paper`` (the chapter's Algorithm 2 with a global queue, a new allocation at
+            every arrival and completion) or ``gavel`` (Gavel's simulator code: half-round
+            credits, per-type queues, work-conserving, deficits, allocations at most every
+            ``MIN_RESET_S``); see docs/gavel-simulator.md.
 
     Raises:
         InvalidProblemError: bad round length or window; InfeasibleError from the policy.
     """
     if round_s <= 0:
         raise InvalidProblemError(f"round length {round_s} s must be positive")
+    if mechanism not in MECHANISMS:
+        raise InvalidProblemError(f"mechanism {mechanism!r} is not one of {MECHANISMS}")
     get_policy(policy)
     missing = [j.id for j in jobs.jobs if j.throughputs is None]
     if missing:
         raise InvalidProblemError(f"jobs {missing[:5]} have no throughputs; derive them first (throughputs.resolve_problem)")
     sim = _Simulation(jobs, worker_types, policy, round_s, options or {}, prices_per_hour or {})
+    sim.configure(mechanism, seed)
     sim.run(on_round)
     return sim.result(seed=seed, measure=measure)
 
@@ -117,26 +144,36 @@ class _Simulation:
         self.placer = Placer(capacity=dict(worker_types))
         self.num_rounds = self.num_allocations = self.num_preemptions = 0
         self.now = jobs.jobs[self.order[0]].arrival_time_s if jobs.jobs else 0.0
+        self.configure("paper", None)
+
+    def configure(self, mechanism: str, seed: int | None) -> None:
+        self.gavel = mechanism == "gavel"
+        self.last_reset_s = 0.0
+        self.deficit_by_job: dict[int, np.ndarray] = {}
+        self.shuffle = "perf" not in self.policy and "packed" not in self.policy
+        self.rng = random.Random((seed or 0) + 5)
+        known = [self.types.index(t) for t in mechanism_mod.GAVEL_TYPE_ORDER if t in self.types]
+        self.type_order = known + [j for j in range(len(self.types)) if j not in known]
 
     def run(self, on_round: Callable[[int, int], None] | None) -> None:
         next_arrival, active, current = 0, [], None
-        done = 0
+        done, pending = 0, False
         while done < len(self.state):
-            changed = False
             while next_arrival < len(self.order) and self.jobs.jobs[self.order[next_arrival]].arrival_time_s <= self.now:
                 active.append(self.order[next_arrival])
                 next_arrival += 1
-                changed = True
+                pending = True
             if not active:
                 self.now = self.jobs.jobs[self.order[next_arrival]].arrival_time_s
                 continue
-            if changed or current is None:
-                current = self._allocate(active)
+            if current is None or (pending and self._may_reset(current)):
+                current, pending = self._allocate(active, current), False
             finished, length_s = self._run_round(current, active)
             if finished:
                 done += len(finished)
                 active = [m for m in active if m not in finished]
-                current = None
+                current.done.update(current.jobs.index(m) for m in finished)
+                pending = True
             self.now += length_s
             self.num_rounds += 1
             if on_round is not None:
@@ -144,10 +181,36 @@ class _Simulation:
             if self.num_rounds > MAX_ROUNDS:
                 raise InvalidProblemError(f"simulation passed {MAX_ROUNDS} rounds; lengthen --round or shorten jobs")
 
-    def _allocate(self, active: list[int]) -> _Round:
+    def _may_reset(self, current: _Round) -> bool:
+        """The chapter: at every reset event. Gavel's code: at most every MIN_RESET_S (its timer
+        starts at the first reset after t = 0), or when no allocated job is left to run."""
+        if not self.gavel:
+            return True
+        waited = self.now - self.last_reset_s >= MIN_RESET_S or self.last_reset_s == 0.0
+        return waited or not current.runnable().any()
+
+    def _allocate(self, active: list[int], previous: _Round | None) -> _Round:
         f, x, _, _ = solve_matrix(self._problem(active), policy=self.policy, options=self.options)
         self.num_allocations += 1
-        return _Round(f=f, x=x, jobs=list(active))
+        if not self.gavel:
+            return _Round(f=f, x=x, jobs=list(active), start_s=self.now)
+        self._book_deficits(previous)
+        new = _Round(f=f, x=x, jobs=list(active), start_s=self.now, credit_s=self.round_s / 2)
+        for k, combo in enumerate(f.combos):
+            if len(combo) == 1:
+                new.deficit_s[k] = self.deficit_by_job.get(new.jobs[combo[0]], 0.0)
+        self.last_reset_s = self.now
+        return new
+
+    def _book_deficits(self, previous: _Round | None) -> None:
+        """Deficit += X x elapsed - time received, per job and type (Gavel's reset)."""
+        if previous is None:
+            return
+        owed = previous.x * (self.now - previous.start_s) - (previous.received_s - previous.credit_s)
+        for k, combo in enumerate(previous.f.combos):
+            if len(combo) == 1 and combo[0] not in previous.done:
+                m = previous.jobs[combo[0]]
+                self.deficit_by_job[m] = self.deficit_by_job.get(m, 0.0) + owed[k]
 
     def _problem(self, active: list[int]) -> Any:
         from planner.schema_gavel import ClusterProblem
@@ -166,7 +229,7 @@ class _Simulation:
     def _run_round(self, current: _Round, active: list[int]) -> tuple[set[int], float]:
         """Run one round; returns the jobs that finished in it and the round's length (s)."""
         f = current.f
-        cells = select(current.x, current.received_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity)
+        cells = self._select(current)
         wanted = [("+".join(f.job_ids[m] for m in f.combos[k]), self.types[j], int(f.combo_scale[k])) for k, j in cells]
         _, preempted = self.placer.place(wanted)
         self.num_preemptions += preempted
@@ -187,6 +250,20 @@ class _Simulation:
             for local in f.combos[k]:
                 self.state[current.jobs[local]].cost_usd += dollars / len(f.combos[k])
         return finished, (length_s if cells else self.round_s)
+
+    def _select(self, current: _Round) -> list[tuple[int, int]]:
+        f = current.f
+        if not self.gavel:
+            return select(current.x, current.received_s, combos=f.combos, combo_scale=f.combo_scale,
+                          capacity=self.capacity)
+        runnable = current.runnable()
+        order = list(self.type_order)
+        if self.shuffle:
+            self.rng.shuffle(order)
+        prio = mechanism_mod.gavel_priorities(current.x, current.received_s, runnable)
+        return mechanism_mod.select_per_type(
+            current.x, prio, current.deficit_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity,
+            type_order=order, runnable=runnable, skip_zero_priority=self.policy.startswith("fifo"))
 
     def _advance(self, m: int, thr: float, finished: set[int]) -> float:
         """Run job m for a round at ``thr`` steps/s; returns the seconds it was busy.
