@@ -148,7 +148,7 @@ def main() -> None:
     t.add_argument("--round", type=float, default=360.0)
     t.add_argument("--traces", default=",".join(TRACES))
     t.add_argument("--policies", default=",".join(TRACE_POLICIES))
-    t.add_argument("--mechanism", choices=("paper", "gavel"), default="paper")
+    t.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
     args = parser.parse_args()
     {"scale": run_scale, "sim": run_sim, "traces": run_traces}[args.what](args)
 

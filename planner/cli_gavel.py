@@ -41,8 +41,8 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--multi-gpu", action="store_true", help="scale factors 1/2/4/8 (continuous-multiple)")
     c.add_argument("--round", type=float, default=360.0, help="round length in seconds (default 360)")
-    c.add_argument("--mechanism", choices=("paper", "gavel"), default="paper",
-                   help="round mechanism: the chapter's (paper) or Gavel's simulator code (gavel); see docs/gavel-simulator.md")
+    c.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel",
+                   help="round mechanism: Gavel's simulator code (gavel, default) or the chapter's Algorithm 2 (paper)")
     c.add_argument("--measure", help="FIRST:LAST job indices the averages cover (steady state)")
     c.add_argument("--cdf", help="draw the CDF of completion times to a .png or .svg file")
     _common_flags(c)

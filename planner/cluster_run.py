@@ -1,7 +1,8 @@
 """Gavel's round-based mechanism driving real jobs on a Ray cluster (``paraplan cluster-run``).
 
 The same policy solve (``solvers.gavel.solve_matrix``), priority selection
-(``mechanism.select``) and lease placement (``mechanism.Placer``) as the cluster simulator,
+(``mechanism.select``) and lease placement (``mechanism.Placer``) as the cluster simulator's
+``paper`` mechanism,
 but every scheduled job runs as a Ray task: a real training lease
 (``planner.cluster_job.train_lease``) on the accelerator type it was given, asked for as a
 Ray custom resource named after the type (``{"v100": scale_factor}``). A round launches the
@@ -110,7 +111,7 @@ def run_on_ray(
     finally:
         if started_here:
             ray.shutdown()
-    sim = simulate(jobs, worker_types=worker_types, policy=policy, round_s=round_s, options=options)
+    sim = simulate(jobs, worker_types=worker_types, policy=policy, round_s=round_s, options=options, mechanism="paper")
     return engine.result(sim)
 
 

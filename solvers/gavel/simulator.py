@@ -95,7 +95,7 @@ def simulate(
     measure: tuple[int, int] | None = None,
     prices_per_hour: dict[str, float] | None = None,
     on_round: Callable[[int, int], None] | None = None,
-    mechanism: str = "paper",
+    mechanism: str = "gavel",
 ) -> ClusterSimResult:
     """Run a trace through a policy and the round-based mechanism.
 
@@ -109,10 +109,10 @@ def simulate(
         measure: [first, last) job indices the averages are over (steady state); all if None.
         prices_per_hour: dollars per accelerator-hour (GCP defaults for v100/p100/k80).
         on_round: called with (jobs done, jobs total) after every round (progress bars).
-        mechanism: ``paper`` (the chapter's Algorithm 2 with a global queue, a new allocation at
-            every arrival and completion) or ``gavel`` (Gavel's simulator code: half-round
-            credits, per-type queues, work-conserving, deficits, allocations at most every
-            ``MIN_RESET_S``); see docs/gavel-simulator.md.
+        mechanism: ``gavel`` (default: Gavel's simulator code, half-round credits, per-type
+            queues, work-conserving, deficits, allocations at most every ``MIN_RESET_S``) or
+            ``paper`` (the chapter's Algorithm 2 with a global queue and a new allocation at
+            every arrival and completion); see docs/gavel-simulator.md.
 
     Raises:
         InvalidProblemError: bad round length or window; InfeasibleError from the policy.
