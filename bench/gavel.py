@@ -5,6 +5,7 @@ Usage::
     PYTHONPATH=. python bench/gavel.py scale [--max-jobs 4096] [--policies a,b] [--space-sharing]
     PYTHONPATH=. python bench/gavel.py sim [--jobs 300] [--rate 3.0] [--seeds 0,1,2]
     PYTHONPATH=. python bench/gavel.py traces [--cluster v100:4,p100:4,k80:4] [--round 360]
+    PYTHONPATH=. python bench/gavel.py ray [--repeats 3] [--round 1.0]   (needs ray)
 
 ``scale`` prints, per policy and job count (64 to 4096; cluster of equal V100/P100/K80
 counts growing with the jobs, as in the chapter's Fig. 5.14), the full LP's solve time, the
@@ -13,7 +14,9 @@ objective relative to the full one. Full solves above ``--max-full`` jobs are sk
 ``sim`` runs each policy family agnostic and heterogeneity-aware on the same Poisson traces
 and prints the average JCT (the chapter's Figs. 5.9-5.11 comparison). ``traces`` runs every
 bundled Gavel trace (the physical-cluster traces) under each policy and prints the average
-JCT and makespan per (trace, policy), with the agnostic/aware JCT ratio per family.
+JCT and makespan per (trace, policy), with the agnostic/aware JCT ratio per family. ``ray``
+runs five real training jobs on a local Ray head (``paraplan cluster-run``'s engine) and prints
+each job's measured JCT over the simulator's.
 """
 
 from __future__ import annotations
@@ -129,6 +132,24 @@ def run_traces(args: argparse.Namespace) -> None:
         print(f"{name:20s} agnostic/aware avg JCT  " + ", ".join(gains), flush=True)
 
 
+RAY_JOBS = [("a", 40.0, 20.0, 60, 0.0), ("b", 30.0, 24.0, 90, 0.0), ("c", 50.0, 10.0, 80, 0.0),
+            ("d", 20.0, 18.0, 30, 1.5), ("e", 40.0, 30.0, 40, 2.5)]
+
+
+def run_ray(args: argparse.Namespace) -> None:
+    from planner.cluster_run import run_on_ray
+
+    jobs = JobsFile.model_validate({"jobs": [
+        {"id": i, "throughputs": {"v100": v, "p100": p}, "num_steps": n, "arrival_time_s": t * args.round}
+        for i, v, p, n, t in RAY_JOBS]})
+    print(f"5 jobs on v100:1,p100:1, max_min_fairness_perf, {args.round:g} s rounds: measured / simulated JCT")
+    for rep in range(args.repeats):
+        r = run_on_ray(jobs, worker_types={"v100": 1, "p100": 1}, policy="max_min_fairness_perf", round_s=args.round)
+        ratios = [j.jct_s / j.sim_jct_s for j in r.jobs]
+        print(f"run {rep}: avg JCT {r.avg_jct_s / r.sim_avg_jct_s:.3f}, per job {min(ratios):.3f}-{max(ratios):.3f}, "
+              f"{r.num_rounds} rounds, {r.num_preemptions} preemptions", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -149,8 +170,11 @@ def main() -> None:
     t.add_argument("--traces", default=",".join(TRACES))
     t.add_argument("--policies", default=",".join(TRACE_POLICIES))
     t.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
+    y = sub.add_parser("ray")
+    y.add_argument("--repeats", type=int, default=3)
+    y.add_argument("--round", type=float, default=1.0)
     args = parser.parse_args()
-    {"scale": run_scale, "sim": run_sim, "traces": run_traces}[args.what](args)
+    {"scale": run_scale, "sim": run_sim, "traces": run_traces, "ray": run_ray}[args.what](args)
 
 
 if __name__ == "__main__":
