@@ -144,9 +144,11 @@ def run_ray(args: argparse.Namespace) -> None:
         for i, v, p, n, t in RAY_JOBS]})
     print(f"5 jobs on v100:1,p100:1, max_min_fairness_perf, {args.round:g} s rounds: measured / simulated JCT")
     for rep in range(args.repeats):
-        r = run_on_ray(jobs, worker_types={"v100": 1, "p100": 1}, policy="max_min_fairness_perf", round_s=args.round)
+        mechanism = ("gavel", "paper")[rep % 2]
+        r = run_on_ray(jobs, worker_types={"v100": 1, "p100": 1}, policy="max_min_fairness_perf", round_s=args.round,
+                       mechanism=mechanism)
         ratios = [j.jct_s / j.sim_jct_s for j in r.jobs]
-        print(f"run {rep}: avg JCT {r.avg_jct_s / r.sim_avg_jct_s:.3f}, per job {min(ratios):.3f}-{max(ratios):.3f}, "
+        print(f"run {rep} ({mechanism}): avg JCT {r.avg_jct_s / r.sim_avg_jct_s:.3f}, per job {min(ratios):.3f}-{max(ratios):.3f}, "
               f"{r.num_rounds} rounds, {r.num_preemptions} preemptions", flush=True)
 
 

@@ -55,6 +55,8 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--policy", required=True)
     r.add_argument("--trace", required=True, help="jobs JSON or Gavel .trace with arrival times")
     r.add_argument("--round", type=float, default=1.0, help="round length in wall-clock seconds (default 1)")
+    r.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel",
+                   help="round mechanism, as cluster-sim's (default gavel)")
     r.add_argument("--time-scale", type=float, default=1.0,
                    help="divide the trace's times by K and multiply throughputs by K (360: a 6-minute round in 1 s)")
     r.add_argument("--checkpoint-dir", help="where job checkpoints go (default: a temporary folder)")
@@ -123,12 +125,12 @@ def cmd_cluster_run(args: argparse.Namespace) -> int:
     jobs = scale_time(_sim_jobs(args, workers), args.time_scale)
     with progress(f"running {len(jobs.jobs)} jobs on Ray under {args.policy}", delay_s=1.0):
         result = run_on_ray(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
-                            checkpoint_dir=args.checkpoint_dir, address=args.address)
+                            checkpoint_dir=args.checkpoint_dir, address=args.address, mechanism=args.mechanism)
     if args.json:
         print(result.model_dump_json(indent=2))
         return 0
-    print(f"policy {result.policy} on {result.engine}: {result.num_jobs} jobs, {result.num_rounds} rounds of "
-          f"{result.round_s:g} s, {result.num_preemptions} preemptions")
+    print(f"policy {result.policy} on {result.engine} ({result.mechanism} mechanism): {result.num_jobs} jobs, "
+          f"{result.num_rounds} rounds of {result.round_s:g} s, {result.num_preemptions} preemptions")
     print(f"average JCT {result.avg_jct_s:.3f} s measured, {result.sim_avg_jct_s:.3f} s simulated; "
           f"makespan {result.makespan_s:.3f} s measured, {result.sim_makespan_s:.3f} s simulated")
     for j in result.jobs:

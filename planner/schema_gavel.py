@@ -251,6 +251,8 @@ class ClusterRunResult(_Frozen):
     """Output of ``paraplan cluster-run``: measured completion times and the simulator's."""
 
     engine: str
+    mechanism: str
+    """The round mechanism, ``gavel`` or ``paper`` (as ``cluster-sim --mechanism``)."""
     policy: str
     round_s: PositiveFloat
     num_jobs: NonNegativeInt

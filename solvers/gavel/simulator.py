@@ -125,13 +125,21 @@ def simulate(
     missing = [j.id for j in jobs.jobs if j.throughputs is None]
     if missing:
         raise InvalidProblemError(f"jobs {missing[:5]} have no throughputs; derive them first (throughputs.resolve_problem)")
-    sim = _Simulation(jobs, worker_types, policy, round_s, options or {}, prices_per_hour or {})
+    sim = RoundLoop(jobs, worker_types, policy, round_s, options or {}, prices_per_hour or {})
     sim.configure(mechanism, seed)
     sim.run(on_round)
     return sim.result(seed=seed, measure=measure)
 
 
-class _Simulation:
+class RoundLoop:
+    """Gavel's rounds over a trace: arrivals, allocations, selection, placement, bookkeeping.
+
+    The work of a round is done by ``run_cells`` and the clock moves by ``advance_clock`` and
+    ``idle_until``: here a simulation (jobs advance at their throughputs, the clock by the
+    round's length); ``planner.cluster_run`` overrides the three to run real jobs on Ray in
+    wall-clock time, with everything else shared.
+    """
+
     def __init__(self, jobs: JobsFile, worker_types: dict[str, int], policy: str, round_s: float,
                  options: dict[str, Any], prices: dict[str, float]) -> None:
         self.jobs, self.worker_types, self.policy, self.round_s = jobs, worker_types, policy, round_s
@@ -164,7 +172,7 @@ class _Simulation:
                 next_arrival += 1
                 pending = True
             if not active:
-                self.now = self.jobs.jobs[self.order[next_arrival]].arrival_time_s
+                self.idle_until(self.jobs.jobs[self.order[next_arrival]].arrival_time_s)
                 continue
             if current is None or (pending and self._may_reset(current)):
                 current, pending = self._allocate(active, current), False
@@ -174,7 +182,7 @@ class _Simulation:
                 active = [m for m in active if m not in finished]
                 current.done.update(current.jobs.index(m) for m in finished)
                 pending = True
-            self.now += length_s
+            self.advance_clock(length_s)
             self.num_rounds += 1
             if on_round is not None:
                 on_round(done, len(self.state))
@@ -236,20 +244,29 @@ class _Simulation:
         for m in active:
             self.state[m].contention_sum += len(active)
             self.state[m].contention_rounds += 1
-        finished: set[int] = set()
-        length_s = 0.0
-        for k, j in cells:
-            busy_until = 0.0
-            for slot, local in enumerate(f.combos[k]):
-                busy_until = max(busy_until, self._advance(current.jobs[local], f.combo_throughput[k, j, slot], finished))
+        busy_s, finished = self.run_cells(current, cells)
+        for (k, j), busy_until in zip(cells, busy_s):
             current.received_s[k, j] += busy_until
-            length_s = max(length_s, busy_until)
             busy = busy_until * f.combo_scale[k]
             self.busy_s[j] += busy
             dollars = busy * self.prices.get(self.types[j], 0.0) / 3600.0
             for local in f.combos[k]:
                 self.state[current.jobs[local]].cost_usd += dollars / len(f.combos[k])
-        return finished, (length_s if cells else self.round_s)
+        return finished, (max(busy_s) if cells else self.round_s)
+
+    def run_cells(self, current: _Round, cells: list[tuple[int, int]]) -> tuple[list[float], set[int]]:
+        """Run the round's cells; returns each cell's busy seconds and the jobs that finished."""
+        f = current.f
+        finished: set[int] = set()
+        busy_s = [max(self._advance(current.jobs[local], f.combo_throughput[k, j, slot], finished)
+                      for slot, local in enumerate(f.combos[k])) for k, j in cells]
+        return busy_s, finished
+
+    def advance_clock(self, length_s: float) -> None:
+        self.now += length_s
+
+    def idle_until(self, time_s: float) -> None:
+        self.now = time_s
 
     def _select(self, current: _Round) -> list[tuple[int, int]]:
         f = current.f
