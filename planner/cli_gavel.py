@@ -49,6 +49,14 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     c.set_defaults(handler=cmd_cluster_sim)
 
+    _add_cluster_run(sub)
+
+    p = sub.add_parser("policies", help="list the Gavel policies")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_policies)
+
+
+def _add_cluster_run(sub: Any) -> None:
     r = sub.add_parser("cluster-run", help="run jobs for real on a Ray cluster with Gavel's rounds; compare with cluster-sim")
     r.add_argument("--engine", choices=("ray",), default="ray", help="the engine that runs the jobs (ray)")
     r.add_argument("--cluster", required=True, help="accelerator counts, e.g. v100:1,p100:1 (Ray custom resources)")
@@ -64,10 +72,6 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--throughputs", help="a Gavel throughput table JSON (default: the bundled simulation table)")
     r.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     r.set_defaults(handler=cmd_cluster_run, space_sharing=False)
-
-    p = sub.add_parser("policies", help="list the Gavel policies")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_policies)
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
