@@ -68,3 +68,26 @@ def test_cluster_run_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFix
     trace.write_text(json.dumps(JOBS))
     rc = main(["cluster-run", "--cluster", "v100:1", "--trace", str(trace), "--policy", "fifo_perf", "--round", "0"])
     assert rc == 2 and "--round" in capsys.readouterr().err
+
+
+def test_time_scale_keeps_the_schedule() -> None:
+    from planner.cli_gavel import scale_time
+    from planner.schema_gavel import JobsFile
+
+    jobs = JobsFile.model_validate(JOBS)
+    fast = scale_time(jobs, 360.0)
+    assert fast.jobs[3].arrival_time_s == pytest.approx(1.5 / 360)
+    assert fast.jobs[0].throughputs == {"v100": 40.0 * 360, "p100": 20.0 * 360}
+    assert [j.num_steps for j in fast.jobs] == [j.num_steps for j in jobs.jobs]
+
+
+def test_pairs_and_missing_throughputs_are_refused() -> None:
+    from planner.cluster_run import check_jobs
+    from planner.errors import InvalidProblemError
+    from planner.schema_gavel import JobsFile
+
+    paired = JobsFile.model_validate({**JOBS, "pairs": [{"jobs": ["a", "b"], "throughputs": {"v100": [20.0, 15.0]}}]})
+    with pytest.raises(InvalidProblemError, match="co-located pairs"):
+        check_jobs(paired, {"v100": 1, "p100": 1})
+    with pytest.raises(InvalidProblemError, match="zero throughput on every type"):
+        check_jobs(JobsFile.model_validate(JOBS), {"k80": 1})
