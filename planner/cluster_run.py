@@ -92,6 +92,7 @@ def run_on_ray(
     if started_here:
         _start(ray, worker_types, address)
     try:
+        _check_resources(ray.cluster_resources(), worker_types)
         with tempfile.TemporaryDirectory(prefix="paraplan-ckpt-") as tmp:
             loop = RayRoundLoop(ray, jobs, worker_types, policy, round_s, Path(checkpoint_dir or tmp), options or {})
             loop.configure(mechanism, seed)
@@ -104,6 +105,15 @@ def run_on_ray(
     sim = simulate(jobs, worker_types=worker_types, policy=policy, round_s=round_s, options=options,
                    mechanism=mechanism, seed=seed)
     return loop.outcome(sim, mechanism)
+
+
+def _check_resources(have: dict[str, float], worker_types: dict[str, int]) -> None:
+    """A cluster without a type's custom resource would leave its leases pending forever."""
+    short = {t: n for t, n in worker_types.items() if have.get(t, 0.0) < n}
+    if short:
+        raise InvalidProblemError(
+            f"the Ray cluster offers {({t: have.get(t, 0.0) for t in short})} of the accelerator resources "
+            f"{short} that --cluster asks for; start its nodes with --resources naming each type, or ask for fewer")
 
 
 def _start(ray: Any, worker_types: dict[str, int], address: str | None) -> None:

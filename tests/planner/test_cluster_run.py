@@ -91,3 +91,12 @@ def test_pairs_and_missing_throughputs_are_refused() -> None:
         check_jobs(paired, {"v100": 1, "p100": 1})
     with pytest.raises(InvalidProblemError, match="zero throughput on every type"):
         check_jobs(JobsFile.model_validate(JOBS), {"k80": 1})
+
+
+def test_a_cluster_without_the_resources_is_refused() -> None:
+    from planner.cluster_run import _check_resources
+    from planner.errors import InvalidProblemError
+
+    _check_resources({"CPU": 2.0, "v100": 1.0, "p100": 2.0}, {"v100": 1, "p100": 1})
+    with pytest.raises(InvalidProblemError, match="start its nodes with --resources"):
+        _check_resources({"CPU": 2.0, "v100": 1.0}, {"v100": 1, "p100": 1})
