@@ -6,6 +6,7 @@ Usage::
     PYTHONPATH=. python bench/gavel.py sim [--jobs 300] [--rate 3.0] [--seeds 0,1,2]
     PYTHONPATH=. python bench/gavel.py traces [--cluster v100:4,p100:4,k80:4] [--round 360]
     PYTHONPATH=. python bench/gavel.py ray [--repeats 3] [--round 1.0]   (needs ray)
+    PYTHONPATH=. python bench/gavel.py chapter [--jobs 5000] [--rate 5.6] [--seeds 0] [--mechanism gavel]
 
 ``scale`` prints, per policy and job count (64 to 4096; cluster of equal V100/P100/K80
 counts growing with the jobs, as in the chapter's Fig. 5.14), the full LP's solve time, the
@@ -16,7 +17,8 @@ and prints the average JCT (the chapter's Figs. 5.9-5.11 comparison). ``traces``
 bundled Gavel trace (the physical-cluster traces) under each policy and prints the average
 JCT and makespan per (trace, policy), with the agnostic/aware JCT ratio per family. ``ray``
 runs five real training jobs on a local Ray head (``paraplan cluster-run``'s engine) and prints
-each job's measured JCT over the simulator's.
+each job's measured JCT over the simulator's. ``chapter`` runs LAS agnostic and aware at
+the setting of the chapter's Fig. 5.8 (continuous-single, 36 of each type, jobs 4000-5000).
 """
 
 from __future__ import annotations
@@ -132,6 +134,19 @@ def run_traces(args: argparse.Namespace) -> None:
         print(f"{name:20s} agnostic/aware avg JCT  " + ", ".join(gains), flush=True)
 
 
+def run_chapter(args: argparse.Namespace) -> None:
+    workers = {"v100": 36, "p100": 36, "k80": 36}
+    lo = args.jobs * 4 // 5
+    print(f"{args.jobs} one-GPU jobs at {args.rate} jobs/h on {workers}, {args.mechanism} mechanism, "
+          f"average JCT of jobs {lo}-{args.jobs}")
+    for seed in (int(x) for x in args.seeds.split(",")):
+        jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers)
+        jct = [simulate(jobs, worker_types=workers, policy=p, seed=seed, measure=(lo, args.jobs),
+                        mechanism=args.mechanism).avg_jct_s / 3600 for p in ("max_min_fairness", "max_min_fairness_perf")]
+        print(f"seed {seed}: max_min_fairness {jct[0]:.2f} h, max_min_fairness_perf {jct[1]:.2f} h, "
+              f"agnostic/aware {jct[0] / jct[1]:.2f}x", flush=True)
+
+
 RAY_JOBS = [("a", 40.0, 20.0, 60, 0.0), ("b", 30.0, 24.0, 90, 0.0), ("c", 50.0, 10.0, 80, 0.0),
             ("d", 20.0, 18.0, 30, 1.5), ("e", 40.0, 30.0, 40, 2.5)]
 
@@ -175,8 +190,13 @@ def main() -> None:
     y = sub.add_parser("ray")
     y.add_argument("--repeats", type=int, default=3)
     y.add_argument("--round", type=float, default=1.0)
+    c = sub.add_parser("chapter")
+    c.add_argument("--jobs", type=int, default=5000)
+    c.add_argument("--rate", type=float, default=5.6)
+    c.add_argument("--seeds", default="0")
+    c.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
     args = parser.parse_args()
-    {"scale": run_scale, "sim": run_sim, "traces": run_traces, "ray": run_ray}[args.what](args)
+    {"scale": run_scale, "sim": run_sim, "traces": run_traces, "ray": run_ray, "chapter": run_chapter}[args.what](args)
 
 
 if __name__ == "__main__":
