@@ -29,11 +29,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from cost_models import _sim_bpipe as bpipe_sim
-from cost_models import _sim_engine as engine
-from cost_models import _sim_report as report
-from cost_models import _sim_rr as rr
-from cost_models._sim_costs import PipelineCosts, allreduce_link, bottleneck_s, pipeline_costs
+from cost_models.sim import bpipe as bpipe_sim
+from cost_models.sim import pipeline as engine
+from cost_models.sim import report, rr
+from cost_models.sim.costs import PipelineCosts, allreduce_link, bottleneck_s, durations, pipeline_costs
 from cost_models.schedules import build_actions, validate_actions
 from planner.errors import InvalidProblemError
 from planner.schema import Action, Plan, Predicted, SimResult
@@ -234,27 +233,9 @@ def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, v
     else:
         # Built-in lists are checked by their own tests; a count mismatch would be our bug.
         assert sum(len(rank) for rank in actions) in (2 * num_stages * m, 3 * num_stages * m)
-    weight = costs.backward_weight_s
-    if weight is None:
-        split = next((a for rank in actions for a in rank if a.kind in "IW"), None)
-        if split is not None:
-            raise InvalidProblemError(
-                f"action {split} splits the backward into I and W but the weight-gradient time is "
-                "unknown; give backward_weight_s for every layer of the profile, or use B actions"
-            )
-        weight = (0.0,) * num_stages
-    rec, bwd = costs.recompute_s, costs.backward_s
-    durations = engine.Durations(
-        forward_s=costs.forward_s,
-        backward_s=[rec[k] + bwd[k] for k in range(num_stages)],
-        input_s=[rec[k] + bwd[k] - weight[k] for k in range(num_stages)],
-        weight_s=weight,
-        activation_bytes=costs.activation_bytes,
-        send_forward_s=costs.send_forward_s,
-        send_backward_s=costs.send_backward_s,
-    )
+    durs = durations(costs, actions)
     ops = engine.compile_actions(actions, stage_rank=[k % num_ranks for k in range(num_stages)])
-    return engine.run(ops, num_microbatches=m, durations=durations)
+    return engine.run(ops, num_microbatches=m, durations=durs)
 
 
 def predicted(plan: Plan, sim: SimResult) -> Predicted:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cost_models import offload
-from cost_models._sim_offload import simulate_offload
+from cost_models.sim.offload import simulate_offload
 from planner import api
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Cluster, LayerProfile, ModelProfile, PipelineProblem, RecomputeOption

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from cost_models._sim_engine import KIND_NAME, Trace
+from cost_models.sim.pipeline import KIND_NAME, Trace
 from planner.schema import Bubble, SimResult, StageResult, TimelineEvent
 
 _TOLERANCE = 1e-10

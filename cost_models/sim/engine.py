@@ -1,0 +1,178 @@
+"""The discrete-event engine every simulation runs on: operations, streams and shared resources.
+
+A simulation is a ``Graph`` of operations. Each operation has a duration, the operations it
+waits for (``deps``) and, optionally, a shared resource it occupies while it runs. ``run``
+times the graph:
+
+- an operation becomes *ready* when the last of its dependencies ends (or starts, for the
+  dependencies added with ``add_start_dep``);
+- an operation without a resource starts when it is ready (a device's compute stream is such a
+  chain: each operation depends on the stream's previous one, so the stream never runs two at
+  once and needs no arbitration);
+- a resource (a link direction, a host link, a node's CPU) runs one operation at a time,
+  non-preemptively, at its full speed. When it frees, the waiting operation that became ready
+  first starts; ties go to the operation created first (program order). Two transfers that
+  want one link at the same time therefore take twice as long together as one alone: the
+  second starts when the first ends (FIFO sharing, not fair share).
+
+Events are processed in time order with one heap that holds only operations that need a
+resource; operations without one are timed as soon as they are ready, so a pipeline's compute
+chains cost no heap traffic. The start times are those of list scheduling; an operation whose
+dependencies never end (a cycle, e.g. a deadlocked action list) is left untimed (``nan``) and
+``Schedule.done`` is False.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Graph", "Schedule", "run"]
+
+NO_RESOURCE = -1
+_EPS = 1e-12
+
+
+@dataclass(slots=True)
+class Graph:
+    """Operations to time. Build with ``add``; ``resource_names[r]`` names resource id r."""
+
+    duration_s: list[float] = field(default_factory=list)
+    resource: list[int] = field(default_factory=list)
+    """Resource id per operation, ``NO_RESOURCE`` (-1) for none."""
+    num_deps: list[int] = field(default_factory=list)
+    children: list[list[int]] = field(default_factory=list)
+    resource_names: list[Hashable] = field(default_factory=list)
+    start_children: dict[int, list[int]] = field(default_factory=dict)
+    """Operations that wait for the *start* of an operation (``add_start_dep``)."""
+    _resource_ids: dict[Hashable, int] = field(default_factory=dict)
+    _stream_last: dict[Hashable, int] = field(default_factory=dict)
+
+    def resource_id(self, name: Hashable) -> int:
+        """The id of a named resource (created on first use)."""
+        rid = self._resource_ids.get(name)
+        if rid is None:
+            rid = self._resource_ids[name] = len(self.resource_names)
+            self.resource_names.append(name)
+        return rid
+
+    def add(
+        self,
+        duration_s: float,
+        *,
+        deps: Sequence[int] = (),
+        resource: Hashable | None = None,
+        stream: Hashable | None = None,
+    ) -> int:
+        """Add an operation and return its id.
+
+        Args:
+            duration_s: how long it occupies its resource (or just takes, without one).
+            deps: operations it waits for; negative ids are ignored.
+            resource: a shared resource it occupies (see the module docstring).
+            stream: keeps program order: the operation also waits for the previous one added
+                with the same stream.
+        """
+        op = len(self.duration_s)
+        preds = {d for d in deps if d >= 0}
+        if stream is not None:
+            prev = self._stream_last.get(stream)
+            if prev is not None:
+                preds.add(prev)
+            self._stream_last[stream] = op
+        self.duration_s.append(duration_s)
+        self.resource.append(NO_RESOURCE if resource is None else self.resource_id(resource))
+        self.num_deps.append(len(preds))
+        self.children.append([])
+        for p in preds:
+            self.children[p].append(op)
+        return op
+
+    def add_dep(self, op: int, dep: int) -> None:
+        """Make ``op`` also wait for ``dep`` (ids from ``add``; call before ``run``)."""
+        self.children[dep].append(op)
+        self.num_deps[op] += 1
+
+    def add_start_dep(self, op: int, dep: int) -> None:
+        """Make ``op`` also wait for ``dep`` to start (a transfer issued together with an action)."""
+        self.start_children.setdefault(dep, []).append(op)
+        self.num_deps[op] += 1
+
+    def __len__(self) -> int:
+        return len(self.duration_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Start and end time of every operation (``nan`` for those never run)."""
+
+    start_s: list[float]
+    end_s: list[float]
+    done: bool
+    """False when some operation never became ready (a dependency cycle)."""
+
+
+def run(graph: Graph) -> Schedule:
+    """Time every operation of the graph (see the module docstring for the rules)."""
+    n = len(graph.duration_s)
+    dur, res, kids, start_kids = graph.duration_s, graph.resource, graph.children, graph.start_children
+    waiting = list(graph.num_deps)
+    ready = [0.0] * n
+    start, end = [math.nan] * n, [math.nan] * n
+    free = [0.0] * len(graph.resource_names)
+    heap: list[tuple[float, int]] = []
+    stack = [op for op in range(n - 1, -1, -1) if waiting[op] == 0]
+    push, pop = heapq.heappush, heapq.heappop
+    timed = 0
+    while True:
+        while stack:
+            op = stack.pop()
+            if res[op] >= 0:
+                push(heap, (ready[op], op))
+                continue
+            t = ready[op]
+            e = t + dur[op]
+            start[op] = t
+            end[op] = e
+            timed += 1
+            if start_kids and op in start_kids:
+                _release(start_kids[op], t, ready, waiting, stack)
+            for c in kids[op]:
+                if e > ready[c]:
+                    ready[c] = e
+                waiting[c] -= 1
+                if not waiting[c]:
+                    stack.append(c)
+        if not heap:
+            break
+        t, op = pop(heap)
+        r = res[op]
+        if free[r] > t + _EPS:
+            push(heap, (free[r], op))  # the resource was taken meanwhile: wait for it
+            continue
+        t = max(t, free[r])
+        e = t + dur[op]
+        start[op] = t
+        end[op] = e
+        free[r] = e
+        timed += 1
+        if start_kids and op in start_kids:
+            _release(start_kids[op], t, ready, waiting, stack)
+        for c in kids[op]:
+            if e > ready[c]:
+                ready[c] = e
+            waiting[c] -= 1
+            if not waiting[c]:
+                stack.append(c)
+    return Schedule(start_s=start, end_s=end, done=timed == n)
+
+
+def _release(children: list[int], t: float, ready: list[float], waiting: list[int], stack: list[int]) -> None:
+    for c in children:
+        if t > ready[c]:
+            ready[c] = t
+        waiting[c] -= 1
+        if not waiting[c]:
+            stack.append(c)
