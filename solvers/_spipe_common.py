@@ -193,3 +193,5 @@ class HostOptions:
     cpu_optimizer_params_per_s: float | None = None
     cpu_memory_bytes: float | None = None
     pinned: bool | None = None
+    peer_over_host_link: bool | None = None
+    """GPU peer copies and collectives use the host links (no NVLink; default False)."""

@@ -13,7 +13,8 @@ times the graph:
   non-preemptively, at its full speed. When it frees, the waiting operation that became ready
   first starts; ties go to the operation created first (program order). Two transfers that
   want one link at the same time therefore take twice as long together as one alone: the
-  second starts when the first ends (FIFO sharing, not fair share).
+  second starts when the first ends (FIFO sharing, not fair share). An operation may hold
+  several resources at once (``also``); it starts when all of them are free.
 
 Events are processed in time order with one heap that holds only operations that need a
 resource; operations without one are timed as soon as they are ready, so a pipeline's compute
@@ -45,6 +46,8 @@ class Graph:
     num_deps: list[int] = field(default_factory=list)
     children: list[list[int]] = field(default_factory=list)
     resource_names: list[Hashable] = field(default_factory=list)
+    also_holds: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Further resources an operation occupies together with its first one (``add(also=...)``)."""
     start_children: dict[int, list[int]] = field(default_factory=dict)
     """Operations that wait for the *start* of an operation (``add_start_dep``)."""
     _resource_ids: dict[Hashable, int] = field(default_factory=dict)
@@ -64,6 +67,7 @@ class Graph:
         *,
         deps: Sequence[int] = (),
         resource: Hashable | None = None,
+        also: Sequence[Hashable] = (),
         stream: Hashable | None = None,
     ) -> int:
         """Add an operation and return its id.
@@ -72,6 +76,8 @@ class Graph:
             duration_s: how long it occupies its resource (or just takes, without one).
             deps: operations it waits for; negative ids are ignored.
             resource: a shared resource it occupies (see the module docstring).
+            also: more resources it occupies at the same time (a GPU peer copy over PCIe holds
+                the sender's and the receiver's host links); it starts when all are free.
             stream: keeps program order: the operation also waits for the previous one added
                 with the same stream.
         """
@@ -84,6 +90,9 @@ class Graph:
             self._stream_last[stream] = op
         self.duration_s.append(duration_s)
         self.resource.append(NO_RESOURCE if resource is None else self.resource_id(resource))
+        if also:
+            assert resource is not None, "give the first resource as 'resource'"
+            self.also_holds[op] = tuple(self.resource_id(name) for name in also)
         self.num_deps.append(len(preds))
         self.children.append([])
         for p in preds:
@@ -118,6 +127,7 @@ def run(graph: Graph) -> Schedule:
     """Time every operation of the graph (see the module docstring for the rules)."""
     n = len(graph.duration_s)
     dur, res, kids, start_kids = graph.duration_s, graph.resource, graph.children, graph.start_children
+    also = graph.also_holds
     waiting = list(graph.num_deps)
     ready = [0.0] * n
     start, end = [math.nan] * n, [math.nan] * n
@@ -149,14 +159,18 @@ def run(graph: Graph) -> Schedule:
             break
         t, op = pop(heap)
         r = res[op]
-        if free[r] > t + _EPS:
-            push(heap, (free[r], op))  # the resource was taken meanwhile: wait for it
+        more = also.get(op, ()) if also else ()
+        busy_until = max([free[r]] + [free[x] for x in more]) if more else free[r]
+        if busy_until > t + _EPS:
+            push(heap, (busy_until, op))  # a resource was taken meanwhile: wait for it
             continue
-        t = max(t, free[r])
+        t = max(t, busy_until)
         e = t + dur[op]
         start[op] = t
         end[op] = e
         free[r] = e
+        for x in more:
+            free[x] = e
         timed += 1
         if start_kids and op in start_kids:
             _release(start_kids[op], t, ready, waiting, stack)

@@ -1,15 +1,17 @@
 """Simulator of offloaded training: GPU streams next to host links and CPU optimizer timelines.
 
-Implements the event model of reading shared/design/stage-ilp-spipe-bpipe.md B.6 [REC] for SPipe
-(seed 003) and its baselines. Every operation runs on one resource, non-preemptively; a resource
-serves the ready operation that can start first (ties: the one created first):
+The event model of SPipe (Sec. 3-4) and its baselines, as a graph for the one engine
+(``cost_models.sim.engine``). Every operation runs on one stream or shared resource,
+non-preemptively; a resource serves the ready operation that can start first (ties: the one
+created first):
 
 - ``gpu g``: the compute stream; F and B (recompute included) in the plan's fixed order;
 - ``h2d`` / ``d2h`` of each host link: parameter prefetch p_i and gradient offload g_i; GPUs behind
   one PCIe switch share a link, and each GPU's copies keep their stream order (seed 003 L224);
 - ``cpu`` of each node: optimizer steps o_i (threads sharing the cores, L233);
-- point-to-point activations, gradients and checkpoints take latency + bytes / bandwidth and
-  delay only their consumer, as in the main simulator.
+- ``link src dst``: point-to-point activations, gradients and checkpoints between two GPUs take
+  latency + bytes / bandwidth on the link of that direction, one at a time (a checkpoint and
+  an activation bound for the same GPU queue behind each other), as in the pipeline model.
 
 Dependencies (B.6): f_i^j after f_{i-1}^j and p_i; b_n^j after b_{n+1}^j, its checkpoint c_n^j
 (the input of backward stage n, sent as soon as f_i^j finishes, L186-188) and p_n; p of a GPU's v-th stage after its (v-2)-th
@@ -20,14 +22,13 @@ synchronous overflow check of Fig. 3, L115-127). The iteration ends with the las
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from cost_models import offload
+from cost_models.sim import engine
 from planner.errors import InvalidProblemError
 from planner.schema import Bubble, Plan, SimResult, StageResult, TimelineEvent
 
@@ -64,61 +65,26 @@ class OffloadResult:
 
 @dataclass(slots=True)
 class _Graph:
-    """Operations with a duration, a resource, a stream (order kept) and dependencies."""
+    """The engine graph with a label per operation: (kind, gpu, ...) as the builders give it."""
 
-    duration: list[float] = field(default_factory=list)
-    resource: list[Hashable | None] = field(default_factory=list)
-    deps: list[list[int]] = field(default_factory=list)
+    graph: engine.Graph = field(default_factory=engine.Graph)
     meta: list[tuple[Any, ...]] = field(default_factory=list)
-    _last: dict[Hashable, int] = field(default_factory=dict)
 
     def add(self, duration: float, meta: tuple[Any, ...], *, resource: Hashable | None = None,
-            stream: Hashable | None = None, deps: Sequence[int] = ()) -> int:
-        op = len(self.duration)
-        preds = [d for d in deps if d >= 0]
-        if stream is not None:
-            if stream in self._last:
-                preds.append(self._last[stream])
-            self._last[stream] = op
-        self.duration.append(duration)
-        self.resource.append(resource)
-        self.deps.append(preds)
+            also: Sequence[Hashable] = (), stream: Hashable | None = None, deps: Sequence[int] = ()) -> int:
         self.meta.append(meta)
-        return op
+        return self.graph.add(duration, deps=deps, resource=resource, also=also, stream=stream)
+
+    def resource_name(self, op: int) -> Hashable | None:
+        rid = self.graph.resource[op]
+        return None if rid < 0 else self.graph.resource_names[rid]
 
 
 def _schedule(graph: _Graph) -> tuple[list[float], list[float]]:
-    """Start and end times: list scheduling, starts popped in nondecreasing order."""
-    n = len(graph.duration)
-    children: list[list[int]] = [[] for _ in range(n)]
-    waiting = [len(d) for d in graph.deps]
-    for op, preds in enumerate(graph.deps):
-        for p in preds:
-            children[p].append(op)
-    ready = [0.0] * n
-    start, end = [math.nan] * n, [math.nan] * n
-    free: dict[Hashable, float] = defaultdict(float)
-    heap = [(0.0, op) for op in range(n) if waiting[op] == 0]
-    heapq.heapify(heap)
-    done = 0
-    while heap:
-        est, op = heapq.heappop(heap)
-        res = graph.resource[op]
-        begin = max(ready[op], free[res]) if res is not None else ready[op]
-        if begin > est + _EPS:
-            heapq.heappush(heap, (begin, op))  # the resource was taken meanwhile
-            continue
-        start[op], end[op] = begin, begin + graph.duration[op]
-        if res is not None:
-            free[res] = end[op]
-        done += 1
-        for child in children[op]:
-            ready[child] = max(ready[child], end[op])
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                heapq.heappush(heap, (ready[child], child))
-    assert done == n, "offload graph has a cycle"
-    return start, end
+    """Start and end times from the engine."""
+    timed = engine.run(graph.graph)
+    assert timed.done, "offload graph has a cycle"
+    return timed.start_s, timed.end_s
 
 
 # ------------------------------------------------------------------------------------------
@@ -196,6 +162,22 @@ def _link(s: _Setup, gpu: int, direction: str) -> tuple[str, int, int]:
     return direction, node, offload.host_link_of(local, s.host)
 
 
+def _peer(s: _Setup, src: int, dst: int) -> dict[str, Any]:
+    """Resources of a GPU peer copy: its own directed link, or both host links (``peer_over_host_link``)."""
+    cluster = s.plan.cluster
+    if s.host.peer_over_host_link and cluster.node_of(src) == cluster.node_of(dst):
+        return {"resource": _link(s, src, "d2h"), "also": (_link(s, dst, "h2d"),)}
+    return {"resource": ("link", src, dst)}
+
+
+def _collective(s: _Setup, graph: _Graph, gpu: int, meta: tuple[Any, ...], num_bytes: float, dep: int) -> int:
+    """All-gather / reduce-scatter over the host links of a GPU (``peer_over_host_link``); else -1."""
+    if not s.host.peer_over_host_link or s.num_gpus == 1:
+        return -1
+    return graph.add(_collective_s(s, num_bytes), meta, deps=[dep], resource=_link(s, gpu, "h2d"),
+                     also=(_link(s, gpu, "d2h"),))
+
+
 def _fp16_bytes(s: _Setup, layers: tuple[int, int]) -> float:
     return offload.GPU_PARAM_BYTES_PER_PARAM * offload.range_num_params(s.plan.model, layers)
 
@@ -220,8 +202,9 @@ def _build_pipeline(s: _Setup) -> tuple[_Graph, list[int]]:
         fwd, _ = _range_times(s, layers)
         hop = _p2p_s(s, s.forward_gpus[i - 1], gpu, model.layers[layers[0] - 1].output_bytes) if i else 0.0
         for j in range(m):
-            dep = graph.add(hop, ("A",), deps=[prev[j]]) if hop else prev[j]
-            prev[j] = graph.add(fwd, ("F", gpu, i, j), resource=("gpu", gpu), stream=("gpu", gpu), deps=[p, dep])
+            src = s.forward_gpus[i - 1] if i else gpu
+            dep = graph.add(hop, ("A", src, i, j), deps=[prev[j]], **_peer(s, src, gpu)) if hop else prev[j]
+            prev[j] = graph.add(fwd, ("F", gpu, i, j), stream=("gpu", gpu), deps=[p, dep])
         visits[gpu].append(prev[m - 1])
     return _add_backward(s, graph, visits)
 
@@ -248,9 +231,10 @@ def _add_backward(s: _Setup, graph: _Graph, visits: dict[int, list[int]]) -> tup
             hop = _p2p_s(s, s.backward_gpus[n + 1], gpu, model.layers[layers[1] - 1].output_bytes)
         buffer_gate = grad_ops[gpu][-2] if len(grad_ops[gpu]) >= 2 else -1
         for j in range(m):
-            ck = graph.add(ckpt_s, ("C",), deps=[fops[(i, j)]]) if ckpt_s else fops[(i, j)]
-            dep = graph.add(hop, ("A",), deps=[prev[j]]) if hop else prev[j]
-            prev[j] = graph.add(bwd, ("B", gpu, n, j), resource=("gpu", gpu), stream=("gpu", gpu),
+            src_f, src_b = s.forward_gpus[i], s.backward_gpus[min(n + 1, len(s.backward) - 1)]
+            ck = graph.add(ckpt_s, ("C", src_f, n, j), deps=[fops[(i, j)]], **_peer(s, src_f, gpu)) if ckpt_s else fops[(i, j)]
+            dep = graph.add(hop, ("A", src_b, n, j), deps=[prev[j]], **_peer(s, src_b, gpu)) if hop else prev[j]
+            prev[j] = graph.add(bwd, ("B", gpu, n, j), stream=("gpu", gpu),
                                 deps=[p, ck, dep, buffer_gate if j == 0 else -1])
         visits[gpu].append(prev[m - 1])
         g_op = graph.add(offload.transfer_time_s(_fp16_bytes(s, layers), s.host), ("G", gpu, "B", n),
@@ -292,19 +276,23 @@ def _build_zero(s: _Setup) -> tuple[_Graph, list[int]]:
         for j in range(m):
             for kind, order in (("F", s.forward), ("B", tuple(reversed(s.forward)))):
                 for layers in order:
-                    gather = _collective_s(s, _fp16_bytes(s, layers))
+                    shared = s.host.peer_over_host_link
+                    gather = 0.0 if shared else _collective_s(s, _fp16_bytes(s, layers))
                     p = _prefetch(s, graph, gpu, kind, layers[0], layers, visits, scale=1 / g, extra_s=gather)
+                    if shared:
+                        p = _collective(s, graph, gpu, ("AG", gpu, kind, layers[0]), _fp16_bytes(s, layers), p)
                     fwd, bwd = _range_times(s, layers)
-                    prev = graph.add(fwd if kind == "F" else bwd, (kind, gpu, layers[0], j), resource=("gpu", gpu),
-                                     stream=("gpu", gpu), deps=[p, prev])
+                    prev = graph.add(fwd if kind == "F" else bwd, (kind, gpu, layers[0], j), stream=("gpu", gpu), deps=[p, prev])
                     visits.append(prev)
                     if kind == "B":
                         last_b[layers[0]] = prev
         for layers in reversed(s.forward):
             nbytes = _fp16_bytes(s, layers)
-            dur = _collective_s(s, nbytes) + offload.transfer_time_s(nbytes / g, s.host)
+            shared = s.host.peer_over_host_link
+            dep = _collective(s, graph, gpu, ("RS", gpu, "B", layers[0]), nbytes, last_b[layers[0]]) if shared else -1
+            dur = (0.0 if shared else _collective_s(s, nbytes)) + offload.transfer_time_s(nbytes / g, s.host)
             offloads.append(graph.add(dur, ("G", gpu, "B", layers[0]), resource=_link(s, gpu, "d2h"),
-                                      stream=("d2h", gpu), deps=[last_b[layers[0]]]))
+                                      stream=("d2h", gpu), deps=[last_b[layers[0]], dep]))
     barrier = graph.add(0.0, ("S",), deps=offloads)
     total = offload.range_num_params(s.plan.model, (0, s.plan.model.num_layers))
     for node in range(s.plan.cluster.num_nodes):
@@ -409,7 +397,7 @@ def _resource_events(graph: _Graph, start: list[float], end: list[float]) -> tup
     transfers, cpu = [], []
     for op, meta in enumerate(graph.meta):
         if meta[0] in ("P", "G", "O"):
-            res = graph.resource[op]
+            res = graph.resource_name(op)
             name = ":".join(str(x) for x in res) if isinstance(res, tuple) else str(res)
             event = ResourceEvent(name, meta[1], meta[0], meta[3] if isinstance(meta[3], int) else -1, start[op], end[op])
             (cpu if meta[0] == "O" else transfers).append(event)
