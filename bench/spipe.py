@@ -67,8 +67,9 @@ def run(model: str, nodes: int, seq: int, *, batch: int, sweep: bool, peer_over_
         except PlannerError:
             out[name] = math.nan  # out of GPU or CPU memory in our model
     if sweep and "spipe-sweep" in plans:
-        sec = plans["spipe-sweep"].options["offload"]
-        out["sweep_config"] = f"{sec['forward_stages_per_gpu']}/{sec['backward_stages_per_gpu']}"  # type: ignore[assignment]
+        sec = plans["spipe-sweep"].offload
+        assert sec is not None
+        out["sweep_config"] = f"{sec.forward_stages_per_gpu}/{sec.backward_stages_per_gpu}"  # type: ignore[assignment]
     return out
 
 

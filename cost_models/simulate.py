@@ -30,6 +30,7 @@ import logging
 from collections.abc import Sequence
 
 from cost_models.sim import bpipe as bpipe_sim
+from cost_models.sim import offload as offload_sim
 from cost_models.sim import pipeline as engine
 from cost_models.sim import report, rr
 from cost_models.sim.costs import PipelineCosts, allreduce_link, bottleneck_s, durations, pipeline_costs
@@ -71,11 +72,9 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
     """
     if plan.bpipe is not None:
         return bpipe_sim.simulate_bpipe(plan, include_events=include_events)  # evictions and loads
-    if "offload" in plan.options:
+    if plan.offload is not None:
         # SPipe / Mobius / ZeRO-Offload plans: host transfers and CPU optimizer steps as resources.
-        from cost_models import _sim_offload
-
-        return _sim_offload.simulate_offload(plan, include_events=include_events).sim
+        return offload_sim.simulate_offload(plan, include_events=include_events).sim
     costs = pipeline_costs(plan)
     samples = float(plan.global_batch_size)
     if rr.is_round_robin(plan):
@@ -116,7 +115,7 @@ def check_pipeline_ranks(plan: Plan) -> None:
         InvalidProblemError: stages are replicated differently from ``degrees.data``, or the plan
             is an offloaded (SPipe-style) pipeline.
     """
-    if "offload" in plan.options:
+    if plan.offload is not None:
         raise InvalidProblemError(
             f"the plan is a GPU/CPU offloaded pipeline (solver {plan.solver!r}): its forward and backward stages "
             "have no per-pipeline-rank action lists and no torch.distributed.pipelining or Megatron-LM "
@@ -263,10 +262,8 @@ def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     optimizer step). BPipe plans: each pair's link (EV evict, LD load). Other plans: none.
     """
     rows: dict[str, list[tuple[str, float, float]]] = {}
-    if "offload" in plan.options:
-        from cost_models import _sim_offload
-
-        result = _sim_offload.simulate_offload(plan, include_events=True)
+    if plan.offload is not None:
+        result = offload_sim.simulate_offload(plan, include_events=True)
         for event in (*result.transfers, *result.cpu):
             rows.setdefault(event.resource, []).append((event.kind, event.start_s, event.end_s))
     elif plan.bpipe is not None:

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from cost_models import offload
 from cost_models.sim import engine
 from planner.errors import InvalidProblemError
-from planner.schema import Bubble, Plan, SimResult, StageResult, TimelineEvent
+from planner.schema import Bubble, OffloadSpec, Plan, SimResult, StageResult, TimelineEvent
 
 _EPS = 1e-12
 
@@ -106,40 +106,39 @@ class _Setup:
     recompute: str
 
 
-def offload_options(plan: Plan) -> dict[str, Any]:
-    """The plan's ``options['offload']`` section.
+def offload_spec(plan: Plan) -> OffloadSpec:
+    """The plan's ``offload`` section.
 
     Raises:
         InvalidProblemError: the plan has none.
     """
-    section = plan.options.get("offload")
-    if not isinstance(section, dict):
+    if plan.offload is None:
         raise InvalidProblemError(
-            f"plan of solver {plan.solver!r} has no options['offload'] section; only plans of the "
+            f"plan of solver {plan.solver!r} has no 'offload' section; only plans of the "
             "spipe, mobius and zero-offload solvers can be simulated as offloaded pipelines"
         )
-    return section
+    return plan.offload
 
 
 def _setup(plan: Plan) -> _Setup:
-    opts = offload_options(plan)
-    host = offload.host_spec(plan.cluster, {"host": opts.get("host") or {}})
+    spec = offload_spec(plan)
+    host = offload.host_spec(plan.cluster, {"host": spec.host.model_dump()})
     g = plan.cluster.num_devices
     forward = tuple(c.layers for c in plan.virtual_stages())
-    if opts.get("mode") == "zero-offload":
+    if spec.mode == "zero-offload":
         per_layer = tuple((i, i + 1) for i in range(plan.model.num_layers))
         forward, backward, fgpus, bgpus = per_layer, per_layer, (0,) * len(per_layer), (0,) * len(per_layer)
     else:
-        backward = tuple(tuple(r) for r in opts["backward_stages"])  # type: ignore[misc]
+        backward = tuple((int(a), int(b)) for a, b in spec.backward_stages)
         fgpus = tuple(offload.forward_gpu(i, g) for i in range(len(forward)))
-        bgpus = tuple(int(x) for x in opts["backward_gpus"])
+        bgpus = tuple(spec.backward_gpus)
         if len(bgpus) != len(backward) or any(not 0 <= x < g for x in bgpus):
             raise InvalidProblemError(
-                f"options.offload.backward_gpus={list(bgpus)} must give one GPU in [0, {g}) per backward stage"
+                f"offload.backward_gpus={list(bgpus)} must give one GPU in [0, {g}) per backward stage"
             )
     return _Setup(plan=plan, host=host, forward=forward, forward_gpus=fgpus, backward=backward,
-                  backward_gpus=bgpus, num_gpus=g, async_optimizer=bool(opts.get("async_optimizer", False)),
-                  prefetch=bool(opts.get("prefetch", True)), recompute=str(opts.get("recompute", "full")))
+                  backward_gpus=bgpus, num_gpus=g, async_optimizer=spec.async_optimizer,
+                  prefetch=spec.prefetch, recompute=spec.recompute)
 
 
 def _range_times(s: _Setup, layers: tuple[int, int]) -> tuple[float, float]:
@@ -310,7 +309,7 @@ def _memory(s: _Setup) -> tuple[list[float], list[float]]:
     """Peak GPU memory per GPU (``offload.gpu_memory_bytes``: one checkpoint per backward stage and
     microbatch, the same bytes the checkpoint transfers carry) and model-state bytes per node."""
     model, cluster = s.plan.model, s.plan.cluster
-    if offload_options(s.plan).get("mode") == "zero-offload":
+    if offload_spec(s.plan).mode == "zero-offload":
         peak = offload.gpu_memory_bytes(model, forward_layers=s.forward, backward_layers=s.forward, num_microbatches=1)
         per_node = offload.cpu_state_bytes(offload.range_num_params(model, (0, model.num_layers))) / cluster.num_nodes
         return [peak] * s.num_gpus, [per_node] * cluster.num_nodes
@@ -327,7 +326,7 @@ def _memory(s: _Setup) -> tuple[list[float], list[float]]:
 def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResult:
     """Simulate one iteration of an offloaded plan (spipe, mobius or zero-offload).
 
-    The plan's ``options['offload']`` gives ``mode`` (``pipeline`` or ``zero-offload``),
+    The plan's ``offload`` (``planner.schema.OffloadSpec``) gives ``mode`` (``pipeline`` or ``zero-offload``),
     ``backward_stages`` (layer ranges in model order), ``backward_gpus``, ``async_optimizer``,
     ``prefetch``, ``recompute`` and ``host`` (``offload.HostSpec`` fields); the forward stages
     are the plan's virtual stages, forward stage i on GPU i mod G.
@@ -345,7 +344,7 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
             bandwidth.
     """
     s = _setup(plan)
-    zero = offload_options(plan).get("mode") == "zero-offload"
+    zero = offload_spec(plan).mode == "zero-offload"
     graph, offloads = _build_zero(s) if zero else _build_pipeline(s)
     if not zero:
         _add_optimizer(s, graph, offloads)

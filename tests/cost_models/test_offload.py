@@ -39,8 +39,7 @@ def _plan(model: ModelProfile, cluster: Cluster, *, v: int, d: int, decoupled: b
                                microbatch_size=1, num_microbatches=m, async_optimizer=async_opt)
     plan = common.build_plan(problem, model, cfg, spec, solver="spipe")
     if not prefetch:
-        section = dict(plan.options["offload"], prefetch=False)
-        plan = plan.model_copy(update={"options": {"offload": section}})
+        plan = plan.model_copy(update={"offload": plan.offload.model_copy(update={"prefetch": False})})
     return plan
 
 
@@ -177,5 +176,5 @@ def test_cpu_memory_bounds_of_table_2():
 def test_plan_without_offload_section_is_rejected():
     problem = PipelineProblem(model=_toy(4, 1.0, 2.0), cluster=_cluster(2))
     plan = api.plan(problem, solver="even")
-    with pytest.raises(InvalidProblemError, match="no options\\['offload'\\]"):
+    with pytest.raises(InvalidProblemError, match="no 'offload' section"):
         simulate_offload(plan)
