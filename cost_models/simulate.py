@@ -30,6 +30,7 @@ import logging
 from collections.abc import Sequence
 
 from cost_models.sim import bpipe as bpipe_sim
+from cost_models.sim import engine as sim_engine
 from cost_models.sim import offload as offload_sim
 from cost_models.sim import pipeline as engine
 from cost_models.sim import report, rr
@@ -40,6 +41,7 @@ from planner.schema import Action, Plan, Predicted, SimResult
 
 __all__ = [
     "PipelineCosts",
+    "link_timelines",
     "resource_timelines",
     "allreduce_link",
     "check_pipeline_ranks",
@@ -253,6 +255,34 @@ def _plan_bottleneck_s(plan: Plan) -> float:
     if rr.is_round_robin(plan):
         return rr.rr_bottleneck_s(costs, [stage.replicas for stage in plan.stages])
     return bottleneck_s(costs)
+
+
+def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, float]]]:
+    """Every point-to-point transfer of a plan per directed link: label -> (kind, stage, microbatch, start, end).
+
+    Kinds: SF activation, SB gradient, EV / LD BPipe eviction / load, A / C offloaded activation
+    / checkpoint. Flushed plans only: 2BW and PipeDream's 1F1B-RR report a steady-state window
+    whose transfers are not kept (empty).
+    """
+    if plan.offload is not None:
+        events = offload_sim.simulate_offload(plan, include_events=True).links
+    elif plan.bpipe is not None:
+        events = bpipe_sim.run_bpipe(plan, include_events=False).links
+    elif rr.is_round_robin(plan) or plan.schedule == "2bw":
+        return {}
+    else:
+        costs = pipeline_costs(plan)
+        actions = plan_actions(plan)
+        if plan.schedule == "custom":
+            validate_actions(actions, num_virtual_stages=costs.num_virtual_stages, num_microbatches=plan.num_microbatches)
+        p = costs.num_ranks
+        ops = engine.compile_actions(actions, stage_rank=[k % p for k in range(costs.num_virtual_stages)])
+        built = engine.build(ops, num_microbatches=plan.num_microbatches, durations=durations(costs, actions))
+        events = engine.link_events(built, sim_engine.run(built.graph))
+    rows: dict[str, list[tuple[str, int, int, float, float]]] = {}
+    for label, kind, stage, microbatch, start, end in events:
+        rows.setdefault(label, []).append((kind, stage, microbatch, start, end))
+    return dict(sorted(rows.items()))
 
 
 def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:

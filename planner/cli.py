@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("plan")
     s.add_argument("--timeline", help="draw the timeline to a .png or .svg file")
     s.add_argument("--events", action="store_true", help="include every timeline event in --json")
+    s.add_argument("--trace", help="write a Chrome/Perfetto trace (.json): a track per stage stream and link")
     s.add_argument("--json", action="store_true")
     s.set_defaults(handler=cmd_simulate)
 
@@ -154,7 +155,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     plan = api.load_plan(args.plan)
     with progress("simulating"):
-        result = api.simulate(plan, include_events=bool(args.timeline or args.events))
+        result = api.simulate(plan, include_events=bool(args.timeline or args.events or args.trace))
+    if args.trace:
+        from planner.trace import write_trace
+
+        with progress("writing the trace"):
+            write_trace(api.trace(plan, result), args.trace)
+        print(f"wrote {args.trace} (open it in ui.perfetto.dev)", file=sys.stderr)
     if args.timeline:
         from planner.timeline import draw_timeline
 

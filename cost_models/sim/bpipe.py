@@ -62,6 +62,8 @@ class TransferEvent:
 class BPipeRun:
     result: SimResult
     transfers: tuple[TransferEvent, ...]
+    links: tuple[tuple[str, str, int, int, float, float], ...] = ()
+    """Every link transfer, activations and gradients included (``pipeline.link_events``)."""
 
 
 def check_bpipe_plan(plan: Plan) -> None:
@@ -134,7 +136,8 @@ def run_bpipe(plan: Plan, *, include_events: bool = True) -> BPipeRun:
         samples_per_iteration=float(plan.global_batch_size),
         include_events=include_events,
     )
-    return BPipeRun(result=result, transfers=tuple(e for _, _, e in sorted(events, key=lambda x: x[:2])))
+    return BPipeRun(result=result, transfers=tuple(e for _, _, e in sorted(events, key=lambda x: x[:2])),
+                    links=tuple(pipeline.link_events(built, schedule)))
 
 
 def _add_transfers(

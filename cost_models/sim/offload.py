@@ -61,6 +61,8 @@ class OffloadResult:
     cpu_memory_bytes: tuple[float, ...]
     """Model states per node."""
     fits_cpu_memory: bool
+    links: tuple[tuple[str, str, int, int, float, float], ...] = ()
+    """GPU peer transfers: (``"link a->b"``, kind A / C, stage, microbatch, start, end)."""
 
 
 @dataclass(slots=True)
@@ -355,9 +357,11 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
     gpu_mem, cpu_mem = _memory(s)
     sim = _sim_result(s, graph, start, end, iteration, gpu_mem, include_events)
     transfers, cpu = _resource_events(graph, start, end) if include_events else ((), ())
+    links = _link_events(graph, start, end) if include_events else ()
     return OffloadResult(sim=sim, transfers=transfers, cpu=cpu, gpu_makespan_s=makespan,
                          cpu_exposed_s=iteration - makespan, gpu_memory_bytes=tuple(gpu_mem),
-                         cpu_memory_bytes=tuple(cpu_mem), fits_cpu_memory=max(cpu_mem) <= s.host.cpu_memory_bytes)
+                         cpu_memory_bytes=tuple(cpu_mem), fits_cpu_memory=max(cpu_mem) <= s.host.cpu_memory_bytes,
+                         links=links)
 
 
 def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], iteration: float,
@@ -390,6 +394,21 @@ def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], 
         memory_capacity_bytes=capacity, fits_memory=max(gpu_mem) <= capacity, stages=tuple(stages),
         events=tuple(events),
     )
+
+
+def _link_events(graph: _Graph, start: list[float], end: list[float]) -> tuple[tuple[str, str, int, int, float, float], ...]:
+    out = []
+    for op, meta in enumerate(graph.meta):
+        if meta[0] in ("A", "C"):
+            label = f"link {meta[1]}->{_gpu_of(graph, op)}"
+            out.append((label, meta[0], meta[2], meta[3], start[op], end[op]))
+    return tuple(out)
+
+
+def _gpu_of(graph: _Graph, op: int) -> int:
+    """The GPU a peer transfer delivers to: the GPU of the operation that waits for it."""
+    child = graph.graph.children[op][0]
+    return int(graph.meta[child][1])
 
 
 def _resource_events(graph: _Graph, start: list[float], end: list[float]) -> tuple[tuple[ResourceEvent, ...], ...]:

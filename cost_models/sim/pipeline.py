@@ -253,6 +253,15 @@ def finish(built: PipelineGraph, schedule: engine.Schedule) -> Trace:
                  peak_activation_bytes=peak_bytes, peak_inflight=peak_count)
 
 
+def link_events(built: PipelineGraph, schedule: engine.Schedule) -> list[tuple[str, str, int, int, float, float]]:
+    """Every timed link transfer: (link label ``"link a->b"``, kind, virtual stage, microbatch, start, end)."""
+    graph, out = built.graph, []
+    for op, kind, k, i in built.transfers:
+        _, src, dst = graph.resource_names[graph.resource[op]]  # type: ignore[misc]
+        out.append((f"link {src}->{dst}", kind, k, i, schedule.start_s[op], schedule.end_s[op]))
+    return out
+
+
 def _blocked_key(built: PipelineGraph, end: list[float], code: int, k: int, i: int) -> int:
     """The key an untimed action waits on: idx for an F, num_keys + idx for a B/I."""
     m = built.num_microbatches
