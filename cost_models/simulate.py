@@ -26,6 +26,7 @@ pipefill, L180), 1F1B in-flight min(p-s, m) (BPipe, L66-75), ZB-H1/H2 (Qi et al.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -145,12 +146,7 @@ def plan_actions(plan: Plan) -> tuple[tuple[Action, ...], ...]:
         return tuple(tuple(Action.parse(text) for text in rank) for rank in plan.actions)
     if plan.actions is not None:
         log.warning("plan.actions is ignored: schedule %r builds its own order (use 'custom')", plan.schedule)
-    return build_actions(
-        plan.schedule,
-        num_stages=plan.degrees.pipeline,
-        num_chunks=plan.degrees.virtual,
-        num_microbatches=plan.num_microbatches,
-    )
+    return _built_in(plan.schedule, plan.degrees.pipeline, plan.degrees.virtual, plan.num_microbatches)
 
 
 def simulate_costs(
@@ -210,7 +206,7 @@ def simulate_2bw(
     m = num_microbatches
     fill = -(-costs.num_ranks // m)
     total = (2 * fill + 1) * m
-    actions = build_actions("1f1b", num_stages=costs.num_ranks, num_microbatches=total)
+    actions = _built_in("1f1b", costs.num_ranks, 1, total)
     trace = _run(costs, actions, total, validate=False)
     return report.steady_result(
         trace,
@@ -235,8 +231,30 @@ def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, v
         # Built-in lists are checked by their own tests; a count mismatch would be our bug.
         assert sum(len(rank) for rank in actions) in (2 * num_stages * m, 3 * num_stages * m)
     durs = durations(costs, actions)
+    ops = _compiled(actions, num_ranks, num_stages)
+    built = engine.build(ops, num_microbatches=m, durations=durs, shared=True)
+    return engine.finish(built, sim_engine.run(built.graph))
+
+
+_COMPILED: dict[int, tuple[object, list[list[tuple[int, int, int]]]]] = {}
+
+
+def _compiled(actions: Sequence[Sequence[Action]], num_ranks: int, num_stages: int) -> list[list[tuple[int, int, int]]]:
+    """Engine ops of action lists, kept for the last few list objects (solvers reuse one schedule)."""
+    hit = _COMPILED.get(id(actions))
+    if hit is not None and hit[0] is actions and len(hit[1]) == num_ranks:
+        return hit[1]
     ops = engine.compile_actions(actions, stage_rank=[k % num_ranks for k in range(num_stages)])
-    return engine.run(ops, num_microbatches=m, durations=durs)
+    if len(_COMPILED) >= 8:
+        _COMPILED.pop(next(iter(_COMPILED)))
+    _COMPILED[id(actions)] = (actions, ops)
+    return ops
+
+
+@functools.lru_cache(maxsize=16)
+def _built_in(schedule: str, num_stages: int, num_chunks: int, num_microbatches: int) -> tuple[tuple[Action, ...], ...]:
+    """A built-in schedule's action lists, built once per shape (they are immutable)."""
+    return build_actions(schedule, num_stages=num_stages, num_chunks=num_chunks, num_microbatches=num_microbatches)
 
 
 def predicted(plan: Plan, sim: SimResult) -> Predicted:

@@ -17,8 +17,10 @@ times the graph:
   several resources at once (``also``); it starts when all of them are free.
 
 Events are processed in time order with one heap that holds only operations that need a
-resource; operations without one are timed as soon as they are ready, so a pipeline's compute
-chains cost no heap traffic. The start times are those of list scheduling; an operation whose
+shared resource; operations without one are timed as soon as they are ready, so a pipeline's
+compute chains cost no heap traffic, and so are those of an *ordered* resource (one whose
+operations are all produced by one stream, hence become ready in time order: a pipeline link),
+which FIFO serves in that order. The start times are those of list scheduling; an operation whose
 dependencies never end (a cycle, e.g. a deadlocked action list) is left untimed (``nan``) and
 ``Schedule.done`` is False.
 """
@@ -53,12 +55,26 @@ class Graph:
     _resource_ids: dict[Hashable, int] = field(default_factory=dict)
     _stream_last: dict[Hashable, int] = field(default_factory=dict)
 
-    def resource_id(self, name: Hashable) -> int:
-        """The id of a named resource (created on first use)."""
+    ordered: list[bool] = field(default_factory=list)
+    """Per resource: served in the order its operations become ready, timed without the heap."""
+
+    def resource_id(self, name: Hashable, *, ordered: bool = False) -> int:
+        """The id of a named resource (created on first use).
+
+        Args:
+            ordered: the caller guarantees that the resource's operations become ready in
+                nondecreasing time order as the engine releases them (all are produced by one
+                stream, e.g. a pipeline rank's sends on one link). FIFO then needs no heap:
+                each operation is timed when it is released. Any other use (another
+                ``add`` on the same resource) makes it unordered.
+        """
         rid = self._resource_ids.get(name)
         if rid is None:
             rid = self._resource_ids[name] = len(self.resource_names)
             self.resource_names.append(name)
+            self.ordered.append(ordered)
+        elif not ordered:
+            self.ordered[rid] = False
         return rid
 
     def add(
@@ -126,35 +142,27 @@ class Schedule:
 def run(graph: Graph) -> Schedule:
     """Time every operation of the graph (see the module docstring for the rules)."""
     n = len(graph.duration_s)
-    dur, res, kids, start_kids = graph.duration_s, graph.resource, graph.children, graph.start_children
-    also = graph.also_holds
-    waiting = list(graph.num_deps)
-    ready = [0.0] * n
-    start, end = [math.nan] * n, [math.nan] * n
-    free = [0.0] * len(graph.resource_names)
-    heap: list[tuple[float, int]] = []
-    stack = [op for op in range(n - 1, -1, -1) if waiting[op] == 0]
+    res, start_kids, also = graph.resource, graph.start_children, graph.also_holds
+    st = _Run(graph)
+    stack, heap, ready, start, end, free = st.stack, st.heap, st.ready, st.start, st.end, st.free
     push, pop = heapq.heappush, heapq.heappop
-    timed = 0
+    release = st.release
     while True:
         while stack:
             op = stack.pop()
-            if res[op] >= 0:
-                push(heap, (ready[op], op))
-                continue
-            t = ready[op]
-            e = t + dur[op]
-            start[op] = t
-            end[op] = e
-            timed += 1
+            if op < 0:  # timed when released (an ordered resource): release its children now
+                op = ~op
+            else:
+                t = ready[op]
+                if res[op] >= 0:
+                    push(heap, (t, op))
+                    continue
+                start[op] = t
+                end[op] = t + graph.duration_s[op]
+                st.timed += 1
             if start_kids and op in start_kids:
-                _release(start_kids[op], t, ready, waiting, stack)
-            for c in kids[op]:
-                if e > ready[c]:
-                    ready[c] = e
-                waiting[c] -= 1
-                if not waiting[c]:
-                    stack.append(c)
+                release(start_kids[op], start[op])
+            release(graph.children[op], end[op])
         if not heap:
             break
         t, op = pop(heap)
@@ -165,28 +173,55 @@ def run(graph: Graph) -> Schedule:
             push(heap, (busy_until, op))  # a resource was taken meanwhile: wait for it
             continue
         t = max(t, busy_until)
-        e = t + dur[op]
+        e = t + graph.duration_s[op]
         start[op] = t
         end[op] = e
         free[r] = e
         for x in more:
             free[x] = e
-        timed += 1
+        st.timed += 1
         if start_kids and op in start_kids:
-            _release(start_kids[op], t, ready, waiting, stack)
-        for c in kids[op]:
-            if e > ready[c]:
-                ready[c] = e
+            release(start_kids[op], t)
+        release(graph.children[op], e)
+    return Schedule(start_s=start, end_s=end, done=st.timed == n)
+
+
+class _Run:
+    """Mutable state of one ``run`` (private)."""
+
+    def __init__(self, graph: Graph) -> None:
+        n = len(graph.duration_s)
+        self.graph = graph
+        self.waiting = list(graph.num_deps)
+        self.ready = [0.0] * n
+        self.start, self.end = [math.nan] * n, [math.nan] * n
+        self.free = [0.0] * len(graph.resource_names)
+        self.heap: list[tuple[float, int]] = []
+        self.stack = [op for op in range(n - 1, -1, -1) if self.waiting[op] == 0]
+        self.timed = 0
+
+    def release(self, children: list[int], t: float) -> None:
+        """Children whose dependency ended (or started) at t: ready ones go on the stack.
+
+        An operation on an ordered resource is timed here, at release, so that the resource
+        serves its operations in release order whatever order the stack pops them in.
+        """
+        ready, waiting, stack = self.ready, self.waiting, self.stack
+        res, ordered = self.graph.resource, self.graph.ordered
+        for c in children:
+            if t > ready[c]:
+                ready[c] = t
             waiting[c] -= 1
-            if not waiting[c]:
+            if waiting[c]:
+                continue
+            r = res[c]
+            if r >= 0 and ordered[r]:
+                begin = ready[c]
+                if self.free[r] > begin:
+                    begin = self.free[r]
+                self.start[c] = begin
+                self.end[c] = self.free[r] = begin + self.graph.duration_s[c]
+                self.timed += 1
+                stack.append(~c)
+            else:
                 stack.append(c)
-    return Schedule(start_s=start, end_s=end, done=timed == n)
-
-
-def _release(children: list[int], t: float, ready: list[float], waiting: list[int], stack: list[int]) -> None:
-    for c in children:
-        if t > ready[c]:
-            ready[c] = t
-        waiting[c] -= 1
-        if not waiting[c]:
-            stack.append(c)

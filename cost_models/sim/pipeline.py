@@ -139,58 +139,112 @@ def build(
     num_microbatches: int,
     durations: Durations,
     link_names: Sequence[Hashable] | None = None,
+    shared: bool = False,
 ) -> PipelineGraph:
-    """Compute operations (one chain per rank) and the point-to-point transfers between them."""
-    m = num_microbatches
+    """Compute operations (one chain per rank) and the point-to-point transfers between them.
+
+    Args:
+        shared: reuse the dependency structure of an earlier call with the same ``ops`` object
+            (solvers simulate many cost sets on one schedule); the graph must then not be
+            extended (BPipe adds operations: it builds its own).
+    """
+    key = (id(ops), num_microbatches, None if link_names is None else tuple(link_names))
+    top = _TOPOLOGIES.get(key) if shared else None
+    if top is None or top.ops is not ops:
+        top = _topology(ops, num_microbatches, list(range(len(ops))) if link_names is None else list(link_names))
+        if shared:
+            if len(_TOPOLOGIES) >= _MAX_TOPOLOGIES:
+                _TOPOLOGIES.pop(next(iter(_TOPOLOGIES)))
+            _TOPOLOGIES[key] = top
     d = durations
-    num_keys = len(d.forward_s) * m
-    graph = engine.Graph()
-    dur, res, nd, kids = graph.duration_s, graph.resource, graph.num_deps, graph.children
-    f_op, b_op = [-1] * num_keys, [-1] * num_keys
     per_kind = (d.forward_s, d.backward_s, d.input_s, d.weight_s)
+    dur = [per_kind[c][k] for c, k in top.code_stage]
+    delays = [d.send_forward_s[k - 1] if forward else d.send_backward_s[k] for forward, k in top.transfer_boundary]
+    dur += delays
+    res = [engine.NO_RESOURCE] * len(top.code_stage)
+    res += [rid if delay > 0 else engine.NO_RESOURCE for rid, delay in zip(top.transfer_resource, delays)]
+    # A transfer of zero time, or between virtual stages of one rank, holds no link.
+    graph = engine.Graph(
+        duration_s=dur, resource=res, num_deps=top.num_deps if shared else list(top.num_deps),
+        children=top.children if shared else [list(c) for c in top.children],
+        resource_names=list(top.resource_names), ordered=[True] * len(top.resource_names),
+    )
+    for name in top.resource_names:
+        graph._resource_ids[name] = len(graph._resource_ids)
+    return PipelineGraph(graph=graph, ops=ops, num_microbatches=num_microbatches, durations=d,
+                         rank_base=top.rank_base, f_op=top.f_op, b_op=top.b_op, transfers=list(top.transfers))
+
+
+@dataclass(slots=True)
+class _Topology:
+    """What a pipeline graph's structure depends on: the action lists, m and the link names."""
+
+    ops: list[list[tuple[int, int, int]]]
+    code_stage: list[tuple[int, int]]
+    """Per compute op: (kind code, virtual stage)."""
+    transfer_boundary: list[tuple[bool, int]]
+    """Per transfer op (ids after the compute ops): (activation?, virtual stage it feeds or leaves)."""
+    transfer_resource: list[int]
+    num_deps: list[int]
+    children: list[list[int]]
+    resource_names: list[Hashable]
+    rank_base: list[int]
+    f_op: list[int]
+    b_op: list[int]
+    transfers: list[tuple[int, str, int, int]]
+
+
+_TOPOLOGIES: dict[tuple[object, ...], _Topology] = {}
+_MAX_TOPOLOGIES = 8
+
+
+def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashable]) -> _Topology:
+    num_stages = 1 + max((k for rank_ops in ops for _, k, _ in rank_ops), default=0)
+    num_keys = num_stages * m
+    f_op, b_op = [-1] * num_keys, [-1] * num_keys
+    code_stage: list[tuple[int, int]] = []
+    nd: list[int] = []
+    kids: list[list[int]] = []
     rank_base, owner = [], []
     for r, rank_ops in enumerate(ops):
-        base = len(dur)
+        base = len(code_stage)
         rank_base.append(base)
         for j, (code, k, i) in enumerate(rank_ops):
-            dur.append(per_kind[code][k])
+            code_stage.append((code, k))
             if code == 0:
                 f_op[k * m + i] = base + j
             elif code != 3:
                 b_op[k * m + i] = base + j
         n = len(rank_ops)
-        res.extend([engine.NO_RESOURCE] * n)
         nd.extend([1] * n)
-        nd[base] = 0
-        kids.extend([[base + j + 1] for j in range(n - 1)])
         if n:
+            nd[base] = 0
+            kids.extend([[base + j + 1] for j in range(n - 1)])
             kids.append([])
         owner.extend([r] * n)
-    built = PipelineGraph(graph=graph, ops=ops, num_microbatches=m, durations=d, rank_base=rank_base,
-                          f_op=f_op, b_op=b_op)
-    _add_sends(built, owner, list(range(len(ops))) if link_names is None else list(link_names))
-    return built
+    top = _Topology(ops=ops, code_stage=code_stage, transfer_boundary=[], transfer_resource=[], num_deps=nd,
+                    children=kids, resource_names=[], rank_base=rank_base, f_op=f_op, b_op=b_op, transfers=[])
+    _add_sends(top, m, owner, names)
+    return top
 
 
-def _add_sends(built: PipelineGraph, owner: list[int], names: list[Hashable]) -> None:
-    """F(k, i) waits for F(k-1, i) and B/I(k, i) for B/I(k+1, i), through a link transfer if it takes time."""
-    graph, m, d = built.graph, built.num_microbatches, built.durations
-    dur, res, nd, kids = graph.duration_s, graph.resource, graph.num_deps, graph.children
-    f_op, b_op, transfers = built.f_op, built.b_op, built.transfers
-    send_f, send_b = d.send_forward_s, d.send_backward_s
-    last = len(d.forward_s) - 1
+def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable]) -> None:
+    """F(k, i) waits for F(k-1, i) and B/I(k, i) for B/I(k+1, i) through a transfer (on the link between
+    the two ranks; a plain delay within a rank)."""
+    nd, kids, f_op, b_op = top.num_deps, top.children, top.f_op, top.b_op
+    last = max((k for _, k in top.code_stage), default=0)
     links: dict[tuple[int, int], int] = {}
-    for r, rank_ops in enumerate(built.ops):
-        base = built.rank_base[r]
+    for r, rank_ops in enumerate(top.ops):
+        base = top.rank_base[r]
         for j, (code, k, i) in enumerate(rank_ops):
             op = base + j
             idx = k * m + i
             if code == 0:
                 if not k:
                     continue
-                src, delay, kind = f_op[idx - m], send_f[k - 1], "SF"
+                src, forward = f_op[idx - m], True
             elif code == 3:
-                src, delay, kind = b_op[idx], 0.0, ""
+                src, forward = b_op[idx], None
             else:
                 own = f_op[idx]
                 if own >= 0:
@@ -198,24 +252,25 @@ def _add_sends(built: PipelineGraph, owner: list[int], names: list[Hashable]) ->
                     nd[op] += 1
                 if k == last:
                     continue
-                src, delay, kind = b_op[idx + m], send_b[k], "SB"
+                src, forward = b_op[idx + m], False
             if src < 0:
                 continue  # a malformed list: validate_actions reports it
-            if delay > 0:
-                pair = (owner[src], r)
-                rid = links.get(pair)
-                if rid is None:
-                    rid = links[pair] = graph.resource_id(("link", names[pair[0]], names[pair[1]]))
-                t = len(dur)
-                dur.append(delay)
-                res.append(rid)
-                nd.append(1)
-                kids.append([op])
-                kids[src].append(t)
-                transfers.append((t, kind, k, i))
-            else:
-                kids[src].append(op)
             nd[op] += 1
+            if forward is None:
+                kids[src].append(op)
+                continue
+            pair = (owner[src], r)
+            rid = links.get(pair, engine.NO_RESOURCE)
+            if rid < 0 and pair[0] != r:  # on one rank a transfer is a plain delay, no link
+                rid = links[pair] = len(top.resource_names)
+                top.resource_names.append(("link", names[pair[0]], names[pair[1]]))
+            t = len(nd)
+            nd.append(1)
+            kids.append([op])
+            kids[src].append(t)
+            top.transfer_boundary.append((forward, k))
+            top.transfer_resource.append(rid)
+            top.transfers.append((t, "SF" if forward else "SB", k, i))
 
 
 def finish(built: PipelineGraph, schedule: engine.Schedule) -> Trace:
@@ -257,6 +312,8 @@ def link_events(built: PipelineGraph, schedule: engine.Schedule) -> list[tuple[s
     """Every timed link transfer: (link label ``"link a->b"``, kind, virtual stage, microbatch, start, end)."""
     graph, out = built.graph, []
     for op, kind, k, i in built.transfers:
+        if graph.resource[op] < 0:
+            continue  # a transfer that takes no time
         _, src, dst = graph.resource_names[graph.resource[op]]  # type: ignore[misc]
         out.append((f"link {src}->{dst}", kind, k, i, schedule.start_s[op], schedule.end_s[op]))
     return out
