@@ -58,12 +58,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
+def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool = True) -> SimResult:
     """Simulate one training iteration of a plan (one data-parallel pipeline replica).
 
     Args:
         plan: the plan; its schedule picks the action lists (``custom`` uses ``plan.actions``).
         include_events: build the per-action timeline (``SimResult.events``).
+        include_bubbles: list each rank's idle intervals (``StageResult.bubbles``); solvers that
+            only rank candidates by time and memory skip them (offloaded, BPipe and 1F1B-RR
+            plans always have them).
 
     Returns:
         Iteration time, bubble fraction, per-rank busy/idle time, peak memory, in-flight
@@ -89,7 +92,8 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
                 f"schedule '2bw' runs one chunk per stage; degrees.virtual={plan.degrees.virtual}, use 1"
             )
         return simulate_2bw(
-            costs, num_microbatches=plan.num_microbatches, samples_per_iteration=samples, include_events=include_events
+            costs, num_microbatches=plan.num_microbatches, samples_per_iteration=samples, include_events=include_events,
+            include_bubbles=include_bubbles,
         )
     return simulate_costs(
         costs,
@@ -97,6 +101,7 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
         num_microbatches=plan.num_microbatches,
         samples_per_iteration=samples,
         include_events=include_events,
+        include_bubbles=include_bubbles,
         validate=plan.schedule == "custom",
     )
 
@@ -156,6 +161,7 @@ def simulate_costs(
     num_microbatches: int,
     samples_per_iteration: float | None = None,
     include_events: bool = True,
+    include_bubbles: bool = True,
     validate: bool = True,
 ) -> SimResult:
     """Simulate one flushed iteration of per-rank action lists on given costs.
@@ -181,6 +187,7 @@ def simulate_costs(
         capacity_bytes=costs.memory_capacity_bytes,
         samples_per_iteration=float(num_microbatches if samples_per_iteration is None else samples_per_iteration),
         include_events=include_events,
+        include_bubbles=include_bubbles,
     )
 
 
@@ -190,6 +197,7 @@ def simulate_2bw(
     num_microbatches: int,
     samples_per_iteration: float | None = None,
     include_events: bool = True,
+    include_bubbles: bool = True,
 ) -> SimResult:
     """Steady-state time per batch of PipeDream-2BW (1F1B order, no flush between batches).
 
@@ -218,6 +226,7 @@ def simulate_2bw(
         capacity_bytes=costs.memory_capacity_bytes,
         samples_per_iteration=float(m if samples_per_iteration is None else samples_per_iteration),
         include_events=include_events,
+        include_bubbles=include_bubbles,
     )
 
 

@@ -142,27 +142,48 @@ class Schedule:
 def run(graph: Graph) -> Schedule:
     """Time every operation of the graph (see the module docstring for the rules)."""
     n = len(graph.duration_s)
-    res, start_kids, also = graph.resource, graph.start_children, graph.also_holds
+    dur, res, kids, ordered = graph.duration_s, graph.resource, graph.children, graph.ordered
+    start_kids, also = graph.start_children, graph.also_holds
     st = _Run(graph)
-    stack, heap, ready, start, end, free = st.stack, st.heap, st.ready, st.start, st.end, st.free
-    push, pop = heapq.heappush, heapq.heappop
+    stack, heap, ready, waiting, start, end, free = st.stack, st.heap, st.ready, st.waiting, st.start, st.end, st.free
+    push, pop, append = heapq.heappush, heapq.heappop, stack.append
     release = st.release
+    timed = 0
     while True:
+        # The hot loop: one pass per operation, the release of its children inlined.
         while stack:
             op = stack.pop()
             if op < 0:  # timed when released (an ordered resource): release its children now
                 op = ~op
+                e = end[op]
             else:
                 t = ready[op]
                 if res[op] >= 0:
                     push(heap, (t, op))
                     continue
+                e = t + dur[op]
                 start[op] = t
-                end[op] = t + graph.duration_s[op]
-                st.timed += 1
+                end[op] = e
+                timed += 1
             if start_kids and op in start_kids:
                 release(start_kids[op], start[op])
-            release(graph.children[op], end[op])
+            for c in kids[op]:
+                if e > ready[c]:
+                    ready[c] = e
+                w = waiting[c] - 1
+                waiting[c] = w
+                if not w:
+                    r = res[c]
+                    if r >= 0 and ordered[r]:
+                        begin = ready[c]
+                        if free[r] > begin:
+                            begin = free[r]
+                        start[c] = begin
+                        end[c] = free[r] = begin + dur[c]
+                        timed += 1
+                        append(~c)
+                    else:
+                        append(c)
         if not heap:
             break
         t, op = pop(heap)
@@ -173,17 +194,17 @@ def run(graph: Graph) -> Schedule:
             push(heap, (busy_until, op))  # a resource was taken meanwhile: wait for it
             continue
         t = max(t, busy_until)
-        e = t + graph.duration_s[op]
+        e = t + dur[op]
         start[op] = t
         end[op] = e
         free[r] = e
         for x in more:
             free[x] = e
-        st.timed += 1
+        timed += 1
         if start_kids and op in start_kids:
             release(start_kids[op], t)
-        release(graph.children[op], e)
-    return Schedule(start_s=start, end_s=end, done=st.timed == n)
+        release(kids[op], e)
+    return Schedule(start_s=start, end_s=end, done=timed + st.timed == n)
 
 
 class _Run:
