@@ -43,6 +43,7 @@ from planner.schema import Action, Plan, Predicted, SimResult
 __all__ = [
     "PipelineCosts",
     "link_timelines",
+    "memory_timelines",
     "resource_timelines",
     "allreduce_link",
     "check_pipeline_ranks",
@@ -310,6 +311,36 @@ def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, flo
     for label, kind, stage, microbatch, start, end in events:
         rows.setdefault(label, []).append((kind, stage, microbatch, start, end))
     return dict(sorted(rows.items()))
+
+
+def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, float]]]:
+    """Per pipeline rank, the memory in use over time as (time, bytes) steps from ``sim.events``.
+
+    Static bytes plus the activations held: (k, i) from the start of F(k, i) to the end of its
+    B (or W when the backward is split), as the simulator counts them. Flushed plans without
+    BPipe or offload only (their sets move between ranks or live on the host): empty otherwise.
+    """
+    if plan.offload is not None or plan.bpipe is not None or rr.is_round_robin(plan) or plan.schedule == "2bw":
+        return {}
+    costs = pipeline_costs(plan)
+    split = any(e.kind == "W" for e in sim.events)
+    deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(costs.num_ranks)}
+    for e in sim.events:
+        if e.kind == "F":
+            deltas[e.rank].append((e.start_s, costs.activation_bytes[e.stage]))
+        elif e.kind == ("W" if split else "B"):
+            deltas[e.rank].append((e.end_s, -costs.activation_bytes[e.stage]))
+    out: dict[int, list[tuple[float, float]]] = {}
+    for r, changes in deltas.items():
+        held, steps = costs.static_bytes[r], [(0.0, costs.static_bytes[r])]
+        for time, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # frees first at equal times
+            held += delta
+            if steps[-1][0] == time:
+                steps[-1] = (time, held)
+            else:
+                steps.append((time, held))
+        out[r] = steps
+    return out
 
 
 def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:

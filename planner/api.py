@@ -228,6 +228,11 @@ def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     return _simulate.resource_timelines(plan)
 
 
+def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, float]]]:
+    """Memory in use per stage over time (``cost_models.simulate.memory_timelines``)."""
+    return _simulate.memory_timelines(plan, sim)
+
+
 def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, float]]]:
     """Every point-to-point transfer per directed link (``cost_models.simulate.link_timelines``)."""
     return _simulate.link_timelines(plan)

@@ -24,7 +24,7 @@ from typing import Any
 
 from planner.schema import Plan, SimResult
 
-__all__ = ["chrome_trace", "stage_rank_ranges", "write_trace"]
+__all__ = ["chrome_trace", "stage_labels", "stage_rank_ranges", "write_trace"]
 
 _US_PER_S = 1e6
 _LINKS_PID = 100_000
@@ -47,6 +47,15 @@ def stage_rank_ranges(plan: Plan) -> list[str]:
     return out
 
 
+def stage_labels(plan: Plan) -> list[str]:
+    """Row names for pictures and traces: "stage 1 (ranks 16-31)"."""
+    out = []
+    for x, text in enumerate(stage_rank_ranges(plan)):
+        plural = "s" if "-" in text or "," in text else ""
+        out.append(f"stage {x} (rank{plural} {text})")
+    return out
+
+
 def chrome_trace(
     plan: Plan,
     sim: SimResult,
@@ -56,11 +65,9 @@ def chrome_trace(
 ) -> dict[str, Any]:
     """The trace document (see the module docstring); ``sim`` needs its events."""
     events: list[dict[str, Any]] = []
-    ranges = stage_rank_ranges(plan)
-    for x, text in enumerate(ranges):
-        pid = x + 1
-        plural = "s" if "-" in text or "," in text else ""
-        events += _names(pid, f"stage {x} (rank{plural} {text})", x, {1: "compute", 2: "data-parallel all-reduce"})
+    ranges = stage_labels(plan)
+    for x, label in enumerate(ranges):
+        events += _names(x + 1, label, x, {1: "compute", 2: "data-parallel all-reduce"})
     for e in sim.events:
         tid = 2 if e.kind == "AR" else 1
         name = "AR" if e.kind == "AR" else f"{e.kind}{e.microbatch}"
