@@ -1,6 +1,6 @@
 """Speed of the one simulator (cost_models.simulate) on large pipelines, old against new.
 
-Prints schedule, p, v, m, number of actions and the best of three wall times of
+Prints schedule, p, v, m, number of actions and the best of five wall times of
 ``simulate_costs`` with the action lists built beforehand (as ``simulate(plan)`` runs a built-in
 schedule, no structural validation), plus ``simulate(plan)`` of the README's plan (ptdp on
 gpt3-175b, 16 nodes of 8 A100, global batch 1536: interleaved 1F1B, 768 microbatches x 6
@@ -37,9 +37,9 @@ CASES = [
 ]
 
 
-def _best_of_3(run: Callable[[], object]) -> float:
+def _best_of_5(run: Callable[[], object]) -> float:
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         start = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - start)
@@ -55,15 +55,15 @@ def time_case(name: str, p: int, v: int, m: int, plan_path: str | None) -> tuple
     if name == "readme-plan":
         assert plan_path is not None
         plan = Plan.from_json(Path(plan_path).read_text())
-        return 2 * p * v * m, _best_of_3(lambda: simulate(plan, include_events=False))
+        return 2 * p * v * m, _best_of_5(lambda: simulate(plan, include_events=False))
     costs = PipelineCosts.uniform(
         num_stages=p, num_chunks=v, forward_s=1.0 / v, backward_s=2.0 / v, backward_weight_s=0.5 / v,
         recompute_s=0.1 / v, activation_bytes=1.0, send_s=0.01, static_bytes=1.0, allreduce_s=0.5,
     )
     if name == "2bw":
-        return 3 * 2 * p * m, _best_of_3(lambda: simulate_2bw(costs, num_microbatches=m, include_events=False))
+        return 3 * 2 * p * m, _best_of_5(lambda: simulate_2bw(costs, num_microbatches=m, include_events=False))
     actions = build_actions(name, num_stages=p, num_chunks=v, num_microbatches=m)
-    return sum(len(rank) for rank in actions), _best_of_3(
+    return sum(len(rank) for rank in actions), _best_of_5(
         lambda: simulate_costs(costs, actions, num_microbatches=m, validate=False, include_events=False))
 
 

@@ -110,7 +110,7 @@ def run_bpipe(plan: Plan, *, include_events: bool = True) -> BPipeRun:
     p, m = plan.degrees.pipeline, plan.num_microbatches
     actions = build_actions(plan.schedule, num_stages=p, num_chunks=plan.degrees.virtual, num_microbatches=m)
     ops = pipeline.compile_actions(actions, stage_rank=[k % p for k in range(costs.num_virtual_stages)])
-    built = pipeline.build(ops, num_microbatches=m, durations=durations(costs, actions))
+    built = pipeline.build(ops, num_microbatches=m, durations=durations(costs, actions), sends_as_ops=True)
     memory: list[tuple[float, int, int, float, int]] = []  # (time, 0 free / 1 alloc, rank, bytes, sets)
     added: list[tuple[int, int, int, Transfer]] = []
     for evictor, acceptor in plan.bpipe.pairs:

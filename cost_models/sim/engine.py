@@ -57,6 +57,11 @@ class Graph:
 
     ordered: list[bool] = field(default_factory=list)
     """Per resource: served in the order its operations become ready, timed without the heap."""
+    transfers_out: list[list[int] | None] = field(default_factory=list)
+    """Per operation: the transfers (``add_transfer``) that leave when it ends, or None."""
+    transfer_child: list[int] = field(default_factory=list)
+    transfer_s: list[float] = field(default_factory=list)
+    transfer_resource: list[int] = field(default_factory=list)
 
     def resource_id(self, name: Hashable, *, ordered: bool = False) -> int:
         """The id of a named resource (created on first use).
@@ -105,6 +110,7 @@ class Graph:
                 preds.add(prev)
             self._stream_last[stream] = op
         self.duration_s.append(duration_s)
+        self.transfers_out.append(None)
         self.resource.append(NO_RESOURCE if resource is None else self.resource_id(resource))
         if also:
             assert resource is not None, "give the first resource as 'resource'"
@@ -119,6 +125,23 @@ class Graph:
         """Make ``op`` also wait for ``dep`` (ids from ``add``; call before ``run``)."""
         self.children[dep].append(op)
         self.num_deps[op] += 1
+
+    def add_transfer(self, src: int, dst: int, duration_s: float, *, resource: Hashable | None = None) -> int:
+        """A transfer from ``src`` to ``dst``: it leaves when src ends, takes ``duration_s`` on an
+        ordered resource (FIFO in the order its senders end; see ``resource_id``), and dst waits
+        for its arrival. Lighter than an operation; times in ``Schedule.transfer_start_s``.
+        """
+        x = len(self.transfer_child)
+        self.transfer_child.append(dst)
+        self.transfer_s.append(duration_s)
+        self.transfer_resource.append(NO_RESOURCE if resource is None else self.resource_id(resource, ordered=True))
+        out = self.transfers_out[src]
+        if out is None:
+            self.transfers_out[src] = [x]
+        else:
+            out.append(x)
+        self.num_deps[dst] += 1
+        return x
 
     def add_start_dep(self, op: int, dep: int) -> None:
         """Make ``op`` also wait for ``dep`` to start (a transfer issued together with an action)."""
@@ -135,6 +158,8 @@ class Schedule:
 
     start_s: list[float]
     end_s: list[float]
+    transfer_start_s: list[float]
+    transfer_end_s: list[float]
     done: bool
     """False when some operation never became ready (a dependency cycle)."""
 
@@ -148,6 +173,9 @@ def run(graph: Graph) -> Schedule:
     stack, heap, ready, waiting, start, end, free = st.stack, st.heap, st.ready, st.waiting, st.start, st.end, st.free
     push, pop, append = heapq.heappush, heapq.heappop, stack.append
     release = st.release
+    txo, t_child, t_s, t_res = graph.transfers_out, graph.transfer_child, graph.transfer_s, graph.transfer_resource
+    t_start, t_end = st.transfer_start, st.transfer_end
+    assert all(ordered[r] for r in set(t_res) if r >= 0), "transfers need resources only they use (ordered)"
     timed = 0
     while True:
         # The hot loop: one pass per operation, the release of its children inlined.
@@ -184,6 +212,30 @@ def run(graph: Graph) -> Schedule:
                         append(~c)
                     else:
                         append(c)
+            tx = txo[op]
+            if tx is None:
+                continue
+            for x in tx:  # transfers leave now, each on its ordered resource (FIFO in send order)
+                r = t_res[x]
+                begin = e
+                if r >= 0:
+                    if free[r] > begin:
+                        begin = free[r]
+                    arrive = free[r] = begin + t_s[x]
+                else:
+                    arrive = begin + t_s[x]
+                t_start[x] = begin
+                t_end[x] = arrive
+                c = t_child[x]
+                if arrive > ready[c]:
+                    ready[c] = arrive
+                w = waiting[c] - 1
+                waiting[c] = w
+                if not w:
+                    if res[c] >= 0:
+                        st.ready_now(c)
+                    else:
+                        append(c)
         if not heap:
             break
         t, op = pop(heap)
@@ -204,7 +256,10 @@ def run(graph: Graph) -> Schedule:
         if start_kids and op in start_kids:
             release(start_kids[op], t)
         release(kids[op], e)
-    return Schedule(start_s=start, end_s=end, done=timed + st.timed == n)
+        if txo[op] is not None:
+            st.send(txo[op], e)
+    return Schedule(start_s=start, end_s=end, transfer_start_s=t_start, transfer_end_s=t_end,
+                    done=timed + st.timed == n)
 
 
 class _Run:
@@ -220,6 +275,8 @@ class _Run:
         self.heap: list[tuple[float, int]] = []
         self.stack = [op for op in range(n - 1, -1, -1) if self.waiting[op] == 0]
         self.timed = 0
+        self.transfer_start = [math.nan] * len(graph.transfer_child)
+        self.transfer_end = [math.nan] * len(graph.transfer_child)
 
     def release(self, children: list[int], t: float) -> None:
         """Children whose dependency ended (or started) at t: ready ones go on the stack.
@@ -227,22 +284,37 @@ class _Run:
         An operation on an ordered resource is timed here, at release, so that the resource
         serves its operations in release order whatever order the stack pops them in.
         """
-        ready, waiting, stack = self.ready, self.waiting, self.stack
-        res, ordered = self.graph.resource, self.graph.ordered
+        ready, waiting = self.ready, self.waiting
         for c in children:
             if t > ready[c]:
                 ready[c] = t
             waiting[c] -= 1
-            if waiting[c]:
-                continue
-            r = res[c]
-            if r >= 0 and ordered[r]:
-                begin = ready[c]
-                if self.free[r] > begin:
-                    begin = self.free[r]
-                self.start[c] = begin
-                self.end[c] = self.free[r] = begin + self.graph.duration_s[c]
-                self.timed += 1
-                stack.append(~c)
-            else:
-                stack.append(c)
+            if not waiting[c]:
+                self.ready_now(c)
+
+    def ready_now(self, c: int) -> None:
+        """c's last dependency ended: time it now if it is on an ordered resource, else stack it."""
+        r = self.graph.resource[c]
+        if r >= 0 and self.graph.ordered[r]:
+            begin = self.ready[c]
+            if self.free[r] > begin:
+                begin = self.free[r]
+            self.start[c] = begin
+            self.end[c] = self.free[r] = begin + self.graph.duration_s[c]
+            self.timed += 1
+            self.stack.append(~c)
+        else:
+            self.stack.append(c)
+
+    def send(self, transfers: list[int], t: float) -> None:
+        """Transfers leaving at t (from an operation timed off the hot loop)."""
+        g, free = self.graph, self.free
+        for x in transfers:
+            r = g.transfer_resource[x]
+            begin = max(t, free[r]) if r >= 0 else t
+            arrive = begin + g.transfer_s[x]
+            if r >= 0:
+                free[r] = arrive
+            self.transfer_start[x], self.transfer_end[x] = begin, arrive
+            c = g.transfer_child[x]
+            self.release([c], arrive)

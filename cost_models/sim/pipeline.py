@@ -130,7 +130,9 @@ class PipelineGraph:
     """Per key k * m + i: the op id of F(k, i); b_op likewise for B or I."""
     b_op: list[int]
     transfers: list[tuple[int, str, int, int]] = field(default_factory=list)
-    """(op id, kind, virtual stage, microbatch) of every link transfer (kinds SF, SB, EV, LD)."""
+    """(id, kind, virtual stage, microbatch) of every link transfer (kinds SF, SB, EV, LD): an
+    operation id for EV / LD and when ``sends_as_ops``, else an engine transfer id."""
+    sends_as_ops: bool = False
 
 
 def build(
@@ -140,6 +142,7 @@ def build(
     durations: Durations,
     link_names: Sequence[Hashable] | None = None,
     shared: bool = False,
+    sends_as_ops: bool = False,
 ) -> PipelineGraph:
     """Compute operations (one chain per rank) and the point-to-point transfers between them.
 
@@ -147,11 +150,14 @@ def build(
         shared: reuse the dependency structure of an earlier call with the same ``ops`` object
             (solvers simulate many cost sets on one schedule); the graph must then not be
             extended (BPipe adds operations: it builds its own).
+        sends_as_ops: make activations and gradients engine operations rather than transfers,
+            so that other operations (BPipe's evictions and loads) can share their links.
     """
-    key = (id(ops), num_microbatches, None if link_names is None else tuple(link_names))
+    key = (id(ops), num_microbatches, None if link_names is None else tuple(link_names), sends_as_ops)
     top = _TOPOLOGIES.get(key) if shared else None
     if top is None or top.ops is not ops:
-        top = _topology(ops, num_microbatches, list(range(len(ops))) if link_names is None else list(link_names))
+        top = _topology(ops, num_microbatches, list(range(len(ops))) if link_names is None else list(link_names),
+                        sends_as_ops)
         if shared:
             if len(_TOPOLOGIES) >= _MAX_TOPOLOGIES:
                 _TOPOLOGIES.pop(next(iter(_TOPOLOGIES)))
@@ -160,19 +166,26 @@ def build(
     per_kind = (d.forward_s, d.backward_s, d.input_s, d.weight_s)
     dur = [per_kind[c][k] for c, k in top.code_stage]
     delays = [d.send_forward_s[k - 1] if forward else d.send_backward_s[k] for forward, k in top.transfer_boundary]
-    dur += delays
-    res = [engine.NO_RESOURCE] * len(top.code_stage)
-    res += [rid if delay > 0 else engine.NO_RESOURCE for rid, delay in zip(top.transfer_resource, delays)]
     # A transfer of zero time, or between virtual stages of one rank, holds no link.
+    link = [rid if delay > 0 else engine.NO_RESOURCE for rid, delay in zip(top.transfer_resource, delays)]
+    res = [engine.NO_RESOURCE] * len(top.code_stage)
+    if sends_as_ops:
+        dur += delays
+        res += link
     graph = engine.Graph(
         duration_s=dur, resource=res, num_deps=top.num_deps if shared else list(top.num_deps),
         children=top.children if shared else [list(c) for c in top.children],
         resource_names=list(top.resource_names), ordered=[True] * len(top.resource_names),
+        transfers_out=(top.transfers_out if shared else [None if x is None else list(x) for x in top.transfers_out])
+        + [None] * (len(dur) - len(top.transfers_out)),
+        transfer_child=top.transfer_child, transfer_s=[] if sends_as_ops else delays,
+        transfer_resource=[] if sends_as_ops else link,
     )
     for name in top.resource_names:
         graph._resource_ids[name] = len(graph._resource_ids)
     return PipelineGraph(graph=graph, ops=ops, num_microbatches=num_microbatches, durations=d,
-                         rank_base=top.rank_base, f_op=top.f_op, b_op=top.b_op, transfers=list(top.transfers))
+                         rank_base=top.rank_base, f_op=top.f_op, b_op=top.b_op, transfers=list(top.transfers),
+                         sends_as_ops=sends_as_ops)
 
 
 @dataclass(slots=True)
@@ -185,6 +198,9 @@ class _Topology:
     transfer_boundary: list[tuple[bool, int]]
     """Per transfer op (ids after the compute ops): (activation?, virtual stage it feeds or leaves)."""
     transfer_resource: list[int]
+    transfer_child: list[int]
+    """Engine transfers only: the op each transfer delivers to."""
+    transfers_out: list[list[int] | None]
     num_deps: list[int]
     children: list[list[int]]
     resource_names: list[Hashable]
@@ -198,7 +214,7 @@ _TOPOLOGIES: dict[tuple[object, ...], _Topology] = {}
 _MAX_TOPOLOGIES = 8
 
 
-def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashable]) -> _Topology:
+def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashable], as_ops: bool) -> _Topology:
     num_stages = 1 + max((k for rank_ops in ops for _, k, _ in rank_ops), default=0)
     num_keys = num_stages * m
     f_op, b_op = [-1] * num_keys, [-1] * num_keys
@@ -222,13 +238,14 @@ def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashabl
             kids.extend([[base + j + 1] for j in range(n - 1)])
             kids.append([])
         owner.extend([r] * n)
-    top = _Topology(ops=ops, code_stage=code_stage, transfer_boundary=[], transfer_resource=[], num_deps=nd,
-                    children=kids, resource_names=[], rank_base=rank_base, f_op=f_op, b_op=b_op, transfers=[])
-    _add_sends(top, m, owner, names)
+    top = _Topology(ops=ops, code_stage=code_stage, transfer_boundary=[], transfer_resource=[], transfer_child=[],
+                    transfers_out=[None] * len(code_stage), num_deps=nd, children=kids, resource_names=[],
+                    rank_base=rank_base, f_op=f_op, b_op=b_op, transfers=[])
+    _add_sends(top, m, owner, names, as_ops)
     return top
 
 
-def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable]) -> None:
+def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], as_ops: bool) -> None:
     """F(k, i) waits for F(k-1, i) and B/I(k, i) for B/I(k+1, i) through a transfer (on the link between
     the two ranks; a plain delay within a rank)."""
     nd, kids, f_op, b_op = top.num_deps, top.children, top.f_op, top.b_op
@@ -264,10 +281,19 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable]) 
             if rid < 0 and pair[0] != r:  # on one rank a transfer is a plain delay, no link
                 rid = links[pair] = len(top.resource_names)
                 top.resource_names.append(("link", names[pair[0]], names[pair[1]]))
-            t = len(nd)
-            nd.append(1)
-            kids.append([op])
-            kids[src].append(t)
+            if as_ops:
+                t = len(nd)
+                nd.append(1)
+                kids.append([op])
+                kids[src].append(t)
+            else:
+                t = len(top.transfer_child)
+                top.transfer_child.append(op)
+                out = top.transfers_out[src]
+                if out is None:
+                    top.transfers_out[src] = [t]
+                else:
+                    out.append(t)
             top.transfer_boundary.append((forward, k))
             top.transfer_resource.append(rid)
             top.transfers.append((t, "SF" if forward else "SB", k, i))
@@ -311,11 +337,15 @@ def finish(built: PipelineGraph, schedule: engine.Schedule) -> Trace:
 def link_events(built: PipelineGraph, schedule: engine.Schedule) -> list[tuple[str, str, int, int, float, float]]:
     """Every timed link transfer: (link label ``"link a->b"``, kind, virtual stage, microbatch, start, end)."""
     graph, out = built.graph, []
-    for op, kind, k, i in built.transfers:
-        if graph.resource[op] < 0:
+    for x, kind, k, i in built.transfers:
+        as_op = built.sends_as_ops or kind in ("EV", "LD")
+        rid = graph.resource[x] if as_op else graph.transfer_resource[x]
+        if rid < 0:
             continue  # a transfer that takes no time
-        _, src, dst = graph.resource_names[graph.resource[op]]  # type: ignore[misc]
-        out.append((f"link {src}->{dst}", kind, k, i, schedule.start_s[op], schedule.end_s[op]))
+        _, src, dst = graph.resource_names[rid]  # type: ignore[misc]
+        times = (schedule.start_s[x], schedule.end_s[x]) if as_op else (schedule.transfer_start_s[x],
+                                                                         schedule.transfer_end_s[x])
+        out.append((f"link {src}->{dst}", kind, k, i, *times))
     return out
 
 
