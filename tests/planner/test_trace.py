@@ -109,3 +109,15 @@ def test_perfettos_trace_processor_loads_the_trace(plain, tmp_path: Path) -> Non
         threads = {row.name for row in tp.query("select name from thread")}
     assert count == len(_slices(api.trace(plain, sim)))
     assert {"compute", "link 0->1"} <= threads
+
+
+def test_cli_timeline_window_and_labels(plain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = tmp_path / "plan.json"
+    api.save(plain, plan_path)
+    out = tmp_path / "t.svg"
+    assert main(["simulate", str(plan_path), "--timeline", str(out), "--window", "0:0.05"]) == 0
+    text = out.read_text()
+    assert "stage 3 (ranks 6-7)" in text and "memory (GiB)" in text
+    for bad in ("3:1", "abc"):
+        assert main(["simulate", str(plan_path), "--timeline", str(out), "--window", bad]) == 2
+        assert "window" in capsys.readouterr().err
