@@ -176,16 +176,21 @@ def build(
         duration_s=dur, resource=res, num_deps=top.num_deps if shared else list(top.num_deps),
         children=top.children if shared else [list(c) for c in top.children],
         resource_names=list(top.resource_names), ordered=[True] * len(top.resource_names),
-        transfers_out=(top.transfers_out if shared else [None if x is None else list(x) for x in top.transfers_out])
-        + [None] * (len(dur) - len(top.transfers_out)),
+        transfers_out=_transfers_out(top, len(dur), shared),
         transfer_child=top.transfer_child, transfer_s=[] if sends_as_ops else delays,
         transfer_resource=[] if sends_as_ops else link,
     )
     for name in top.resource_names:
         graph._resource_ids[name] = len(graph._resource_ids)
     return PipelineGraph(graph=graph, ops=ops, num_microbatches=num_microbatches, durations=d,
-                         rank_base=top.rank_base, f_op=top.f_op, b_op=top.b_op, transfers=list(top.transfers),
-                         sends_as_ops=sends_as_ops)
+                         rank_base=top.rank_base, f_op=top.f_op, b_op=top.b_op,
+                         transfers=top.transfers if shared else list(top.transfers), sends_as_ops=sends_as_ops)
+
+
+def _transfers_out(top: _Topology, num_ops: int, shared: bool) -> list[list[int] | None]:
+    """Per operation, its outgoing transfers (a private copy unless the graph is shared)."""
+    out = top.transfers_out if shared else [None if x is None else list(x) for x in top.transfers_out]
+    return out if len(out) == num_ops else out + [None] * (num_ops - len(out))
 
 
 @dataclass(slots=True)
