@@ -1,27 +1,23 @@
-"""The one schedule simulator: time a plan's per-rank action lists (architecture.md, simulator).
+"""The one simulator's entry point: time a plan on the one engine (architecture.md, simulator).
 
-``simulate(plan)`` derives per-virtual-stage costs from the plan (``pipeline_costs``), builds
-the schedule's per-rank action lists (``cost_models.schedules``, or the plan's own for
-``custom``) and runs them dependency-driven (``cost_models._sim_engine``). Solvers that try
-many candidates call ``simulate_costs`` with a ``PipelineCosts`` directly.
+``simulate(plan)`` picks the model from the plan's types and runs it on the discrete-event
+engine of ``cost_models.sim`` (docs/simulator.md has the full statement):
 
-Model (docs/simulator.md has the full statement and the closed forms it reproduces):
-- virtual stage k is chunk k // p of rank k % p (Megatron placement, dissertation L3594-3600);
-- F = F_k, B = R_k + B_k (recompute runs inside the backward), I = R_k + B_k - W_k, W = W_k;
-- point-to-point transfers take latency + bytes / bandwidth and delay the consumer only;
-- the data-parallel gradient all-reduce is a ring, 2 (d-1)/d x gradient bytes / bandwidth plus
-  2 (d-1) latencies (PipeDream's 2(m-1)/m |w| traffic, dissertation L1168-1180), run by each rank
-  after its last compute;
-- stages replicated differently from ``degrees.data`` run PipeDream's 1F1B-RR with weight
-  stashing and no flush (``cost_models._sim_rr``), reported as a steady state like 2BW;
-- plans with ``bpipe`` set also run BPipe's activation evictions and loads between paired
-  stages as timed link transfers (``cost_models._sim_bpipe``, seed 004);
-- 2BW (no flush) reports the steady state per batch: batches run back to back in 1F1B order
-  and the iteration is the time between the completions of two consecutive batches past the
-  pipeline fill.
-Closed forms it reproduces: fill-drain (p-1)/(m+p-1) for GPipe and 1F1B (dissertation L3512-3588),
-interleaved (p-1)/(v m) of the ideal time (L3590-3652), PipeFill's per-stage bubbles (seed
-pipefill, L180), 1F1B in-flight min(p-s, m) (BPipe, L66-75), ZB-H1/H2 (Qi et al. 2023, Table 2).
+- plans with ``offload`` (SPipe, Mobius, ZeRO-Offload): GPU streams, host links and CPU
+  optimizer steps (``cost_models.sim.offload``);
+- plans with ``bpipe``: the schedule plus BPipe's evictions and loads on the pair links
+  (``cost_models.sim.bpipe``);
+- stages replicated differently from ``degrees.data``: PipeDream's 1F1B-RR with weight
+  stashing and no flush, reported as a steady state like 2BW (``cost_models.sim.rr``);
+- ``2bw``: the steady state per batch of batches run back to back in 1F1B order;
+- every other schedule: one flushed iteration of the per-rank action lists
+  (``cost_models.sim.pipeline``; ``custom`` runs ``plan.actions``).
+
+Per-virtual-stage costs come from ``pipeline_costs`` (virtual stage k is chunk k // p of rank
+k % p, Megatron's placement); point-to-point transfers take latency + bytes / bandwidth on the
+link of their direction, one at a time; the data-parallel all-reduce is a ring after each
+rank's last compute. Solvers that try many candidates call ``simulate_costs`` with a
+``PipelineCosts`` directly.
 """
 
 from __future__ import annotations

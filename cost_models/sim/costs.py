@@ -193,7 +193,7 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         params = math.fsum(layer.param_bytes for layer in own)
         extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
         static.append(math.fsum(layer.static_bytes for layer in own) + extra)
-        d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (_sim_rr)
+        d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (cost_models.sim.rr)
         if d > 1 and params > 0:
             bandwidth, latency = _ring_link(plan, x, d)
             allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
