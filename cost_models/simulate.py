@@ -251,13 +251,13 @@ def _compiled(actions: Sequence[Sequence[Action]], num_ranks: int, num_stages: i
     if hit is not None and hit[0] is actions and len(hit[1]) == num_ranks:
         return hit[1]
     ops = engine.compile_actions(actions, stage_rank=[k % num_ranks for k in range(num_stages)])
-    if len(_COMPILED) >= 8:
+    if len(_COMPILED) >= 4:
         _COMPILED.pop(next(iter(_COMPILED)))
     _COMPILED[id(actions)] = (actions, ops)
     return ops
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)
 def _built_in(schedule: str, num_stages: int, num_chunks: int, num_microbatches: int) -> tuple[tuple[Action, ...], ...]:
     """A built-in schedule's action lists, built once per shape (they are immutable)."""
     return build_actions(schedule, num_stages=num_stages, num_chunks=num_chunks, num_microbatches=num_microbatches)

@@ -216,7 +216,7 @@ class _Topology:
 
 
 _TOPOLOGIES: dict[tuple[object, ...], _Topology] = {}
-_MAX_TOPOLOGIES = 8
+_MAX_TOPOLOGIES = 2  # each can hold hundreds of thousands of operations
 
 
 def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashable], as_ops: bool) -> _Topology:
