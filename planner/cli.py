@@ -169,7 +169,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         from planner.trace import stage_labels
 
-        rows = stage_labels(plan)
+        rows = stage_labels(plan) if plan.offload is None else None  # offloaded results have a row per GPU
         with progress("drawing the timeline"):
             draw_timeline(result, args.timeline, title=report.plan_title(plan), resources=api.resource_timelines(plan),
                           row_labels=rows, window=_window(args.window), memory=api.memory_timelines(plan, result))

@@ -111,6 +111,8 @@ def draw_timeline(
         for row, (_, spans) in enumerate(extra) for kind, start, end in spans
     )
     events = sim.events + row_events
+    if row_labels is not None and len(row_labels) != num_ranks:
+        raise InvalidProblemError(f"{len(row_labels)} row labels for {num_ranks} timeline rows; give one per rank")
     labels = list(row_labels or [f"rank {r}" for r in range(num_ranks)]) + [label for label, _ in extra]
     end_s = max(sim.iteration_time_s, max(e.end_s for e in events)) or 1.0  # 1.0: all events empty
     windows = _windows(sim, window, end_s)
@@ -172,8 +174,9 @@ def _windows(sim: SimResult, window: Window, end_s: float) -> list[tuple[float, 
     k = AUTO_MICROBATCHES
     # Fill: until the first k microbatches have left every rank's forward; drain: from the
     # first backward-side action of the last k microbatches on.
-    head = max(e.end_s for e in sim.events if 0 <= e.microbatch < k and e.kind == "F")
-    tail = min(e.start_s for e in sim.events if e.microbatch >= num_microbatches - k and e.kind in ("B", "I", "R"))
+    head = max((e.end_s for e in sim.events if 0 <= e.microbatch < k and e.kind == "F"), default=end_s)
+    tail = min((e.start_s for e in sim.events if e.microbatch >= num_microbatches - k and e.kind in ("B", "I", "R")),
+               default=0.0)
     if tail <= head:
         return [(0.0, end_s)]
     return [(0.0, head), (tail, end_s)]

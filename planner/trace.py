@@ -5,7 +5,7 @@ writes; open it in the Perfetto UI (ui.perfetto.dev), chrome://tracing or Perfet
 processor. Layout:
 
 - one process per pipeline stage, named with the global ranks it runs on ("stage 1 (ranks
-  16-31)"), with a ``compute`` track (F, B, I, W, R) and a ``data-parallel all-reduce`` track;
+  16-31)"; per GPU for offloaded plans), with a ``compute`` track (F, B, I, W, R) and a ``data-parallel all-reduce`` track;
 - one process ``links`` with a track per directed link that carried a transfer ("link 0->1":
   activations SF, gradients SB, BPipe evictions EV and loads LD, offloaded activations A and
   checkpoints C);
@@ -65,7 +65,10 @@ def chrome_trace(
 ) -> dict[str, Any]:
     """The trace document (see the module docstring); ``sim`` needs its events."""
     events: list[dict[str, Any]] = []
+    num_rows = max(len(sim.stages), 1 + max((e.rank for e in sim.events), default=-1))
     ranges = stage_labels(plan)
+    if plan.offload is not None or len(ranges) != num_rows:
+        ranges = [f"GPU {g}" for g in range(num_rows)]  # offloaded plans are simulated per GPU
     for x, label in enumerate(ranges):
         events += _names(x + 1, label, x, {1: "compute", 2: "data-parallel all-reduce"})
     for e in sim.events:

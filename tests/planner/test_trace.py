@@ -62,6 +62,10 @@ def test_offloaded_and_bpipe_plans_show_host_rows_and_pair_links() -> None:
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
     assert {"h2d:0:0", "d2h:0:0", "cpu:0", "link 0->1", "link 1->0"} <= names
     assert {e["name"] for e in _slices(doc) if e["cat"] == "host"} == {"P", "G", "O"}
+    named = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert all((e["pid"], e["tid"]) in named for e in _slices(doc))
+    processes = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert {"GPU 0", "GPU 1", "links", "host"} <= processes
     bpipe = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32, bpipe=True))
     kinds = {e["name"][:2] for e in _slices(api.trace(bpipe)) if e["cat"] == "transfer"}
     assert kinds == {"SF", "SB", "EV", "LD"}
