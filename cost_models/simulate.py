@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 from cost_models.sim import bpipe as bpipe_sim
 from cost_models.sim import engine as sim_engine
-from cost_models.sim import offload as offload_sim
 from cost_models.sim import pipeline as engine
 from cost_models.sim import report, rr
 from cost_models.sim.costs import PipelineCosts, allreduce_link, bottleneck_s, durations, pipeline_costs
@@ -77,6 +76,8 @@ def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool =
         return bpipe_sim.simulate_bpipe(plan, include_events=include_events)  # evictions and loads
     if plan.offload is not None:
         # SPipe / Mobius / ZeRO-Offload plans: host transfers and CPU optimizer steps as resources.
+        from cost_models.sim import offload as offload_sim  # loaded on first use: few plans need it
+
         return offload_sim.simulate_offload(plan, include_events=include_events).sim
     costs = pipeline_costs(plan)
     samples = float(plan.global_batch_size)
@@ -289,6 +290,8 @@ def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, flo
     whose transfers are not kept (empty).
     """
     if plan.offload is not None:
+        from cost_models.sim import offload as offload_sim
+
         events = offload_sim.simulate_offload(plan, include_events=True).links
     elif plan.bpipe is not None:
         events = bpipe_sim.run_bpipe(plan, include_events=False).links
@@ -347,6 +350,8 @@ def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     """
     rows: dict[str, list[tuple[str, float, float]]] = {}
     if plan.offload is not None:
+        from cost_models.sim import offload as offload_sim
+
         result = offload_sim.simulate_offload(plan, include_events=True)
         for event in (*result.transfers, *result.cpu):
             rows.setdefault(event.resource, []).append((event.kind, event.start_s, event.end_s))
