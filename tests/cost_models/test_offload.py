@@ -3,13 +3,15 @@ the placement rule's figure facts, and timelines computed by hand."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cost_models import offload
 from cost_models.sim.offload import simulate_offload
 from planner import api
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import Cluster, LayerProfile, ModelProfile, PipelineProblem, RecomputeOption
+from planner.schema import Cluster, LayerProfile, ModelProfile, PipelineProblem, Plan, RecomputeOption
 from solvers import _spipe_common as common
 
 TIB = 2**40
@@ -178,3 +180,12 @@ def test_plan_without_offload_section_is_rejected():
     plan = api.plan(problem, solver="even")
     with pytest.raises(InvalidProblemError, match="no 'offload' section"):
         simulate_offload(plan)
+
+
+def test_plans_with_the_old_options_offload_section_still_load():
+    plan = _hand_plan(async_opt=True)
+    data = json.loads(plan.to_json())
+    data["options"] = {"offload": data.pop("offload")}  # as plan files were written before Plan.offload
+    old = Plan.from_dict(data)
+    assert old.offload == plan.offload and "offload" not in old.options
+    assert simulate_offload(old).sim.iteration_time_s == simulate_offload(plan).sim.iteration_time_s
