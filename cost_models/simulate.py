@@ -239,7 +239,7 @@ def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, v
         assert sum(len(rank) for rank in actions) in (2 * num_stages * m, 3 * num_stages * m)
     durs = durations(costs, actions)
     ops = _compiled(actions, num_ranks, num_stages)
-    built = engine.build(ops, num_microbatches=m, durations=durs, shared=True)
+    built = engine.build(ops, num_microbatches=m, durations=durs, shared=True, trusted=not validate)
     return engine.finish(built, sim_engine.run(built.graph))
 
 

@@ -46,7 +46,10 @@ class Graph:
     resource: list[int] = field(default_factory=list)
     """Resource id per operation, ``NO_RESOURCE`` (-1) for none."""
     num_deps: list[int] = field(default_factory=list)
-    children: list[list[int]] = field(default_factory=list)
+    children: list[list[int] | None] = field(default_factory=list)
+    chained: list[bool] = field(default_factory=list)
+    """Per operation: the next operation (id + 1) waits for it, without a ``children`` entry
+    (a compute stream built in one piece, as pipelines are)."""
     resource_names: list[Hashable] = field(default_factory=list)
     also_holds: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Further resources an operation occupies together with its first one (``add(also=...)``)."""
@@ -117,13 +120,21 @@ class Graph:
             self.also_holds[op] = tuple(self.resource_id(name) for name in also)
         self.num_deps.append(len(preds))
         self.children.append([])
+        self.chained.append(False)
         for p in preds:
-            self.children[p].append(op)
+            self._child(p, op)
         return op
+
+    def _child(self, parent: int, op: int) -> None:
+        kids = self.children[parent]
+        if kids is None:
+            self.children[parent] = [op]
+        else:
+            kids.append(op)
 
     def add_dep(self, op: int, dep: int) -> None:
         """Make ``op`` also wait for ``dep`` (ids from ``add``; call before ``run``)."""
-        self.children[dep].append(op)
+        self._child(dep, op)
         self.num_deps[op] += 1
 
     def add_transfer(self, src: int, dst: int, duration_s: float, *, resource: Hashable | None = None) -> int:
@@ -167,7 +178,7 @@ class Schedule:
 def run(graph: Graph) -> Schedule:
     """Time every operation of the graph (see the module docstring for the rules)."""
     n = len(graph.duration_s)
-    dur, res, kids, ordered = graph.duration_s, graph.resource, graph.children, graph.ordered
+    dur, res, kids, ordered, chained = graph.duration_s, graph.resource, graph.children, graph.ordered, graph.chained
     start_kids, also = graph.start_children, graph.also_holds
     st = _Run(graph)
     stack, heap, ready, waiting, start, end, free = st.stack, st.heap, st.ready, st.waiting, st.start, st.end, st.free
@@ -195,23 +206,36 @@ def run(graph: Graph) -> Schedule:
                 timed += 1
             if start_kids and op in start_kids:
                 release(start_kids[op], start[op])
-            for c in kids[op]:
+            if chained[op]:  # the stream's next operation
+                c = op + 1
                 if e > ready[c]:
                     ready[c] = e
                 w = waiting[c] - 1
                 waiting[c] = w
                 if not w:
-                    r = res[c]
-                    if r >= 0 and ordered[r]:
-                        begin = ready[c]
-                        if free[r] > begin:
-                            begin = free[r]
-                        start[c] = begin
-                        end[c] = free[r] = begin + dur[c]
-                        timed += 1
-                        append(~c)
+                    if res[c] >= 0:
+                        st.ready_now(c)
                     else:
                         append(c)
+            ks = kids[op]
+            if ks is not None:
+                for c in ks:
+                    if e > ready[c]:
+                        ready[c] = e
+                    w = waiting[c] - 1
+                    waiting[c] = w
+                    if not w:
+                        r = res[c]
+                        if r >= 0 and ordered[r]:
+                            begin = ready[c]
+                            if free[r] > begin:
+                                begin = free[r]
+                            start[c] = begin
+                            end[c] = free[r] = begin + dur[c]
+                            timed += 1
+                            append(~c)
+                        else:
+                            append(c)
             tx = txo[op]
             if tx is None:
                 continue
@@ -255,7 +279,9 @@ def run(graph: Graph) -> Schedule:
         timed += 1
         if start_kids and op in start_kids:
             release(start_kids[op], t)
-        release(kids[op], e)
+        if chained[op]:
+            release([op + 1], e)
+        release(kids[op] or (), e)
         if txo[op] is not None:
             st.send(txo[op], e)
     return Schedule(start_s=start, end_s=end, transfer_start_s=t_start, transfer_end_s=t_end,
@@ -278,7 +304,7 @@ class _Run:
         self.transfer_start = [math.nan] * len(graph.transfer_child)
         self.transfer_end = [math.nan] * len(graph.transfer_child)
 
-    def release(self, children: list[int], t: float) -> None:
+    def release(self, children: Sequence[int], t: float) -> None:
         """Children whose dependency ended (or started) at t: ready ones go on the stack.
 
         An operation on an ordered resource is timed here, at release, so that the resource

@@ -99,6 +99,7 @@ def run(
     num_microbatches: int,
     durations: Durations,
     link_names: Sequence[Hashable] | None = None,
+    trusted: bool = False,
 ) -> Trace:
     """Time every action on the engine; see the module docstring for the rules.
 
@@ -112,7 +113,7 @@ def run(
         InvalidProblemError: deadlock; the message names each blocked rank, the action it is
             at and the action it waits for.
     """
-    built = build(ops, num_microbatches=num_microbatches, durations=durations, link_names=link_names)
+    built = build(ops, num_microbatches=num_microbatches, durations=durations, link_names=link_names, trusted=trusted)
     return finish(built, engine.run(built.graph))
 
 
@@ -143,6 +144,7 @@ def build(
     link_names: Sequence[Hashable] | None = None,
     shared: bool = False,
     sends_as_ops: bool = False,
+    trusted: bool = False,
 ) -> PipelineGraph:
     """Compute operations (one chain per rank) and the point-to-point transfers between them.
 
@@ -152,12 +154,14 @@ def build(
             extended (BPipe adds operations: it builds its own).
         sends_as_ops: make activations and gradients engine operations rather than transfers,
             so that other operations (BPipe's evictions and loads) can share their links.
+        trusted: the lists are built-in ones (each rank runs F before B/I and I before W of every
+            microbatch): those same-rank dependencies then come from the rank's order alone.
     """
-    key = (id(ops), num_microbatches, None if link_names is None else tuple(link_names), sends_as_ops)
+    key = (id(ops), num_microbatches, None if link_names is None else tuple(link_names), sends_as_ops, trusted)
     top = _TOPOLOGIES.get(key) if shared else None
     if top is None or top.ops is not ops:
         top = _topology(ops, num_microbatches, list(range(len(ops))) if link_names is None else list(link_names),
-                        sends_as_ops)
+                        sends_as_ops, trusted)
         if shared:
             if len(_TOPOLOGIES) >= _MAX_TOPOLOGIES:
                 _TOPOLOGIES.pop(next(iter(_TOPOLOGIES)))
@@ -174,7 +178,8 @@ def build(
         res += link
     graph = engine.Graph(
         duration_s=dur, resource=res, num_deps=top.num_deps if shared else list(top.num_deps),
-        children=top.children if shared else [list(c) for c in top.children],
+        children=top.children if shared else [None if c is None else list(c) for c in top.children],
+        chained=top.chained if shared else list(top.chained),
         resource_names=list(top.resource_names), ordered=[True] * len(top.resource_names),
         transfers_out=_transfers_out(top, len(dur), shared),
         transfer_child=top.transfer_child, transfer_s=[] if sends_as_ops else delays,
@@ -207,7 +212,8 @@ class _Topology:
     """Engine transfers only: the op each transfer delivers to."""
     transfers_out: list[list[int] | None]
     num_deps: list[int]
-    children: list[list[int]]
+    children: list[list[int] | None]
+    chained: list[bool]
     resource_names: list[Hashable]
     rank_base: list[int]
     f_op: list[int]
@@ -219,13 +225,14 @@ _TOPOLOGIES: dict[tuple[object, ...], _Topology] = {}
 _MAX_TOPOLOGIES = 2  # each can hold hundreds of thousands of operations
 
 
-def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashable], as_ops: bool) -> _Topology:
+def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashable], as_ops: bool,
+              trusted: bool) -> _Topology:
     num_stages = 1 + max((k for rank_ops in ops for _, k, _ in rank_ops), default=0)
     num_keys = num_stages * m
     f_op, b_op = [-1] * num_keys, [-1] * num_keys
     code_stage: list[tuple[int, int]] = []
     nd: list[int] = []
-    kids: list[list[int]] = []
+    chained: list[bool] = []
     rank_base, owner = [], []
     for r, rank_ops in enumerate(ops):
         base = len(code_stage)
@@ -238,21 +245,24 @@ def _topology(ops: list[list[tuple[int, int, int]]], m: int, names: list[Hashabl
                 b_op[k * m + i] = base + j
         n = len(rank_ops)
         nd.extend([1] * n)
+        chained.extend([True] * n)
         if n:
             nd[base] = 0
-            kids.extend([[base + j + 1] for j in range(n - 1)])
-            kids.append([])
+            chained[-1] = False  # the rank's last action
         owner.extend([r] * n)
     top = _Topology(ops=ops, code_stage=code_stage, transfer_boundary=[], transfer_resource=[], transfer_child=[],
-                    transfers_out=[None] * len(code_stage), num_deps=nd, children=kids, resource_names=[],
-                    rank_base=rank_base, f_op=f_op, b_op=b_op, transfers=[])
-    _add_sends(top, m, owner, names, as_ops)
+                    transfers_out=[None] * len(code_stage), num_deps=nd, children=[None] * len(code_stage),
+                    chained=chained, resource_names=[], rank_base=rank_base, f_op=f_op, b_op=b_op, transfers=[])
+    _add_sends(top, m, owner, names, as_ops, trusted)
     return top
 
 
-def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], as_ops: bool) -> None:
+def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], as_ops: bool,
+               trusted: bool) -> None:
     """F(k, i) waits for F(k-1, i) and B/I(k, i) for B/I(k+1, i) through a transfer (on the link between
-    the two ranks; a plain delay within a rank)."""
+    the two ranks; a plain delay within a rank). B/I(k, i) also waits for F(k, i) and W(k, i) for
+    I(k, i), which run earlier on the same rank: built-in (trusted) lists get that from the
+    rank's order alone; other lists keep the edges, so that a misordered list deadlocks."""
     nd, kids, f_op, b_op = top.num_deps, top.children, top.f_op, top.b_op
     last = max((k for _, k in top.code_stage), default=0)
     links: dict[tuple[int, int], int] = {}
@@ -266,11 +276,13 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], 
                     continue
                 src, forward = f_op[idx - m], True
             elif code == 3:
+                if trusted:
+                    continue
                 src, forward = b_op[idx], None
             else:
                 own = f_op[idx]
-                if own >= 0:
-                    kids[own].append(op)
+                if own >= 0 and not trusted:
+                    _child(kids, own, op)
                     nd[op] += 1
                 if k == last:
                     continue
@@ -279,7 +291,7 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], 
                 continue  # a malformed list: validate_actions reports it
             nd[op] += 1
             if forward is None:
-                kids[src].append(op)
+                _child(kids, src, op)
                 continue
             pair = (owner[src], r)
             rid = links.get(pair, engine.NO_RESOURCE)
@@ -290,7 +302,8 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], 
                 t = len(nd)
                 nd.append(1)
                 kids.append([op])
-                kids[src].append(t)
+                top.chained.append(False)
+                _child(kids, src, t)
             else:
                 t = len(top.transfer_child)
                 top.transfer_child.append(op)
@@ -302,6 +315,14 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], 
             top.transfer_boundary.append((forward, k))
             top.transfer_resource.append(rid)
             top.transfers.append((t, "SF" if forward else "SB", k, i))
+
+
+def _child(kids: list[list[int] | None], parent: int, op: int) -> None:
+    out = kids[parent]
+    if out is None:
+        kids[parent] = [op]
+    else:
+        out.append(op)
 
 
 def finish(built: PipelineGraph, schedule: engine.Schedule) -> Trace:
