@@ -7,8 +7,11 @@ times the graph:
 - an operation becomes *ready* when the last of its dependencies ends (or starts, for the
   dependencies added with ``add_start_dep``);
 - an operation without a resource starts when it is ready (a device's compute stream is such a
-  chain: each operation depends on the stream's previous one, so the stream never runs two at
-  once and needs no arbitration);
+  chain: each operation depends on the stream's previous one, given by ``stream=`` or, for a
+  stream built in one piece, by ``chained``; it never runs two at once and needs no
+  arbitration);
+- a *transfer* (``add_transfer``) is a light edge: it leaves when its sender ends, occupies an
+  ordered resource for its duration and delivers to its receiver;
 - a resource (a link direction, a host link, a node's CPU) runs one operation at a time,
   non-preemptively, at its full speed. When it frees, the waiting operation that became ready
   first starts; ties go to the operation created first (program order). Two transfers that
