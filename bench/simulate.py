@@ -5,7 +5,9 @@ Prints schedule, p, v, m, number of actions and the best of five wall times of
 schedule, no structural validation), plus ``simulate(plan)`` of the README's plan (ptdp on
 gpt3-175b, 16 nodes of 8 A100, global batch 1536: interleaved 1F1B, 768 microbatches x 6
 chunks), which includes building the action lists. Both build the full SimResult (bubbles,
-no timeline events). The 2BW row is ``simulate_2bw`` (three batches of 1F1B).
+no timeline events). The 2BW row is ``simulate_2bw`` (three batches of 1F1B). The last row
+is one whole ptdp search for GPT-1T on 16,384 A100s (its simulated candidates included; the
+search budget is 60 s).
 
 With ``--baseline DIR`` (a checkout of an older revision, e.g. made with
 ``git worktree add /tmp/paraplan-old <commit>``) every case is also timed in a subprocess
@@ -34,6 +36,7 @@ CASES = [
     ("interleaved-1f1b", 32, 4, 256),
     ("2bw", 64, 1, 512),
     ("readme-plan", 8, 6, 768),
+    ("ptdp-search-16k", 0, 0, 0),
 ]
 
 
@@ -52,6 +55,15 @@ def time_case(name: str, p: int, v: int, m: int, plan_path: str | None) -> tuple
     from cost_models.simulate import PipelineCosts, simulate, simulate_2bw, simulate_costs
     from planner.schema import Plan
 
+    if name == "ptdp-search-16k":
+        # The whole ptdp search for GPT-1T on 16,384 A100s (it simulates its best candidates); once.
+        from planner import api
+        from solvers import ptdp
+
+        problem = api.make_problem("gpt-1t", "a100-80gb:2048", global_batch_size=16384)
+        start = time.perf_counter()
+        ptdp.solve(problem)
+        return 0, time.perf_counter() - start
     if name == "readme-plan":
         assert plan_path is not None
         plan = Plan.from_json(Path(plan_path).read_text())
@@ -104,7 +116,8 @@ def main() -> None:
             old = _baseline(args.baseline, case, plan_path) if args.baseline else None
             num_actions, new = time_case(*case, plan_path)
             extra = f" {old:.3f} | {old / new:.2f}x |" if old is not None else ""
-            print(f"| {case[0]} | {case[1]} | {case[2]} | {case[3]} | {num_actions} | {new:.3f} |{extra}")
+            shape = " | ".join(str(x) if x else "-" for x in (*case[1:], num_actions))
+            print(f"| {case[0]} | {shape} | {new:.3f} |{extra}")
 
 
 if __name__ == "__main__":
