@@ -21,7 +21,7 @@ import sys
 
 from cost_models.models import model_preset
 from planner import api
-from runtime_bridge.launch import Job, LaunchOptions, launch, summarize
+from runtime_bridge.launch import RunJob, LaunchOptions, launch, summarize
 from runtime_bridge.profile import profile_model
 
 _CASES = (  # (ranks, schedule, stages, microbatch count)
@@ -48,7 +48,7 @@ def _loop_ratios(cfg: object, loops: int, steps: int) -> list[float]:
     for _ in range(loops):
         profile = profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)
         (plan,) = _plans(profile, 1, None)
-        job = Job(plan=plan, config=cfg, steps=steps)
+        job = RunJob(plan=plan, config=cfg, steps=steps)
         ratios.append(summarize(job, launch([job], LaunchOptions())[0])["ratio"]["step_time"])
     return ratios
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     for source, model in (("profiled", profile), ("analytic", cfg)):
         for ranks in (1, 2):
             plans = _plans(model, ranks, None if source == "profiled" else 2)
-            jobs = [Job(plan=plan, config=cfg, steps=args.steps) for plan in plans]
+            jobs = [RunJob(plan=plan, config=cfg, steps=args.steps) for plan in plans]
             for job, records in zip(jobs, launch(jobs, LaunchOptions()) or []):
                 report = summarize(job, records)
                 rows.append({"costs": source, "ranks": ranks, "schedule": job.plan.schedule,

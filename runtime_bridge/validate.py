@@ -58,7 +58,9 @@ def check_plan(plan: Plan, cfg: TransformerConfig, *, world_size: int | None = N
         InvalidProblemError: the first mismatch found, with the numbers and the fix.
     """
     _check_layers(plan.model, cfg)
+    _check_config(plan, cfg)
     _check_degrees(plan, world_size)
+    _check_tensor(plan, cfg)
     _check_batch(plan, cfg)
     _check_schedule(plan)
 
@@ -71,9 +73,10 @@ def _check_layers(profile: ModelProfile, cfg: TransformerConfig) -> None:
             f"(embedding + {cfg.num_layers} blocks + head); plan again with --model {cfg.name}"
         )
     kinds = [layer.kind for layer in profile.layers]
-    wrong = [
+    ends = {0: "embedding", expected - 1: "head"}
+    wrong = [  # a block may be any kind but the two ends' ("decoder", "moe"...)
         (i, kind) for i, kind in enumerate(kinds)
-        if kind != "layer" and kind != ("embedding" if i == 0 else "head" if i == expected - 1 else "decoder")
+        if kind != "layer" and (kind != ends[i] if i in ends else kind in ("embedding", "head"))
     ]
     if wrong:
         i, kind = wrong[0]
@@ -89,13 +92,62 @@ def _check_layers(profile: ModelProfile, cfg: TransformerConfig) -> None:
         )
 
 
+_CONFIG_FIELDS = (
+    "hidden_size", "num_layers", "num_heads", "kv_heads", "seq_length", "vocab_size", "ffn_size", "mlp", "norm",
+    "bias", "position_embedding", "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
+    "first_dense_layers",
+)
+"""What makes two transformers the same network for a plan (names, dtype and numerics aside)."""
+
+
+def _check_config(plan: Plan, cfg: TransformerConfig) -> None:
+    """The plan was made for this network: every shape field of its transformer equals the model's."""
+    if plan.transformer is None:
+        return
+    differ = [(f, getattr(plan.transformer, f), getattr(cfg, f)) for f in _CONFIG_FIELDS
+              if getattr(plan.transformer, f) != getattr(cfg, f)]
+    if differ:
+        text = ", ".join(f"{f} {a} vs {b}" for f, a, b in differ)
+        raise InvalidProblemError(
+            f"the plan was made for transformer {plan.transformer.name!r} but the model to run, {cfg.name!r}, "
+            f"differs ({text}; plan vs model); plan again with --model {cfg.name}"
+        )
+
+
+def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
+    """Degrees the bridge cannot run yet, and the divisibility tensor parallelism needs."""
+    d = plan.degrees
+    for name, value, what in (("context", d.context, "context (sequence-split attention)"),
+                              ("expert", d.expert, "expert")):
+        if value != 1:
+            raise InvalidProblemError(
+                f"degrees.{name}={value}: the runtime bridge does not execute {what} parallelism yet; "
+                f"plan with degrees.{name}=1 (it runs pipeline x data x tensor)"
+            )
+    t = d.tensor
+    if t == 1:
+        return
+    if cfg.num_experts is not None:
+        raise InvalidProblemError(
+            f"degrees.tensor={t} with a mixture-of-experts model ({cfg.num_experts} experts): the bridge runs MoE "
+            "models with pipeline and data parallelism only; plan with --tensor-parallel 1"
+        )
+    sizes = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.kv_heads, "ffn_hidden_size": cfg.ffn_size,
+             "vocab_size": cfg.vocab_size}
+    if plan.sequence_parallel:
+        sizes["seq_length"] = cfg.seq_length
+    bad = {k: v for k, v in sizes.items() if v % t}
+    if bad:
+        raise InvalidProblemError(
+            f"degrees.tensor={t} must divide {', '.join(f'{k}={v}' for k, v in bad.items())} of model "
+            f"{cfg.name!r} (tensor parallelism splits heads, FFN columns, vocabulary"
+            f"{' and, with sequence parallelism, the sequence' if plan.sequence_parallel else ''}); "
+            "use a tensor-parallel degree that divides them"
+        )
+
+
 def _check_degrees(plan: Plan, world_size: int | None) -> None:
     d = plan.degrees
-    if d.tensor != 1:
-        raise InvalidProblemError(
-            f"degrees.tensor={d.tensor}: the runtime bridge runs pipeline and data parallelism only; "
-            "plan with --tensor-parallel 1"
-        )
     replicas = [stage.replicas for stage in plan.stages]
     if any(r != d.data for r in replicas):
         raise InvalidProblemError(
@@ -103,17 +155,18 @@ def _check_degrees(plan: Plan, world_size: int | None) -> None:
             "runs one data-parallel degree for all stages: plan with solver 'even' or 'ptdp'"
         )
     for stage in plan.stages:
-        megatron = tuple(range(stage.index * d.data, (stage.index + 1) * d.data))
+        size = d.data * d.tensor
+        megatron = tuple(range(stage.index * size, (stage.index + 1) * size))
         if stage.ranks and tuple(stage.ranks) != megatron:
             raise InvalidProblemError(
                 f"stage {stage.index} has ranks {list(stage.ranks)}; the bridge places ranks in Megatron "
-                f"order (rank = stage x data + replica), i.e. {list(megatron)}"
+                f"order (rank = stage x data x tensor + replica x tensor + tensor rank), i.e. {list(megatron)}"
             )
     needed = num_ranks(plan)
     if world_size is not None and world_size != needed:
         raise InvalidProblemError(
-            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data}) but the launch "
-            f"starts {world_size}; set --nproc-per-node x --nnodes = {needed}"
+            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data} x tensor {d.tensor}) but "
+            f"the launch starts {world_size}; set --nproc-per-node x --nnodes = {needed}"
         )
 
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from planner.cli import main  # noqa: E402
 from runtime_bridge.check import TOLERANCE  # noqa: E402
-from runtime_bridge.launch import Job, LaunchOptions, RunFailedError, launch, summarize  # noqa: E402
+from runtime_bridge.launch import RunJob, LaunchOptions, RunFailedError, launch, summarize  # noqa: E402
 from runtime_bridge.validate import resolve_config  # noqa: E402
 from tests.runtime_bridge.plans import tiny_plan, torchtitan_custom_plan  # noqa: E402
 
@@ -36,8 +36,8 @@ _TWO_RANK_PLANS = {
 _EXECUTOR = {"1f1b through the plan's action list": "actions"}
 
 
-def _jobs(plans: dict, steps: int = 2) -> list[Job]:
-    return [Job(plan=plan, config=resolve_config(plan), steps=steps, check=True, executor=_EXECUTOR.get(name, "auto"))
+def _jobs(plans: dict, steps: int = 2) -> list[RunJob]:
+    return [RunJob(plan=plan, config=resolve_config(plan), steps=steps, check=True, executor=_EXECUTOR.get(name, "auto"))
             for name, plan in plans.items()]
 
 
@@ -86,7 +86,7 @@ def test_four_ranks_pipeline_and_data_parallel_mesh() -> None:
 
 
 def test_dead_rank_fails_within_the_timeout() -> None:
-    job = Job(plan=tiny_plan("1f1b"), config=resolve_config(tiny_plan("1f1b")), steps=3, fail_rank=1, fail_step=1)
+    job = RunJob(plan=tiny_plan("1f1b"), config=resolve_config(tiny_plan("1f1b")), steps=3, fail_rank=1, fail_step=1)
     start = time.perf_counter()
     with pytest.raises(RunFailedError, match="run failed") as info:
         launch([job], LaunchOptions(timeout_s=5))
