@@ -19,7 +19,8 @@ _GIB = 2.0**30
 
 def add_parsers(sub: Any) -> None:
     """Add ``run`` and ``profile`` to the ``paraplan`` sub-command parser."""
-    r = sub.add_parser("run", help="execute a plan with torch.distributed.pipelining (torchrun)")
+    r = sub.add_parser("run", help="execute a plan under torchrun: pipeline (torch.distributed.pipelining) x "
+                                   "data (DDP/FSDP2) x tensor/sequence parallel (DTensor)")
     r.add_argument("plan")
     r.add_argument("--steps", type=int, default=3, help="training steps (the first is not timed)")
     r.add_argument("--check", action="store_true", help="compare losses and gradients with one process")
@@ -34,7 +35,9 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--nnodes", type=int, default=1)
     r.add_argument("--node-rank", type=int, default=0)
     r.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (several nodes)")
-    r.add_argument("--rdzv-id", default="paraplan")
+    r.add_argument("--rdzv-id", default="paraplan", help="rendezvous id, the same on every node of one run")
+    r.add_argument("--rdzv-backend", default="c10d", help="torchrun rendezvous backend (several nodes)")
+    r.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, e.g. join_timeout=600 (several nodes)")
     r.add_argument("--fill", metavar="JOB",
                    help="PipeFill: run a fill job in each rank's bubbles (preset tiny-mlp, tiny-mlp-recv, or a JSON "
                         "file of fill-job fields); the plan also runs without it to compare losses and step time")
@@ -75,11 +78,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     options = LaunchOptions(device=args.device, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                            timeout_s=args.timeout)
+                            rdzv_backend=args.rdzv_backend, rdzv_conf=args.rdzv_conf, timeout_s=args.timeout)
     report = run_plan(plan, model=cfg, steps=args.steps, check=args.check, seed=args.seed,
                       executor=args.executor, options=options, fill=fill)
     if report is None:
-        print(f"node {args.node_rank}: ranks finished; node 0 prints the report", file=sys.stderr)
+        print(f"node {args.node_rank}: its ranks finished; the node holding global rank 0 prints the report",
+              file=sys.stderr)
         return 0
     print(json.dumps(report, indent=2) if args.json else run_table(report))
     return 1 if report.get("check_passed") is False else 0
@@ -89,8 +93,9 @@ def run_table(report: dict[str, Any]) -> str:
     """Measured beside predicted, one line per quantity."""
     plan, pred, ratio = report["plan"], report.get("predicted"), report.get("ratio", {})
     d = plan["degrees"]
-    lines = [f"{plan['model']}: {plan['schedule']} p={d['pipeline']} d={d['data']} v={d['virtual']} "
-             f"m={plan['num_microbatches']} b={plan['microbatch_size']}, {report['steps']} steps",
+    extras = (f" zero={plan['zero_stage']}" if plan.get("zero_stage") else "") + (" sp" if plan.get("sequence_parallel") else "")
+    lines = [f"{plan['model']}: {plan['schedule']} p={d['pipeline']} d={d['data']} t={d['tensor']} v={d['virtual']} "
+             f"m={plan['num_microbatches']} b={plan['microbatch_size']}{extras}, {report['steps']} steps",
              f"{'':18s} {'measured':>12s} {'predicted':>12s} {'ratio':>8s}"]
 
     def row(name: str, measured: float, predicted: float | None, r: float | None, fmt: str) -> None:

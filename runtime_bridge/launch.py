@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import InvalidProblemError, PlannerError
+from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge.fill import FillTask, compare_with_baseline
 from runtime_bridge.report import summarize
@@ -35,10 +35,9 @@ log = logging.getLogger(__name__)
 __all__ = ["LaunchOptions", "RunJob", "check_actions", "RunFailedError", "launch", "run_plan", "summarize"]
 
 
-class RunFailedError(PlannerError):
-    """A launched run failed or timed out (CLI exit code 1); the message names the rank."""
-
-    exit_code = 1
+class RunFailedError(InfeasibleError):
+    """A launched run failed or timed out: the plan could not run on these processes (CLI exit
+    code 3); the message names the failing ranks and their first error line."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +52,9 @@ class LaunchOptions:
     rdzv_endpoint: str | None = None
     """host:port of the c10d rendezvous (several nodes)."""
     rdzv_id: str = "paraplan"
+    rdzv_backend: str = "c10d"
+    rdzv_conf: str | None = None
+    """torchrun's ``--rdzv-conf`` (e.g. ``join_timeout=600``)."""
     timeout_s: float = 30.0
     """Process-group timeout: a collective or receive waiting longer fails the rank."""
     launch_timeout_s: float | None = None
@@ -90,8 +92,10 @@ def _torchrun_command(world_size: int, options: LaunchOptions, spec_path: Path, 
         cmd.append("--standalone")
     else:
         cmd += ["--nnodes", str(options.nnodes), "--node-rank", str(options.node_rank),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(options.rdzv_endpoint),
+                "--rdzv-backend", options.rdzv_backend, "--rdzv-endpoint", str(options.rdzv_endpoint),
                 "--rdzv-id", options.rdzv_id]
+        if options.rdzv_conf:
+            cmd += ["--rdzv-conf", options.rdzv_conf]
     return cmd + ["-m", "runtime_bridge.worker", str(spec_path), str(out_dir)]
 
 
@@ -230,8 +234,14 @@ def run_plan(
     check_plan(plan, cfg, world_size=world)
     if steps < 1:
         raise InvalidProblemError(f"--steps={steps} must be at least 1")
+    if options.nnodes > 1 and not options.rdzv_endpoint:
+        raise InvalidProblemError(
+            f"--nnodes={options.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node; HOST runs the "
+            "rendezvous store)"
+        )
     check_actions(plan, executor)
-    job = RunJob(plan=plan, config=cfg, steps=steps, check=check, seed=seed, executor=executor, fill=fill)
+    job = RunJob(plan=plan, config=cfg, steps=steps, check=check, seed=seed, executor=executor, fill=fill,
+                 name=cfg.name)
     if fill is None:
         results = launch([job], options)
         return None if results is None else summarize(job, results[0])

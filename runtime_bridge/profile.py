@@ -239,6 +239,12 @@ def profile_model(
             f"microbatch_size={microbatch_size}, repeats={repeats}, warmup={warmup}, num_microbatches="
             f"{num_microbatches}: need b >= 1, repeats >= 1, warmup >= 0, m >= 1"
         )
+    if cfg.num_experts is not None and 0 < cfg.first_dense_layers < cfg.num_layers:
+        raise InvalidProblemError(
+            f"first_dense_layers={cfg.first_dense_layers} of {cfg.num_layers}: the profiler measures one block and "
+            "copies it, so it profiles all-dense or all-MoE models only; profile with first_dense_layers=0 (every "
+            "block MoE) or use the analytic profile (paraplan plan --model CONFIG)"
+        )
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)

@@ -56,10 +56,53 @@ def test_torch_schedule_constraints() -> None:
         check_plan(_edit(_plan(), schedule="2bw"), TINY)
 
 
-def test_tensor_parallel_is_refused() -> None:
-    plan = _edit(_plan(), degrees={"data": 1, "tensor": 2, "pipeline": 2, "virtual": 1})
-    with pytest.raises(InvalidProblemError, match=r"degrees.tensor=2"):
-        check_plan(plan, TINY)
+def _tp_plan(model=TINY, t: int = 2, **fields) -> Plan:
+    problem = api.make_problem(model, f"cpu:{2 * t}", num_stages=2, global_batch_size=4, tensor_parallel=t)
+    return _edit(api.plan(problem), **fields)
+
+
+def test_tensor_parallel_runs_when_it_divides_the_model() -> None:
+    check_plan(_tp_plan(sequence_parallel=True), TINY, world_size=4)
+    assert num_ranks(_tp_plan()) == 4
+    with pytest.raises(InvalidProblemError, match=r"needs 4 processes \(pipeline 2 x data 1 x tensor 2\)"):
+        check_plan(_tp_plan(), TINY, world_size=2)
+    odd = TINY.model_copy(update={"name": "odd", "num_kv_heads": 1, "vocab_size": 129})
+    with pytest.raises(InvalidProblemError, match=r"degrees.tensor=2 must divide num_kv_heads=1, vocab_size=129"):
+        check_plan(_tp_plan(transformer=None), odd)  # a profile-only plan: the layer counts agree
+
+
+def test_sequence_parallel_needs_t_to_divide_the_sequence() -> None:
+    short = TINY.model_copy(update={"name": "short", "seq_length": 15})
+    check_plan(_tp_plan(short), short)
+    with pytest.raises(InvalidProblemError, match=r"must divide seq_length=15 .*with sequence parallelism"):
+        check_plan(_tp_plan(short, sequence_parallel=True), short)
+
+
+def test_context_expert_and_moe_with_tensor_parallel_are_refused() -> None:
+    with pytest.raises(InvalidProblemError, match=r"degrees.context=2: the runtime bridge does not execute context"):
+        check_plan(_edit(_plan(), degrees={"pipeline": 2, "context": 2}), TINY)
+    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .* expert parallelism"):
+        check_plan(_edit(_plan(), degrees={"pipeline": 2, "expert": 2}), TINY)
+    moe = TINY.model_copy(update={"name": "moe", "num_experts": 4, "experts_per_token": 2})
+    with pytest.raises(InvalidProblemError, match=r"mixture-of-experts model \(4 experts\)"):
+        check_plan(_tp_plan(moe), moe)
+
+
+def test_the_whole_config_must_match_not_only_the_layer_count() -> None:
+    wider = TINY.model_copy(update={"name": "wider", "hidden_size": 64, "num_kv_heads": 2})
+    with pytest.raises(InvalidProblemError, match=r"differs \(hidden_size 32 vs 64, kv_heads 4 vs 2, ffn_size 128 vs 256; plan vs model\); "
+                                                   r"plan again with --model wider"):
+        check_plan(_plan(), wider)
+
+
+def test_custom_actions_are_lowered_with_torch_rules_before_launch(tmp_path, capsys) -> None:
+    pytest.importorskip("torch")
+    rows = [["0F0", "0F1", "0F2", "0F3", "0B0", "0B1", "0B2", "0B3"],
+            ["1B0", "1F0", "1F1", "1F2", "1F3", "1B1", "1B2", "1B3"]]  # backward before forward: torch refuses
+    path = tmp_path / "plan.json"
+    api.save(_edit(_plan(), schedule="custom", actions=rows), path)
+    assert main(["run", str(path)]) == 2
+    assert "torch.distributed.pipelining rejects the plan's action list" in capsys.readouterr().err
 
 
 def test_custom_action_on_the_wrong_rank_is_refused() -> None:
