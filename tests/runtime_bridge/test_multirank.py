@@ -149,3 +149,35 @@ def test_cli_run_check_json(tmp_path, capsys) -> None:
     report = json.loads(capsys.readouterr().out)
     assert report["max_loss_diff"] <= TOLERANCE and report["max_grad_diff"] <= TOLERANCE
     assert report["check_passed"] is True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_nodes_on_localhost_with_the_documented_command(tmp_path) -> None:
+    """docs/runtime-bridge.md's several-node command, run as two "nodes" of one rank each on this
+    host (torchrun's c10d rendezvous; the node holding global rank 0 prints the report)."""
+    import subprocess
+    import sys
+
+    from planner import api
+
+    path = tmp_path / "plan.json"
+    api.save(tiny_plan("1f1b"), path)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "planner.cli", "run", str(path), "--steps", "2", "--check", "--json", "--nnodes", "2",
+         "--nproc-per-node", "1", "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes",
+         "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outs = [proc.communicate(timeout=180) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    reports = [json.loads(out) for out, _ in outs if out.strip()]
+    assert len(reports) == 1 and reports[0]["check_passed"] is True
+    assert sum("the node holding global rank 0 prints the report" in err for _, err in outs) == 1
+    # per-step progress reached the stderr of the node that holds the last rank
+    assert sum("gpt-tiny: step 2/2 loss" in err for _, err in outs) == 1

@@ -7,6 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pathlib import Path  # noqa: E402
+
 from cost_models import transformer  # noqa: E402
 from cost_models.hardware import cluster_preset  # noqa: E402
 from cost_models.models import model_preset  # noqa: E402
@@ -52,15 +54,21 @@ def test_measured_bytes_and_flops(profile: ModelProfile) -> None:
     assert all(0 < x.backward_weight_s < x.backward_s for x in profile.layers)
 
 
+LLAMA_JSON = Path(__file__).resolve().parents[2] / "docs" / "examples" / "llama-tiny.json"
+
+
 def _loop_ratio(tmp_path, attempt: int) -> float:
-    """profile -> plan -> run through the CLI, back to back; measured / predicted step time."""
+    """docs/runtime-bridge.md's closed loop for a Llama-style model (GQA, RoPE, SwiGLU, RMSNorm):
+    profile -> plan -> run through the CLI, back to back; measured / predicted step time."""
     prof, plan_path = tmp_path / f"profile{attempt}.json", tmp_path / f"plan{attempt}.json"
-    assert main(["profile", "--model", "gpt-tiny", "--microbatch-size", "2", "--repeats", "20", "-o", str(prof)]) == 0
+    assert main(["profile", "--model", str(LLAMA_JSON), "--microbatch-size", "2", "--repeats", "20",
+                 "-o", str(prof)]) == 0
     assert main(["plan", "--model", str(prof), "--cluster", "cpu:1", "--pipeline", "1", "--schedule", "gpipe",
                  "--global-batch", "8", "-o", str(plan_path)]) == 0
     plan = api.load_plan(plan_path)
     assert plan.transformer is None and plan.model.source == "profiler" and plan.num_microbatches == 4
-    report = run_plan(plan, steps=12, check=attempt == 0, options=LaunchOptions(timeout_s=30))
+    report = run_plan(plan, model=api.load_model(str(LLAMA_JSON)), steps=12, check=attempt == 0,
+                      options=LaunchOptions(timeout_s=30))
     assert report is not None and (attempt > 0 or report["check_passed"])
     return report["step_time_s"] / plan.predicted.iteration_time_s
 
@@ -77,6 +85,19 @@ def test_cli_profile_plan_run_closes_the_loop(tmp_path) -> None:
         if 0.85 <= ratios[-1] <= 1.15:
             break
     assert 0.85 <= ratios[-1] <= 1.15, ratios
+
+
+def test_mixtral_style_profile_counts_every_expert() -> None:
+    from tests.runtime_bridge.plans import MIXTRAL_TINY
+
+    prof = profile_model(MIXTRAL_TINY, microbatch_size=1, repeats=1, warmup=0, num_microbatches=2)
+    h, kv, e, f = 32, 16, 4, 32  # hidden, K/V width (2 of 4 heads of 8), experts, expert FFN
+    attention, experts = h * h * 2 + 2 * h * kv, e * 3 * h * f  # wq, wo; wk, wv; SwiGLU w1, w3, w2
+    assert prof.layers[1].param_bytes == 4 * (attention + h * e + experts + 2 * h)  # + router + 2 RMSNorm
+    assert len(prof.layers) == 6 and all(x.forward_s > 0 for x in prof.layers)
+    mixed = MIXTRAL_TINY.model_copy(update={"first_dense_layers": 1})
+    with pytest.raises(InvalidProblemError, match="first_dense_layers=1 of 4"):
+        profile_model(mixed)
 
 
 def test_per_step_work_is_spread_over_the_microbatches() -> None:
