@@ -1,6 +1,6 @@
 """Measured versus predicted: the runtime bridge on this machine (CPU, gloo).
 
-For the bundled ``gpt-tiny`` model: profile it (``runtime_bridge.profile``), plan with the
+For a bundled-model config (default ``gpt-tiny``; ``--model docs/examples/llama-tiny.json``): profile it (``runtime_bridge.profile``), plan with the
 measured profile and with the analytic one (``cost_models.transformer`` on the nominal ``cpu``
 device), run each plan for a few steps under torchrun, and print step time measured / predicted.
 The one-stage row is the issue's closing-the-loop figure: the profile's per-layer times summed
@@ -8,8 +8,8 @@ over the microbatches against the measured step time of a one-stage run. Because
 be shared, that loop (profile, plan, run, back to back so that both see the same load) is also
 repeated ``--loops`` times and the ratios and their median are printed.
 
-Run: ``PYTHONPATH=. python bench/runtime.py [--steps N] [--loops K] [--json]`` (about a minute
-on 2 cores).
+Run: ``PYTHONPATH=. python bench/runtime.py [--model M] [--steps N] [--loops K] [--loops-only] [--json]``
+(about a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import statistics
 import sys
 
-from cost_models.models import model_preset
 from planner import api
 from runtime_bridge.launch import RunJob, LaunchOptions, launch, summarize
 from runtime_bridge.profile import profile_model
@@ -58,11 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--loops", type=int, default=5, help="closing-the-loop repeats (one-stage GPipe)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", default="gpt-tiny",
+                        help="preset or transformer JSON (docs/examples/llama-tiny.json, mixtral-tiny.json)")
+    parser.add_argument("--loops-only", action="store_true", help="only the closing-the-loop repeats")
     args = parser.parse_args(argv)
-    cfg = model_preset("gpt-tiny")
-    profile = profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)  # every case has m = 4
-    rows = []
-    for source, model in (("profiled", profile), ("analytic", cfg)):
+    cfg = api.load_model(args.model)
+    rows: list[dict] = []
+    sources = () if args.loops_only else (
+        ("profiled", profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)),  # every case has m = 4
+        ("analytic", cfg))
+    for source, model in sources:
         for ranks in (1, 2):
             plans = _plans(model, ranks, None if source == "profiled" else 2)
             jobs = [RunJob(plan=plan, config=cfg, steps=args.steps) for plan in plans]
