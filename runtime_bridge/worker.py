@@ -100,14 +100,13 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
 def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -> dict[str, Any]:
     plan = Plan.from_dict(job["plan"])
     cfg = TransformerConfig.from_dict(job["config"])
-    seed, rank = int(job.get("seed", 0)), dist.get_rank()
-    mesh = build_mesh(plan, rank, device)
+    mesh = build_mesh(plan, dist.get_rank(), device)
     chunks, modules, stages = _build(job, plan, cfg, device, mesh)
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
     optimizer = torch.optim.SGD([q for m in modules for q in m.parameters()], lr=float(job.get("lr", 0.05)))
     filler = _fill_runner(job, plan, mesh.stage, stages, device)
     record: dict[str, Any] = {
-        "rank": rank, "stage": mesh.stage, "replica": mesh.replica, "tp_rank": mesh.tp_rank,
+        "rank": dist.get_rank(), "stage": mesh.stage, "replica": mesh.replica, "tp_rank": mesh.tp_rank,
         "virtual_stages": [c.virtual_stage for c in chunks], "losses": [], "step_times_s": [], "grads": [],
         "param_bytes": sum(_local(q).numel() * q.element_size() for m in modules for q in m.parameters()),
     }
@@ -115,35 +114,42 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
         torch.cuda.reset_peak_memory_stats(device)
     per_replica = plan.num_microbatches * plan.microbatch_size
     rows = slice(mesh.replica * per_replica, (mesh.replica + 1) * per_replica)
-    tokens_per_step = plan.global_batch_size * cfg.seq_length
     for step in range(int(job["steps"])):
-        if job.get("fail_rank") == rank and step == int(job.get("fail_step", 0)):
+        if job.get("fail_rank") == record["rank"] and step == int(job.get("fail_step", 0)):
             os._exit(FAULT_EXIT_CODE)  # fault injection: die like a crashed host, no cleanup
-        tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=seed)
-        dist.barrier()
-        start = time.perf_counter()
-        if filler is not None:
-            filler.start_step()
-        losses = run_step(schedule, stages, tokens[rows].to(device), targets[rows].to(device))
-        if filler is not None:
-            filler.end_step()  # the idle tail is inside the timed step: its fill work counts
-        _sync(device)
-        compute_s = time.perf_counter() - start
-        if job.get("check"):
-            record["grads"].append({n: g for m in modules for n, g in full_grads(m).items()})
-        start = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        _sync(device)
-        record["step_times_s"].append(compute_s + time.perf_counter() - start)
-        record["losses"].append([float(x) for x in losses])
-        if progress is not None and losses:
-            _report_progress(progress, job, step, record, tokens_per_step)
+        tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=int(job.get("seed", 0)))
+        _train_step(job, record, (schedule, stages, modules, optimizer, filler), tokens[rows], targets[rows], device)
+        if progress is not None and record["losses"][-1]:
+            _report_progress(progress, job, step, record, plan.global_batch_size * cfg.seq_length)
     record.update(_peak_memory(device))
     if filler is not None:
         filler.detach()
         record["fill"] = filler.record()
     return record
+
+
+def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, ...], tokens: torch.Tensor,
+                targets: torch.Tensor, device: torch.device) -> None:
+    """One timed step: the pipeline schedule (with fill work in its bubbles), the whole gradients
+    for ``--check``, the SGD step; appends the step time and this rank's microbatch losses."""
+    schedule, stages, modules, optimizer, filler = parts
+    dist.barrier()
+    start = time.perf_counter()
+    if filler is not None:
+        filler.start_step()
+    losses = run_step(schedule, stages, tokens.to(device), targets.to(device))
+    if filler is not None:
+        filler.end_step()  # the idle tail is inside the timed step: its fill work counts
+    _sync(device)
+    compute_s = time.perf_counter() - start
+    if job.get("check"):  # untimed: gathering shards is not part of training
+        record["grads"].append({n: g for m in modules for n, g in full_grads(m).items()})
+    start = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    record["step_times_s"].append(compute_s + time.perf_counter() - start)
+    record["losses"].append([float(x) for x in losses])
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

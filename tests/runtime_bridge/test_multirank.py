@@ -146,7 +146,10 @@ def test_cli_run_check_json(tmp_path, capsys) -> None:
     path = tmp_path / "plan.json"
     api.save(tiny_plan("1f1b", splits=[[(0, 2)], [(2, 6)]]), path)
     assert main(["run", str(path), "--steps", "2", "--check", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout holds the one JSON document; progress went to stderr
+    assert [line.split(" loss")[0] for line in captured.err.splitlines() if " loss " in line] == [
+        "gpt-tiny: step 1/2", "gpt-tiny: step 2/2"]
     assert report["max_loss_diff"] <= TOLERANCE and report["max_grad_diff"] <= TOLERANCE
     assert report["check_passed"] is True
 
@@ -181,3 +184,19 @@ def test_two_nodes_on_localhost_with_the_documented_command(tmp_path) -> None:
     assert sum("the node holding global rank 0 prints the report" in err for _, err in outs) == 1
     # per-step progress reached the stderr of the node that holds the last rank
     assert sum("gpt-tiny: step 2/2 loss" in err for _, err in outs) == 1
+
+
+@pytest.mark.cuda
+def test_meshes_on_cuda_with_nccl() -> None:
+    """TP2 x PP2 with sequence parallelism and PP2 x FSDP2 on 4 GPUs (NCCL), checked against one process."""
+    if torch.cuda.device_count() < 4:
+        pytest.skip("needs 4 CUDA devices")
+    plans = {"tp2 x pp2 sp": tiny_plan("1f1b", t=2, sequence_parallel=True, model=LLAMA_TINY),
+             "pp2 x fsdp2": tiny_plan("1f1b", d=2, zero_stage=3, model=LLAMA_TINY)}
+    jobs = _jobs(plans)
+    results = launch(jobs, LaunchOptions(device="cuda", timeout_s=60))
+    assert results is not None
+    for name, job, records in zip(plans, jobs, results):
+        report = summarize(job, records)
+        assert report["check_passed"], (name, report["max_loss_diff"], report["max_grad_diff"])
+        assert report["memory_kind"] == "cuda_allocated" and min(report["peak_memory_bytes"]) > 0
