@@ -11,7 +11,7 @@ from __future__ import annotations
 from planner.errors import InvalidProblemError
 from planner.schema import Action, ModelProfile, Plan, TransformerConfig
 
-__all__ = ["RUNNABLE_SCHEDULES", "check_plan", "num_ranks", "resolve_config"]
+__all__ = ["RUNNABLE_SCHEDULES", "check_plan", "layer_param_counts", "num_ranks", "resolve_config"]
 
 RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "flush", "interleaved-1f1b", "zb-h1", "zb-h2", "custom")
 """Schedules the bridge executes; ``2bw`` updates weights asynchronously, which torch's
@@ -59,6 +59,7 @@ def check_plan(plan: Plan, cfg: TransformerConfig, *, world_size: int | None = N
     """
     _check_layers(plan.model, cfg)
     _check_config(plan, cfg)
+    _check_profiled_params(plan.model, cfg)
     _check_degrees(plan, world_size)
     _check_tensor(plan, cfg)
     _check_batch(plan, cfg)
@@ -111,6 +112,46 @@ def _check_config(plan: Plan, cfg: TransformerConfig) -> None:
         raise InvalidProblemError(
             f"the plan was made for transformer {plan.transformer.name!r} but the model to run, {cfg.name!r}, "
             f"differs ({text}; plan vs model); plan again with --model {cfg.name}"
+        )
+
+
+def layer_param_counts(cfg: TransformerConfig) -> list[int]:
+    """Parameters of each layer of the bundled model (``runtime_bridge.model``), without torch."""
+    h, kv, v = cfg.hidden_size, cfg.kv_heads * (cfg.hidden_size // cfg.num_heads), cfg.vocab_size
+    bias = int(cfg.bias)
+    norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+
+    def ffn(size: int) -> int:
+        mats = 3 if cfg.mlp == "swiglu" else 2
+        return mats * h * size + bias * ((mats - 1) * size + h)
+
+    attention = 2 * h * h + 2 * h * kv + bias * (2 * h + 2 * kv)
+    dense = attention + 2 * norm + ffn(cfg.ffn_size)
+    moe = dense
+    if cfg.num_experts is not None:
+        expert = cfg.moe_ffn_hidden_size or cfg.ffn_size
+        shared = ffn(expert * cfg.num_shared_experts) if cfg.num_shared_experts else 0
+        moe = attention + 2 * norm + h * cfg.num_experts + cfg.num_experts * ffn(expert) + shared
+    embedding = v * h + (cfg.seq_length * h if cfg.position_embedding == "learned" else 0)
+    blocks = [moe if cfg.num_experts is not None and i >= cfg.first_dense_layers else dense
+              for i in range(cfg.num_layers)]
+    return [embedding, *blocks, v * h + norm]
+
+
+def _check_profiled_params(profile: ModelProfile, cfg: TransformerConfig) -> None:
+    """A measured profile (``paraplan profile``) records each layer's parameter bytes: they must be
+    the model's parameter counts times one element size, or the profile is another network's."""
+    if profile.source != "profiler" or any(layer.param_bytes <= 0 for layer in profile.layers):
+        return
+    counts = layer_param_counts(cfg)
+    sizes = {layer.param_bytes / n for layer, n in zip(profile.layers, counts)}
+    if len(sizes) != 1 or sizes.pop() not in (2.0, 4.0):
+        i, (layer, n) = next((i, x) for i, x in enumerate(zip(profile.layers, counts))
+                             if x[0].param_bytes not in (2.0 * x[1], 4.0 * x[1]))
+        raise InvalidProblemError(
+            f"the plan's profile {profile.name!r} measured {layer.param_bytes:.0f} parameter bytes for layer {i} "
+            f"({layer.name}) but that layer of model {cfg.name!r} has {n} parameters; the profile is of another "
+            f"network: pass the profiled model with --model, or profile {cfg.name!r} and plan again"
         )
 
 

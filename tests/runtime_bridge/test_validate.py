@@ -12,7 +12,7 @@ from planner import api
 from planner.cli import main
 from planner.errors import InvalidProblemError
 from planner.schema import Plan
-from runtime_bridge.validate import check_plan, num_ranks, resolve_config
+from runtime_bridge.validate import check_plan, layer_param_counts, num_ranks, resolve_config
 
 TINY = model_preset("gpt-tiny")
 
@@ -137,3 +137,33 @@ def test_cli_parser_with_run_and_profile_does_not_load_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "mixtral-tiny", "mixtral-mixed"])
+def test_parameter_counts_without_torch_equal_the_model(name: str) -> None:
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from runtime_bridge import model as gpt
+    from tests.runtime_bridge.plans import LLAMA_TINY, MIXTRAL_TINY
+
+    cfg = {"gpt-tiny": TINY, "llama-tiny": LLAMA_TINY, "mixtral-tiny": MIXTRAL_TINY,
+           "mixtral-mixed": MIXTRAL_TINY.model_copy(update={"first_dense_layers": 1, "num_shared_experts": 1,
+                                                            "bias": True, "norm": "layernorm"})}[name]
+    built = [sum(q.numel() for q in gpt.build_layer(cfg, i).parameters()) for i in range(cfg.num_layers + 2)]
+    assert layer_param_counts(cfg) == built
+
+
+def test_a_measured_profile_of_another_network_is_refused() -> None:
+    from tests.runtime_bridge.plans import LLAMA_TINY
+
+    plan = _plan()
+    layers = [x.model_copy(update={"param_bytes": 4.0 * n})  # fp32, as `paraplan profile` on a CPU writes it
+              for x, n in zip(plan.model.layers, layer_param_counts(LLAMA_TINY))]
+    data = plan.model_dump(mode="json")
+    data["transformer"] = None
+    data["model"] = plan.model.model_copy(update={"layers": tuple(layers), "source": "profiler",
+                                                  "name": "llama-tiny"}).model_dump(mode="json")
+    profiled = Plan.from_dict(data)
+    check_plan(profiled, LLAMA_TINY)
+    with pytest.raises(InvalidProblemError, match=r"measured 16384 parameter bytes for layer 0 \(embedding\) but that "
+                                                   r"layer of model 'gpt-tiny' has 4608 parameters"):
+        check_plan(profiled, TINY)
