@@ -103,6 +103,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama PP2 x FSDP2 (zero 3)": tiny_plan("1f1b", d=2, zero_stage=3, model=LLAMA_TINY),
         "llama TP2 x DP2 (zero 0)": tiny_plan("gpipe", p=1, d=2, t=2, model=LLAMA_TINY),
         "README ptdp scaled: t=2 p=2 v=2, sequence parallel": _readme_ptdp_plan(tmp_path, sequence_parallel=True),
+        "llama TP2 x DP2, ZeRO-2 (FSDP2 over (dp, tp)), sequence parallel": tiny_plan(
+            "gpipe", p=1, d=2, t=2, zero_stage=2, sequence_parallel=True, model=LLAMA_TINY),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))
