@@ -87,11 +87,28 @@ class Embedding(nn.Module):
         return x
 
 
-def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's RoPE frequency scaling (``rope_type: llama3``): long wavelengths divided by
+    ``factor``, short ones kept, a smooth blend between (Llama 3 herd paper, arXiv:2407.21783, and
+    the released configs' ``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``)."""
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    context = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * torch.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= context / high) & (wavelen <= context / low)
+    return torch.where(medium, blended, scaled)
+
+
+def _rope(x: torch.Tensor, theta: float, scaling: dict | None = None) -> torch.Tensor:
     """Rotary position embedding of (batch, heads, seq, head_dim), computed on the fly so that
     meta-device construction leaves no uninitialised buffer behind."""
     seq, dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        inv_freq = _llama3_scaled(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -106,27 +123,41 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def head_dim(cfg: TransformerConfig) -> int:
+    """Per-head width: the config's ``head_dim`` when it has one (Qwen3), else hidden / heads."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_heads
+
+
 class Attention(nn.Module):
     """Causal self-attention. Head counts come from the projections' (local) widths, so the same
-    code runs whole or with heads split by tensor parallelism."""
+    code runs whole or with heads split by tensor parallelism. Optional: biases on Q, K, V only
+    (``qkv_bias``, Qwen2), RMSNorm on each head's queries and keys (``qk_norm``, Qwen3)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.head_dim = cfg.hidden_size // cfg.num_heads
+        self.head_dim = head_dim(cfg)
         self.rope_theta = (cfg.rope_theta or DEFAULT_ROPE_THETA) if cfg.position_embedding == "rope" else None
-        kv_dim = cfg.kv_heads * self.head_dim
-        self.wq = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
-        self.wk = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.bias)
-        self.wv = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.bias)
-        self.wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.rope_scaling = getattr(cfg, "rope_scaling", None)
+        q_dim, kv_dim = cfg.num_heads * self.head_dim, cfg.kv_heads * self.head_dim
+        qkv_bias = cfg.bias or bool(getattr(cfg, "qkv_bias", False))
+        self.wq = nn.Linear(cfg.hidden_size, q_dim, bias=qkv_bias)
+        self.wk = nn.Linear(cfg.hidden_size, kv_dim, bias=qkv_bias)
+        self.wv = nn.Linear(cfg.hidden_size, kv_dim, bias=qkv_bias)
+        self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.bias)
+        qk_norm = bool(getattr(cfg, "qk_norm", False))
+        eps = cfg.norm_eps or DEFAULT_NORM_EPS
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
         self.selective_recompute = False
         """Recompute the attention core in the backward (Korthikanti's selective recompute)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq = x.shape[0], x.shape[1]
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_theta is not None:
-            q, k = _rope(q, self.rope_theta), _rope(k, self.rope_theta)
+            q, k = _rope(q, self.rope_theta, self.rope_scaling), _rope(k, self.rope_theta, self.rope_scaling)
         if self.selective_recompute and torch.is_grad_enabled():
             out = checkpoint(attention_core, q, k, v, use_reentrant=False)
         else:

@@ -188,7 +188,7 @@ def _block_recompute(cfg: TransformerConfig, block: gpt.Block, bench: _LayerBenc
     block.selective_recompute = False
     _, full_saved = _saved_bytes(
         lambda: checkpoint(block, bench.make_inputs()[0], use_reentrant=False), bench.params)
-    head_dim = cfg.hidden_size // cfg.num_heads
+    head_dim = gpt.head_dim(cfg)
     q = torch.randn((b, cfg.num_heads, cfg.seq_length, head_dim), device=device, dtype=dtype, requires_grad=True)
     k, v = (torch.randn((b, cfg.kv_heads, cfg.seq_length, head_dim), device=device, dtype=dtype,
                         requires_grad=True) for _ in range(2))
@@ -239,6 +239,9 @@ def profile_model(
             f"microbatch_size={microbatch_size}, repeats={repeats}, warmup={warmup}, num_microbatches="
             f"{num_microbatches}: need b >= 1, repeats >= 1, warmup >= 0, m >= 1"
         )
+    from runtime_bridge.validate import check_buildable
+
+    check_buildable(cfg)
     if cfg.num_experts is not None and 0 < cfg.first_dense_layers < cfg.num_layers:
         raise InvalidProblemError(
             f"first_dense_layers={cfg.first_dense_layers} of {cfg.num_layers}: the profiler measures one block and "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from planner.errors import InvalidProblemError
 from planner.schema import Action, ModelProfile, Plan, TransformerConfig
 
-__all__ = ["RUNNABLE_SCHEDULES", "check_plan", "layer_param_counts", "num_ranks", "resolve_config"]
+__all__ = ["RUNNABLE_SCHEDULES", "check_buildable", "check_plan", "layer_param_counts", "num_ranks", "resolve_config"]
 
 RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "flush", "interleaved-1f1b", "zb-h1", "zb-h2", "custom")
 """Schedules the bridge executes; ``2bw`` updates weights asynchronously, which torch's
@@ -57,6 +57,7 @@ def check_plan(plan: Plan, cfg: TransformerConfig, *, world_size: int | None = N
     Raises:
         InvalidProblemError: the first mismatch found, with the numbers and the fix.
     """
+    check_buildable(cfg)
     _check_layers(plan.model, cfg)
     _check_config(plan, cfg)
     _check_profiled_params(plan.model, cfg)
@@ -96,7 +97,7 @@ def _check_layers(profile: ModelProfile, cfg: TransformerConfig) -> None:
 _CONFIG_FIELDS = (
     "hidden_size", "num_layers", "num_heads", "kv_heads", "seq_length", "vocab_size", "ffn_size", "mlp", "norm",
     "bias", "position_embedding", "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
-    "first_dense_layers",
+    "first_dense_layers", "head_dim", "qk_norm", "qkv_bias", "kv_lora_rank",
 )
 """What makes two transformers the same network for a plan (names, dtype and numerics aside)."""
 
@@ -105,8 +106,8 @@ def _check_config(plan: Plan, cfg: TransformerConfig) -> None:
     """The plan was made for this network: every shape field of its transformer equals the model's."""
     if plan.transformer is None:
         return
-    differ = [(f, getattr(plan.transformer, f), getattr(cfg, f)) for f in _CONFIG_FIELDS
-              if getattr(plan.transformer, f) != getattr(cfg, f)]
+    differ = [(f, getattr(plan.transformer, f, None), getattr(cfg, f, None)) for f in _CONFIG_FIELDS
+              if getattr(plan.transformer, f, None) != getattr(cfg, f, None)]
     if differ:
         text = ", ".join(f"{f} {a} vs {b}" for f, a, b in differ)
         raise InvalidProblemError(
@@ -117,15 +118,18 @@ def _check_config(plan: Plan, cfg: TransformerConfig) -> None:
 
 def layer_param_counts(cfg: TransformerConfig) -> list[int]:
     """Parameters of each layer of the bundled model (``runtime_bridge.model``), without torch."""
-    h, kv, v = cfg.hidden_size, cfg.kv_heads * (cfg.hidden_size // cfg.num_heads), cfg.vocab_size
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_heads
+    h, q, kv, v = cfg.hidden_size, cfg.num_heads * hd, cfg.kv_heads * hd, cfg.vocab_size
     bias = int(cfg.bias)
+    qkv_bias = int(cfg.bias or bool(getattr(cfg, "qkv_bias", False)))
     norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
 
     def ffn(size: int) -> int:
         mats = 3 if cfg.mlp == "swiglu" else 2
         return mats * h * size + bias * ((mats - 1) * size + h)
 
-    attention = 2 * h * h + 2 * h * kv + bias * (2 * h + 2 * kv)
+    attention = 2 * h * q + 2 * h * kv + qkv_bias * (q + 2 * kv) + bias * h
+    attention += 2 * hd if getattr(cfg, "qk_norm", False) else 0
     dense = attention + 2 * norm + ffn(cfg.ffn_size)
     moe = dense
     if cfg.num_experts is not None:
@@ -155,6 +159,22 @@ def _check_profiled_params(profile: ModelProfile, cfg: TransformerConfig) -> Non
         )
 
 
+def check_buildable(cfg: TransformerConfig) -> None:
+    """Refuse configs whose network the bundled model does not build (rather than build another)."""
+    if getattr(cfg, "kv_lora_rank", None) is not None:
+        raise InvalidProblemError(
+            f"model {cfg.name!r} uses multi-latent attention (kv_lora_rank={getattr(cfg, 'kv_lora_rank', None)}); the runtime bridge "
+            "builds multi-head and grouped-query attention only: plan and export it (Megatron, torchtitan) instead"
+        )
+    scaling = getattr(cfg, "rope_scaling", None)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind not in ("default", "llama3"):
+        raise InvalidProblemError(
+            f"model {cfg.name!r} has rope_scaling type {kind!r}; the runtime bridge builds plain RoPE and Llama 3.1's "
+            "'llama3' scaling: drop rope_scaling from the config to run it without"
+        )
+
+
 def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
     """Degrees the bridge cannot run yet, and the divisibility tensor parallelism needs."""
     d = plan.degrees
@@ -168,6 +188,11 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
     t = d.tensor
     if t == 1:
         return
+    if getattr(cfg, "qk_norm", False):
+        raise InvalidProblemError(
+            f"degrees.tensor={t} with qk_norm: the per-head query/key norms would see only each rank's heads; the "
+            "bridge runs qk_norm models with pipeline and data parallelism only: plan with --tensor-parallel 1"
+        )
     if cfg.num_experts is not None:
         raise InvalidProblemError(
             f"degrees.tensor={t} with a mixture-of-experts model ({cfg.num_experts} experts): the bridge runs MoE "

@@ -11,7 +11,7 @@ from cost_models.models import model_preset
 from planner import api
 from planner.cli import main
 from planner.errors import InvalidProblemError
-from planner.schema import Plan
+from planner.schema import Plan, TransformerConfig
 from runtime_bridge.validate import check_plan, layer_param_counts, num_ranks, resolve_config
 
 TINY = model_preset("gpt-tiny")
@@ -81,9 +81,10 @@ def test_sequence_parallel_needs_t_to_divide_the_sequence() -> None:
 def test_context_expert_and_moe_with_tensor_parallel_are_refused() -> None:
     with pytest.raises(InvalidProblemError, match=r"degrees.context=2: the runtime bridge does not execute context"):
         check_plan(_edit(_plan(), degrees={"pipeline": 2, "context": 2}), TINY)
-    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .* expert parallelism"):
-        check_plan(_edit(_plan(), degrees={"pipeline": 2, "expert": 2}), TINY)
     moe = TINY.model_copy(update={"name": "moe", "num_experts": 4, "experts_per_token": 2})
+    moe_plan = api.plan(api.make_problem(moe, "cpu:4", num_stages=2, data_parallel=2, global_batch_size=8))
+    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .* expert parallelism"):
+        check_plan(_edit(moe_plan, degrees={"pipeline": 2, "data": 2, "expert": 2}), moe)
     with pytest.raises(InvalidProblemError, match=r"mixture-of-experts model \(4 experts\)"):
         check_plan(_tp_plan(moe), moe)
 
@@ -167,3 +168,33 @@ def test_a_measured_profile_of_another_network_is_refused() -> None:
     with pytest.raises(InvalidProblemError, match=r"measured 16384 parameter bytes for layer 0 \(embedding\) but that "
                                                    r"layer of model 'gpt-tiny' has 4608 parameters"):
         check_plan(profiled, TINY)
+
+
+_HAS_VARIANTS = "head_dim" in TransformerConfig.model_fields
+
+
+@pytest.mark.skipif(not _HAS_VARIANTS, reason="the schema has no attention-variant fields yet")
+def test_attention_variants_are_built_or_refused() -> None:
+    torch = pytest.importorskip("torch")
+    from runtime_bridge import model as gpt
+    from tests.runtime_bridge.plans import LLAMA_TINY
+
+    qwen = LLAMA_TINY.model_copy(update={"name": "qwen-like", "head_dim": 16, "qk_norm": True, "qkv_bias": True})
+    built = [sum(q.numel() for q in gpt.build_layer(qwen, i).parameters()) for i in range(qwen.num_layers + 2)]
+    assert layer_param_counts(qwen) == built
+    block = gpt.build_layer(qwen, 1)
+    assert block.attention.wq.weight.shape == (4 * 16, 32) and block.attention.wk.bias is not None
+    assert block(torch.randn(2, 16, 32)).shape == (2, 16, 32)
+    llama31 = LLAMA_TINY.model_copy(update={"rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8}})
+    x = torch.randn(1, 4, 16, 8)
+    assert not torch.equal(gpt._rope(x, 500000.0, llama31.rope_scaling), gpt._rope(x, 500000.0))
+    from runtime_bridge.validate import check_buildable
+
+    check_buildable(llama31)
+    with pytest.raises(InvalidProblemError, match="rope_scaling type 'yarn'"):
+        check_buildable(LLAMA_TINY.model_copy(update={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+    with pytest.raises(InvalidProblemError, match="multi-latent attention"):
+        check_buildable(LLAMA_TINY.model_copy(update={
+            "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}))
