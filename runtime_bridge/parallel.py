@@ -27,9 +27,10 @@ tensor-parallel group.
   done (ZeRO-2; torch has no ZeRO-1 with full-gradient all-reduce, so stage 1 runs as stage 2:
   the same numbers, less memory than the plan assumed).
 
-Not executed yet (refused before launch by ``validate``): context parallelism
-(``degrees.context`` > 1), expert parallelism (``degrees.expert`` > 1), and a mixture-of-experts
-model with tensor parallelism (the experts would need their own sharding plan).
+Mixture-of-experts blocks under tensor parallelism split every expert's FFN the same way (expert
+tensor parallelism; the router is replicated). Not executed yet (refused before launch by
+``validate``): context parallelism (``degrees.context`` > 1) and expert parallelism
+(``degrees.expert`` > 1).
 """
 
 from __future__ import annotations
@@ -126,10 +127,43 @@ def tensor_parallel_layer(layer: nn.Module, index: int, cfg: TransformerConfig, 
         if sp:
             plan["norm"] = SequenceParallel()
         return parallelize_module(layer, tp_mesh, plan)
+    if isinstance(layer.feed_forward, gpt.MoE):
+        return _moe_block(layer, tp_mesh, sp)
     plan = _block_plan(sp)
     if getattr(layer.feed_forward, "w3", None) is not None:
         plan["feed_forward.w3"] = ColwiseParallel()
     return parallelize_module(layer, tp_mesh, plan)
+
+
+def _ffn_plan(prefix: str, ffn: nn.Module) -> dict[str, Any]:
+    """One expert's FFN split like the dense one, its output all-reduced (the tokens it serves
+    are gathered from the whole sequence)."""
+    plan: dict[str, Any] = {f"{prefix}.w1": ColwiseParallel(), f"{prefix}.w2": RowwiseParallel()}
+    if ffn.w3 is not None:
+        plan[f"{prefix}.w3"] = ColwiseParallel()
+    return plan
+
+
+def _moe_block(layer: nn.Module, tp_mesh: Any, sp: bool) -> nn.Module:
+    """A MoE block with every expert tensor-parallel (Megatron's expert tensor parallelism with
+    expert-parallel degree 1): the router stays whole on every rank (it sees the same tokens),
+    routing runs on the whole sequence, and with sequence parallelism the block gathers the
+    sequence before routing and keeps its shard of the output."""
+    plan = _block_plan(sp)
+    for key in [k for k in plan if k.startswith("feed_forward")]:
+        del plan[key]
+    moe = layer.feed_forward
+    for e, expert in enumerate(moe.experts):
+        plan |= _ffn_plan(f"feed_forward.experts.{e}", expert)
+    if moe.shared is not None:
+        plan |= _ffn_plan("feed_forward.shared", moe.shared)
+    parallelize_module(layer, tp_mesh, plan)
+    if sp:
+        parallelize_module(moe, tp_mesh, PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True))
+        parallelize_module(moe, tp_mesh, PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True))
+    return layer
 
 
 def shard_data_parallel(chunk: nn.Module, zero_stage: int, mesh: RankMesh) -> nn.Module:

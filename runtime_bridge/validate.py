@@ -193,13 +193,10 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
             f"degrees.tensor={t} with qk_norm: the per-head query/key norms would see only each rank's heads; the "
             "bridge runs qk_norm models with pipeline and data parallelism only: plan with --tensor-parallel 1"
         )
-    if cfg.num_experts is not None:
-        raise InvalidProblemError(
-            f"degrees.tensor={t} with a mixture-of-experts model ({cfg.num_experts} experts): the bridge runs MoE "
-            "models with pipeline and data parallelism only; plan with --tensor-parallel 1"
-        )
     sizes = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.kv_heads, "ffn_hidden_size": cfg.ffn_size,
              "vocab_size": cfg.vocab_size}
+    if cfg.num_experts is not None:
+        sizes["moe_ffn_hidden_size"] = cfg.moe_ffn_hidden_size or cfg.ffn_size  # each expert's FFN is split
     if plan.sequence_parallel:
         sizes["seq_length"] = cfg.seq_length
     bad = {k: v for k, v in sizes.items() if v % t}

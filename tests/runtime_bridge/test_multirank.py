@@ -105,6 +105,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "README ptdp scaled: t=2 p=2 v=2, sequence parallel": _readme_ptdp_plan(tmp_path, sequence_parallel=True),
         "llama TP2 x DP2, ZeRO-2 (FSDP2 over (dp, tp)), sequence parallel": tiny_plan(
             "gpipe", p=1, d=2, t=2, zero_stage=2, sequence_parallel=True, model=LLAMA_TINY),
+        "mixtral TP2 x PP2, experts split, sequence parallel": tiny_plan(
+            "1f1b", t=2, sequence_parallel=True, model=MIXTRAL_TINY),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))

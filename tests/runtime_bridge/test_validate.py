@@ -78,15 +78,17 @@ def test_sequence_parallel_needs_t_to_divide_the_sequence() -> None:
         check_plan(_tp_plan(short, sequence_parallel=True), short)
 
 
-def test_context_expert_and_moe_with_tensor_parallel_are_refused() -> None:
+def test_context_and_expert_parallelism_are_refused() -> None:
     with pytest.raises(InvalidProblemError, match=r"degrees.context=2: the runtime bridge does not execute context"):
         check_plan(_edit(_plan(), degrees={"pipeline": 2, "context": 2}), TINY)
     moe = TINY.model_copy(update={"name": "moe", "num_experts": 4, "experts_per_token": 2})
     moe_plan = api.plan(api.make_problem(moe, "cpu:4", num_stages=2, data_parallel=2, global_batch_size=8))
     with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .* expert parallelism"):
         check_plan(_edit(moe_plan, degrees={"pipeline": 2, "data": 2, "expert": 2}), moe)
-    with pytest.raises(InvalidProblemError, match=r"mixture-of-experts model \(4 experts\)"):
-        check_plan(_tp_plan(moe), moe)
+    check_plan(_tp_plan(moe), moe)  # MoE with tensor parallelism: every expert split
+    odd = moe.model_copy(update={"moe_ffn_hidden_size": 33})
+    with pytest.raises(InvalidProblemError, match=r"must divide moe_ffn_hidden_size=33"):
+        check_plan(_tp_plan(odd), odd)
 
 
 def test_the_whole_config_must_match_not_only_the_layer_count() -> None:
