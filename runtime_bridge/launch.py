@@ -131,6 +131,9 @@ def launch(jobs: Sequence[RunJob], options: LaunchOptions = LaunchOptions()) -> 
         cmd = _torchrun_command(world_size, options, out_dir / "jobs.json", out_dir)
         limit_s = options.launch_timeout_s or 120.0 + options.timeout_s
         log.info("launching: %s", " ".join(cmd))
+        nproc = options.nproc_per_node or world_size // options.nnodes
+        print(f"starting {nproc} ranks on this node with torchrun ({'NCCL' if options.device == 'cuda' else 'gloo'})...",
+              file=sys.stderr, flush=True)
         start = time.perf_counter()
         returncode = _run_relaying_progress(cmd, options, out_dir, limit_s)
         log.info("torchrun finished in %.1f s with exit status %d", time.perf_counter() - start, returncode)

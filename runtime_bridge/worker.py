@@ -112,6 +112,11 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
     }
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if progress is not None:
+        d = plan.degrees
+        with progress.open("a") as fh:
+            fh.write(f"{job.get('name') or 'run'}: ranks ready (pipeline {d.pipeline} x data {d.data} x tensor "
+                     f"{d.tensor}); step 1 also infers the stages' shapes\n")
     per_replica = plan.num_microbatches * plan.microbatch_size
     rows = slice(mesh.replica * per_replica, (mesh.replica + 1) * per_replica)
     for step in range(int(job["steps"])):
