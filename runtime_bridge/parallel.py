@@ -210,7 +210,3 @@ def _model_name(name: str) -> str:
     for prefix in ("module.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
         name = name.replace(prefix, "")
     return name
-
-
-def is_moe(cfg: TransformerConfig) -> bool:
-    return any(gpt.is_moe_layer(cfg, i) for i in range(1, cfg.num_layers + 1))
