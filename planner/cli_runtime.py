@@ -52,6 +52,9 @@ def add_parsers(sub: Any) -> None:
                    help="microbatches per step the per-step work (optimizer, zero_grad) is spread over")
     p.add_argument("--optimizer-bytes-per-param", type=float, default=0.0,
                    help="optimizer state in static_bytes (0: the bridge's SGD; 8: fp32 Adam)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall: elapsed time (default); cpu: process CPU time, not inflated by other jobs on a shared "
+                        "CPU host (compare with run's step_cpu_time_s)")
     p.add_argument("-o", "--output", help="write the profile JSON here (default: stdout)")
     p.set_defaults(handler=cmd_profile)
 
@@ -147,7 +150,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     profile = profile_model(cfg, device=args.device, microbatch_size=args.microbatch_size, repeats=args.repeats,
                             optimizer_bytes_per_param=args.optimizer_bytes_per_param,
-                            num_microbatches=args.num_microbatches)
+                            num_microbatches=args.num_microbatches, clock=args.clock)
     text = profile.model_dump_json(indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")

@@ -57,6 +57,7 @@ def summarize(job: Any, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                  "global_batch_size": plan.global_batch_size, "model": cfg.name, "zero_stage": plan.zero_stage,
                  "sequence_parallel": plan.sequence_parallel},
         "steps": job.steps, "step_times_s": per_step, "step_time_s": step_s,
+        "step_cpu_time_s": _median_slowest(records, "step_cpu_times_s", job.steps),
         "tokens_per_s": tokens / step_s, "mfu": mfu(plan, cfg, step_s),
         "peak_memory_bytes": [rec["peak_memory_bytes"] for rec in records],
         "rank_stage": [rec["stage"] for rec in records],
@@ -80,10 +81,19 @@ def summarize(job: Any, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
+def _median_slowest(records: Sequence[dict[str, Any]], key: str, steps: int) -> float | None:
+    """Median over the timed steps (after the first) of the slowest rank's figure."""
+    if not all(key in rec for rec in records):
+        return None
+    per_step = [max(rec[key][s] for rec in records) for s in range(steps)]
+    return statistics.median(per_step[1:] if len(per_step) > 1 else per_step)
+
+
 def _predicted(plan: Plan, cfg: TransformerConfig, step_s: float, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     predicted = plan.predicted
     assert predicted is not None
     stage_peak = predicted.peak_memory_bytes
+    cpu_s = _median_slowest(records, "step_cpu_times_s", len(records[0]["step_times_s"]))
     return {
         "predicted": {
             "iteration_time_s": predicted.iteration_time_s,
@@ -93,6 +103,7 @@ def _predicted(plan: Plan, cfg: TransformerConfig, step_s: float, records: Seque
         },
         "ratio": {
             "step_time": step_s / predicted.iteration_time_s if predicted.iteration_time_s else None,
+            "step_cpu_time": cpu_s / predicted.iteration_time_s if cpu_s and predicted.iteration_time_s else None,
             # A CPU process's peak RSS includes the interpreter and torch: no ratio for it.
             "peak_memory": [rec["peak_memory_bytes"] / stage_peak[rec["stage"]]
                             if stage_peak[rec["stage"]] and rec["memory_kind"] != "cpu_peak_rss" else None

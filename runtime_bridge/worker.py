@@ -107,7 +107,7 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
     filler = _fill_runner(job, plan, mesh.stage, stages, device)
     record: dict[str, Any] = {
         "rank": dist.get_rank(), "stage": mesh.stage, "replica": mesh.replica, "tp_rank": mesh.tp_rank,
-        "virtual_stages": [c.virtual_stage for c in chunks], "losses": [], "step_times_s": [], "grads": [],
+        "virtual_stages": [c.virtual_stage for c in chunks], "losses": [], "step_times_s": [], "step_cpu_times_s": [], "grads": [],
         "param_bytes": sum(_local(q).numel() * q.element_size() for m in modules for q in m.parameters()),
     }
     if device.type == "cuda":
@@ -136,24 +136,26 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
 def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, ...], tokens: torch.Tensor,
                 targets: torch.Tensor, device: torch.device) -> None:
     """One timed step: the pipeline schedule (with fill work in its bubbles), the whole gradients
-    for ``--check``, the SGD step; appends the step time and this rank's microbatch losses."""
+    for ``--check``, the SGD step; appends the step time (wall, and this process's CPU time, which
+    other jobs on a shared host do not inflate) and this rank's microbatch losses."""
     schedule, stages, modules, optimizer, filler = parts
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if filler is not None:
         filler.start_step()
     losses = run_step(schedule, stages, tokens.to(device), targets.to(device))
     if filler is not None:
         filler.end_step()  # the idle tail is inside the timed step: its fill work counts
     _sync(device)
-    compute_s = time.perf_counter() - start
+    compute_s, compute_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if job.get("check"):  # untimed: gathering shards is not part of training
         record["grads"].append({n: g for m in modules for n, g in full_grads(m).items()})
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     _sync(device)
     record["step_times_s"].append(compute_s + time.perf_counter() - start)
+    record["step_cpu_times_s"].append(compute_cpu_s + time.process_time() - cpu_start)
     record["losses"].append([float(x) for x in losses])
 
 
