@@ -66,6 +66,7 @@ def test_two_ranks_match_single_process(two_rank_reports: dict[str, dict], name:
 def test_two_ranks_measurements(two_rank_reports: dict[str, dict]) -> None:
     report = two_rank_reports["gpipe uneven"]
     assert report["step_time_s"] > 0 and len(report["step_times_s"]) == 2
+    assert 0 < report["step_cpu_time_s"]  # process CPU time of the slowest rank (docs: closing the loop)
     assert report["tokens_per_s"] == pytest.approx(4 * 16 / report["step_time_s"])
     assert len(report["peak_memory_bytes"]) == 2 and min(report["peak_memory_bytes"]) > 0
     assert report["rank_stage"] == [0, 1]
