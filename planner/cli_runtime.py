@@ -25,7 +25,7 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--steps", type=int, default=3, help="training steps (the first is not timed)")
     r.add_argument("--check", action="store_true", help="compare losses and gradients with one process")
     r.add_argument("--json", action="store_true")
-    r.add_argument("--model", help="transformer to build (default: the plan's, or the preset named like it)")
+    r.add_argument("--model", help="transformer to build: a preset, a transformer JSON or anything `paraplan plan --model` reads (default: the plan's, or the preset named like it)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--executor", choices=["auto", "builtin", "actions"], default="auto",
                    help="torch's schedule class, or the plan's own action list (default: class if any)")
