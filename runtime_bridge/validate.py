@@ -267,6 +267,7 @@ def _check_schedule(plan: Plan) -> None:
                 f"torch's interleaved 1F1B needs num_microbatches divisible by max(1, m // p) = {rounds}; "
                 f"got m={m} for p={p}: use a multiple of {p}"
             )
+    _check_split_backward(plan)
     if plan.schedule == "custom":
         assert plan.actions is not None  # Plan validation requires actions for 'custom'
         for rank, actions in enumerate(plan.actions):
@@ -277,3 +278,22 @@ def _check_schedule(plan: Plan) -> None:
                         f"actions[{rank}] has {text!r}, but virtual stage {stage} lives on pipeline rank "
                         f"{stage % p} (virtual stage k is chunk k // p of stage k % p); move the action"
                     )
+
+
+def _check_split_backward(plan: Plan) -> None:
+    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient).
+    torch's pipeline stage reduces a data-parallel stage's gradients (DDP's all-reduce, FSDP's
+    reduce-scatter) at the end of the input-gradient pass, before W has produced the weight
+    gradients: the replicas would average incomplete gradients (the tests saw a gradient error of
+    4e-2 with DDP and missing gradients with FSDP). Refused until that is handled."""
+    if plan.degrees.data == 1 or plan.schedule not in ("zb-h1", "zb-h2", "custom"):
+        return
+    from cost_models.simulate import plan_actions
+
+    if any(a.kind in ("I", "W") for rank in plan_actions(plan) for a in rank):
+        raise InvalidProblemError(
+            f"schedule {plan.schedule!r} splits backwards into I and W, and degrees.data={plan.degrees.data}: torch's "
+            "pipeline stage reduces data-parallel gradients before the W actions produce them, so the replicas would "
+            "average incomplete gradients; with data parallelism use 1f1b, interleaved-1f1b or gpipe (or full 'B' "
+            "backwards in custom actions)"
+        )

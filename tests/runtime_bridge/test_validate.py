@@ -200,3 +200,12 @@ def test_attention_variants_are_built_or_refused() -> None:
     with pytest.raises(InvalidProblemError, match="multi-latent attention"):
         check_buildable(LLAMA_TINY.model_copy(update={
             "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}))
+
+
+def test_split_backward_with_data_parallelism_is_refused() -> None:
+    # zero-bubble I/W with DDP averaged incomplete gradients (max_grad_diff 4e-2) before this check
+    problem = api.make_problem("gpt-tiny", "cpu:4", num_stages=2, data_parallel=2, global_batch_size=8,
+                               schedule="zb-h1")
+    with pytest.raises(InvalidProblemError, match=r"schedule 'zb-h1' splits backwards into I and W, and degrees.data=2"):
+        check_plan(api.plan(problem), TINY)
+    check_plan(_edit(api.plan(problem), schedule="1f1b"), TINY)
