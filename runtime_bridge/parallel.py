@@ -205,8 +205,6 @@ def full_grads(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _model_name(name: str) -> str:
-    """A parameter's name in the whole model: wrappers' prefixes (DDP's ``module.``, activation
-    checkpointing) dropped."""
-    for prefix in ("module.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
-        name = name.replace(prefix, "")
-    return name
+    """A parameter's name in the whole model: DDP's ``module.`` prefix dropped (FSDP2 and the
+    tensor-parallel styles keep names)."""
+    return name.removeprefix("module.")
