@@ -58,7 +58,10 @@ class LaunchOptions:
     timeout_s: float = 30.0
     """Process-group timeout: a collective or receive waiting longer fails the rank."""
     launch_timeout_s: float | None = None
-    """Wall-clock limit of the whole launch; default 120 s + timeout_s."""
+    """Wall-clock limit of the whole launch; default 120 s of start-up plus ``timeout_s`` per step
+    and per job (a step that waits longer than the timeout would fail anyway). It also bounds a
+    rank stuck in a collective of a tensor- or data-parallel subgroup, whose timeout is torch's
+    default for new groups rather than ``timeout_s``."""
     num_threads: int = 1
     """torch threads per rank (several ranks share one host's cores)."""
 
@@ -129,7 +132,7 @@ def launch(jobs: Sequence[RunJob], options: LaunchOptions = LaunchOptions()) -> 
                 "jobs": [_job_dict(job) for job in jobs]}
         (out_dir / "jobs.json").write_text(json.dumps(spec))
         cmd = _torchrun_command(world_size, options, out_dir / "jobs.json", out_dir)
-        limit_s = options.launch_timeout_s or 120.0 + options.timeout_s
+        limit_s = options.launch_timeout_s or 120.0 + options.timeout_s * sum(job.steps + 1 for job in jobs)
         log.info("launching: %s", " ".join(cmd))
         nproc = options.nproc_per_node or world_size // options.nnodes
         print(f"starting {nproc} ranks on this node with torchrun ({'NCCL' if options.device == 'cuda' else 'gloo'})...",
