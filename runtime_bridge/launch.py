@@ -252,7 +252,7 @@ def run_plan(
         results = launch([job], options)
         return None if results is None else summarize(job, results[0])
     fill.validate()
-    baseline = RunJob(plan=plan, config=cfg, steps=steps, seed=seed, executor=executor)
+    baseline = RunJob(plan=plan, config=cfg, steps=steps, seed=seed, executor=executor, name=f"{cfg.name} without fill")
     results = launch([baseline, job], options)
     if results is None:
         return None
