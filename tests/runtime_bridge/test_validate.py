@@ -135,6 +135,11 @@ def test_cli_parser_with_run_and_profile_does_not_load_torch() -> None:
     code = (
         "import sys\nfrom planner.cli import build_parser\np = build_parser()\n"
         "p.parse_args(['run', 'x.json', '--check']); p.parse_args(['profile', '--model', 'gpt-tiny'])\n"
+        # docs/runtime-bridge.md's several-node and Slurm command lines
+        "p.parse_args(['run', 'plan.json', '--device', 'cuda', '--nnodes', '2', '--nproc-per-node', '4', '--node-rank',"
+        " '1', '--rdzv-endpoint', 'node0.example:29500', '--rdzv-id', '77', '--rdzv-backend', 'c10d', '--rdzv-conf',"
+        " 'join_timeout=600', '--json'])\n"
+        "p.parse_args(['profile', '--model', 'x.json', '--clock', 'cpu', '--microbatch-size', '2'])\n"
         "assert 'torch' not in sys.modules\nprint('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
