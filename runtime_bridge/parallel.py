@@ -22,10 +22,10 @@ tensor-parallel group.
   parameters DDP does not take: FSDP2's hybrid mode over a (d, 1) mesh, i.e. replicated
   parameters and all-reduced gradients, DDP's semantics); 3 FSDP2 ``fully_shard`` over the ``dp``
   mesh (parameters, gradients and optimizer states sharded; parameters gathered per layer and
-  freed after its forward); 1 and 2 FSDP2 with ``reshard_after_forward=False``: gradients and
+  freed after its forward); 2 FSDP2 with ``reshard_after_forward=False``: gradients and
   optimizer states sharded, parameters gathered once per step and kept until the backward is
-  done (ZeRO-2; torch has no ZeRO-1 with full-gradient all-reduce, so stage 1 runs as stage 2:
-  the same numbers, less memory than the plan assumed).
+  done; 1 DDP with torch's ``ZeroRedundancyOptimizer`` (all-reduced gradients, optimizer states
+  sharded), or, with tensor parallelism (DTensor parameters, which neither takes), as stage 2.
 
 Mixture-of-experts blocks under tensor parallelism split every expert's FFN the same way (expert
 tensor parallelism; the router is replicated). Not executed yet (refused before launch by
@@ -53,7 +53,7 @@ from torch.distributed.tensor.parallel import (
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
 
-__all__ = ["RankMesh", "build_mesh", "full_grads", "shard_data_parallel", "tensor_parallel_layer"]
+__all__ = ["RankMesh", "build_mesh", "full_grads", "make_optimizer", "shard_data_parallel", "tensor_parallel_layer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +175,7 @@ def shard_data_parallel(chunk: nn.Module, zero_stage: int, mesh: RankMesh) -> nn
     """
     if mesh.dp_mesh is None:
         return chunk
-    if zero_stage == 0 and mesh.dp_mesh.ndim == 1:
+    if zero_stage in (0, 1) and mesh.dp_mesh.ndim == 1 and mesh.tp_mesh is None:
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(chunk, process_group=mesh.dp_mesh.get_group())
@@ -186,6 +186,18 @@ def shard_data_parallel(chunk: nn.Module, zero_stage: int, mesh: RankMesh) -> nn
         fully_shard(layer, mesh=mesh.dp_mesh, reshard_after_forward=reshard)
     fully_shard(chunk, mesh=mesh.dp_mesh, reshard_after_forward=reshard)
     return chunk
+
+
+def make_optimizer(params: list[nn.Parameter], zero_stage: int, mesh: RankMesh, *, lr: float) -> torch.optim.Optimizer:
+    """The bridge's plain SGD; for ZeRO-1 without tensor parallelism, torch's
+    ``ZeroRedundancyOptimizer`` over the ``dp`` group (DDP all-reduces the gradients, each replica
+    updates and keeps the state of its share of the parameters, then broadcasts them)."""
+    if zero_stage == 1 and mesh.dp_mesh is not None and mesh.tp_mesh is None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, process_group=mesh.dp_mesh.get_group(),
+                                       lr=lr)
+    return torch.optim.SGD(params, lr=lr)
 
 
 def full_grads(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -29,7 +29,14 @@ from torch.distributed.tensor import DTensor
 
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
-from runtime_bridge.parallel import RankMesh, build_mesh, full_grads, shard_data_parallel, tensor_parallel_layer
+from runtime_bridge.parallel import (
+    RankMesh,
+    build_mesh,
+    full_grads,
+    make_optimizer,
+    shard_data_parallel,
+    tensor_parallel_layer,
+)
 from runtime_bridge.stages import LocalChunk, build_chunk_modules, local_chunks
 from runtime_bridge.torch_pp import build_schedule, make_stage, run_step
 
@@ -103,12 +110,14 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
     mesh = build_mesh(plan, dist.get_rank(), device)
     chunks, modules, stages = _build(job, plan, cfg, device, mesh)
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
-    optimizer = torch.optim.SGD([q for m in modules for q in m.parameters()], lr=float(job.get("lr", 0.05)))
+    optimizer = make_optimizer([q for m in modules for q in m.parameters()], plan.zero_stage, mesh,
+                               lr=float(job.get("lr", 0.05)))
     filler = _fill_runner(job, plan, mesh.stage, stages, device)
     record: dict[str, Any] = {
         "rank": dist.get_rank(), "stage": mesh.stage, "replica": mesh.replica, "tp_rank": mesh.tp_rank,
         "virtual_stages": [c.virtual_stage for c in chunks], "losses": [], "step_times_s": [], "step_cpu_times_s": [], "grads": [],
         "param_bytes": sum(_local(q).numel() * q.element_size() for m in modules for q in m.parameters()),
+        "data_parallel": type(modules[0]).__name__, "optimizer": type(optimizer).__name__,
     }
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -102,6 +102,7 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama TP2 x PP2, sequence parallel, selective recompute": tiny_plan(
             "1f1b", t=2, sequence_parallel=True, model=LLAMA_TINY, recompute={1: {"selective": 1}}),
         "llama PP2 x FSDP2 (zero 3)": tiny_plan("1f1b", d=2, zero_stage=3, model=LLAMA_TINY),
+        "llama PP2 x DP2, ZeRO-1 (DDP + ZeroRedundancyOptimizer)": tiny_plan("1f1b", d=2, zero_stage=1, model=LLAMA_TINY),
         "llama TP2 x DP2 (zero 0)": tiny_plan("gpipe", p=1, d=2, t=2, model=LLAMA_TINY),
         "README ptdp scaled: t=2 p=2 v=2, sequence parallel": _readme_ptdp_plan(tmp_path, sequence_parallel=True),
         "llama TP2 x DP2, ZeRO-2 (FSDP2 over (dp, tp)), sequence parallel": tiny_plan(
@@ -130,7 +131,13 @@ def test_four_ranks_meshes(tmp_path) -> None:
     assert [r["param_bytes"] for r in tp_pp[:2]] == [4 * (matrices // 2 + vectors)] * 2
     matrices, vectors = _stage_numel(plans["llama PP2 x FSDP2 (zero 3)"], 1)
     assert [r["param_bytes"] for r in results[3][2:]] == [4 * (matrices + vectors) // 2] * 2  # FSDP: dim-0 halves
-    tp_dp = results[4]
+    wrappers = {name: {(r["data_parallel"], r["optimizer"]) for r in res} for name, res in zip(plans, results)}
+    assert wrappers["2 x 2 data x pipeline (DDP)"] == {("DistributedDataParallel", "SGD")}
+    assert wrappers["llama PP2 x FSDP2 (zero 3)"] == {("FSDPChunkModule", "SGD")}
+    assert wrappers["llama PP2 x DP2, ZeRO-1 (DDP + ZeroRedundancyOptimizer)"] == {
+        ("DistributedDataParallel", "ZeroRedundancyOptimizer")}
+    assert wrappers["llama TP2 x DP2 (zero 0)"] == {("FSDPChunkModule", "SGD")}  # DDP semantics via HSDP (d, 1)
+    tp_dp = results[5]
     assert [(r["replica"], r["tp_rank"]) for r in tp_dp] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
