@@ -108,6 +108,7 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama TP2 x DP2, ZeRO-2 (FSDP2 over (dp, tp)), sequence parallel": tiny_plan(
             "gpipe", p=1, d=2, t=2, zero_stage=2, sequence_parallel=True, model=LLAMA_TINY),
         "llama ZB-H1 (action list, I/W split) on TP2 x PP2": tiny_plan("zb-h1", t=2, model=LLAMA_TINY),
+        "llama interleaved v=2 x FSDP2": tiny_plan("interleaved-1f1b", v=2, d=2, zero_stage=3, model=LLAMA_TINY),
         "mixtral TP2 x PP2, experts split, sequence parallel": tiny_plan(
             "1f1b", t=2, sequence_parallel=True, model=MIXTRAL_TINY),
     }
