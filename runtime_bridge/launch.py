@@ -1,13 +1,15 @@
 """Launch plans with torchrun and report measured against predicted.
 
-``run_plan`` checks the plan against the model (``validate.check_plan``: refused before any
-process starts), writes the job file, starts ``python -m torch.distributed.run`` (single node:
-``--standalone``; several nodes: c10d rendezvous flags passed through), gloo on CPU and NCCL on
-CUDA, with a process-group timeout in every rank and a wall-clock limit on the whole launch, so
-that a broken plan or a dead rank ends the run within seconds with the failing rank's message
-(shared/design/ecosystem.md Sec. 3.5). Rank 0's gathered records become the report: step time,
-tokens/s, MFU and per-rank peak memory beside the plan's ``predicted`` numbers, with ratios, and
-with ``check=True`` the ``max_loss_diff`` / ``max_grad_diff`` against single-process training.
+``run_plan`` checks the plan against the model (``validate.check_plan``, and custom or
+zero-bubble action lists lowered with torch's rules: refused before any process starts), writes
+the job file, starts ``python -m torch.distributed.run`` (single node: ``--standalone``; several
+nodes: the rendezvous flags passed through), gloo on CPU and NCCL on CUDA, with a process-group
+timeout in every rank and a wall-clock limit on the whole launch, so that a broken plan or a dead
+rank ends the run within seconds with the failing rank's message (exit 3). While it runs, the
+last rank's per-step lines (loss, step time, tokens/s) are relayed to stderr. Rank 0's gathered
+records become the report (``report.summarize``): step time, tokens/s, MFU and per-rank peak
+memory beside the plan's ``predicted`` numbers, with ratios, and with ``check=True`` the
+``max_loss_diff`` / ``max_grad_diff`` against single-process training.
 """
 
 from __future__ import annotations

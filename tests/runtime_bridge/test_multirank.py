@@ -214,3 +214,20 @@ def test_meshes_on_cuda_with_nccl() -> None:
         report = summarize(job, records)
         assert report["check_passed"], (name, report["max_loss_diff"], report["max_grad_diff"])
         assert report["memory_kind"] == "cuda_allocated" and min(report["peak_memory_bytes"]) > 0
+
+
+@pytest.mark.cuda
+def test_llama_and_mixtral_on_one_gpu() -> None:
+    """The Llama- and Mixtral-style models on one GPU (NCCL, fp32 configs), checked against the
+    single-process reference on the CPU; peak memory from the CUDA allocator."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    plans = {"llama gpipe": tiny_plan("gpipe", p=1, model=LLAMA_TINY),
+             "mixtral gpipe": tiny_plan("gpipe", p=1, model=MIXTRAL_TINY)}
+    jobs = _jobs(plans)
+    results = launch(jobs, LaunchOptions(device="cuda", nproc_per_node=1, timeout_s=60))
+    assert results is not None
+    for name, job, records in zip(plans, jobs, results):
+        report = summarize(job, records)
+        assert report["check_passed"], (name, report["max_loss_diff"], report["max_grad_diff"])
+        assert report["memory_kind"] == "cuda_allocated" and report["peak_memory_bytes"][0] > 0
