@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.memory import usable_memory_bytes
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
 from planner.schema import Cluster, Plan
@@ -179,7 +180,7 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         send_backward_s=tuple(send),
         static_bytes=tuple(static),
         allreduce_s=tuple(allreduce),
-        memory_capacity_bytes=cluster.device.memory_bytes,
+        memory_capacity_bytes=usable_memory_bytes(cluster.device),
     )
 
 

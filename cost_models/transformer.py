@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from cost_models import layer_ops
 from planner.errors import InvalidProblemError
 from planner.schema import Device, LayerProfile, ModelProfile, RecomputeOption, TransformerConfig
 
@@ -188,7 +189,8 @@ def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: 
 
 
 def decoder_activation_bytes(
-    cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none"
+    cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none",
+    sequence_parallel: bool = True,
 ) -> float:
     """Bytes one decoder layer keeps for its backward, per microbatch and device.
 
@@ -206,15 +208,16 @@ def decoder_activation_bytes(
     """
     b, s, f, e, t = microbatch_size, cfg.seq_length, cfg.ffn_size, _element_bytes(cfg), tensor_parallel
     sbh = s * b * cfg.hidden_size
+    t_sp = t if sequence_parallel else 1  # norm inputs, dropout masks, residuals: split only with SP
     if recompute == "full":
-        return e * sbh / t
+        return e * sbh / t_sp
     if recompute not in ("none", "selective"):
         raise InvalidProblemError(
             f"unknown recompute strategy {recompute!r}; choose from ['none', 'selective', 'full']"
         )
-    attention = e * (3 * sbh + 2 * s * b * _kv_dim(cfg)) + sbh
-    mlp = e * (sbh + (3 if cfg.mlp == "swiglu" else 2) * s * b * f) + sbh
-    kept = (attention + mlp + 2 * e * sbh) / t
+    attention = e * (2 * sbh + 2 * s * b * _kv_dim(cfg)) / t + (e * sbh + sbh) / t_sp
+    mlp = e * (3 if cfg.mlp == "swiglu" else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
+    kept = attention + mlp + 2 * e * sbh / t_sp
     if recompute == "selective":
         return kept
     return kept + attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t)
@@ -348,21 +351,66 @@ def _head_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: flo
     )
 
 
+def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float | None, sg: bool,
+               sp: bool, attention: str) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
+    """Embedding, one decoder block and head from the per-operation model (``layer_ops``)."""
+    kw = {"microbatch_size": b, "tensor_parallel": t, "tp_link_bytes_per_s": bw}
+    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention)
+    head = layer_ops.head_op_times(cfg, device, **kw, sequence_parallel=sp)
+    emb = layer_ops.embedding_op_times(cfg, device, **kw)
+    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
+    akw = {"microbatch_size": b, "tensor_parallel": t}
+    flops = decoder_forward_flops(cfg, **akw) + decoder_backward_input_flops(cfg, **akw) + (
+        decoder_backward_weight_flops(cfg, **akw))
+    options = {
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="none", sequence_parallel=sp)),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(
+            cfg, **akw, recompute="selective", sequence_parallel=sp), extra_s=dec.selective_s),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="full", sequence_parallel=sp),
+                                extra_s=dec.forward_s),
+    }
+    params = decoder_layer_params(cfg) / t
+    out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)
+    decoder = LayerProfile(
+        name="decoder0", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,
+        backward_weight_s=dec.backward_weight_s, static_bytes=static_bytes(params), param_bytes=e * params,
+        output_bytes=out, flops=flops, recompute=options)
+    word = cfg.vocab_size * cfg.hidden_size
+    emb_params = word / t + (embedding_params(cfg) - word)
+    embedding = LayerProfile(
+        name="embedding", kind="embedding", forward_s=emb.forward_s, backward_s=emb.backward_s,
+        backward_weight_s=emb.backward_weight_s, activation_bytes=bsh / t + _TOKEN_ID_BYTES * b * cfg.seq_length,
+        static_bytes=static_bytes(emb_params), param_bytes=e * emb_params, output_bytes=out, flops=0.0)
+    logits = logits_forward_flops(cfg, **akw)
+    head_params = cfg.vocab_size * cfg.hidden_size / t + _norm_params(cfg)
+    head_layer = LayerProfile(
+        name="head", kind="head", forward_s=head.forward_s, backward_s=head.backward_s,
+        backward_weight_s=head.backward_weight_s,
+        activation_bytes=2 * e * bsh / (t if sp else 1) + 4 * b * cfg.seq_length * cfg.vocab_size / t,
+        static_bytes=static_bytes(head_params), param_bytes=e * head_params, output_bytes=0.0, flops=3 * logits)
+    return embedding, decoder, head_layer
+
+
 def transformer_profile(
     cfg: TransformerConfig,
     *,
     device: Device,
     microbatch_size: int,
     tensor_parallel: int = 1,
-    efficiency: float = DEFAULT_EFFICIENCY,
+    efficiency: float | None = None,
     intra_node_bytes_per_s: float | None = None,
     scatter_gather: bool = False,
     selective_recompute_fraction: float | None = None,
+    sequence_parallel: bool | None = None,
+    attention: str = "flash",
 ) -> ModelProfile:
     """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
 
-    Times are FLOPs / (peak x efficiency) plus, when t > 1 and a bandwidth is given, ring
-    all-reduces of the bsh activation over the intra-node link (2 per decoder layer per direction).
+    By default every operation is costed by the per-operation model (``cost_models.layer_ops``:
+    shape-dependent GEMM efficiency, attention core, memory-bound kernels by bytes over HBM
+    bandwidth, tensor-parallel all-reduces over ``intra_node_bytes_per_s``). With an explicit
+    ``efficiency`` the older flat model is used instead: FLOPs / (peak x efficiency), memory
+    traffic at the same fraction of HBM bandwidth (for calibration against one measured number).
     Decoder layers offer recompute ``none``, ``selective`` and ``full``; every layer sets
     ``backward_weight_s`` so the zero-bubble schedules apply.
 
@@ -371,32 +419,40 @@ def transformer_profile(
         device: the device the times are for.
         microbatch_size: samples per microbatch (b).
         tensor_parallel: tensor-parallel degree t; costs are per device.
-        efficiency: achieved fraction of peak (default ``DEFAULT_EFFICIENCY``).
+        efficiency: None (per-operation model) or a flat achieved fraction of peak.
         intra_node_bytes_per_s: link for the tensor-parallel all-reduces; None leaves them out.
         scatter_gather: stage outputs are bsh/t per rank (PTD-P scatter/gather) instead of bsh.
-        selective_recompute_fraction: selective recompute time as a fraction of the forward
-            (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None uses the attention-core FLOPs.
+        selective_recompute_fraction: flat model only: selective recompute time as a fraction
+            of the forward (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None uses attention FLOPs.
+        sequence_parallel: norms/dropouts split over t (Korthikanti et al.); None = on when t > 1.
+        attention: ``flash`` (fused, no score traffic) or ``unfused`` (softmax and dropout over
+            the b a s^2 scores, as Megatron-LM ran in 2021).
 
     Returns:
         A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
 
     Raises:
-        InvalidProblemError: microbatch size below 1, efficiency outside (0, 1], or a
-            tensor-parallel degree that does not divide the heads, KV heads and FFN size.
+        InvalidProblemError: microbatch size below 1, efficiency outside (0, 1], an unknown
+            attention kind, or a tensor-parallel degree that does not divide the heads, KV heads
+            and FFN size.
     """
     b, t = microbatch_size, tensor_parallel
-    _check_profile_args(cfg, b, t, efficiency)
+    _check_profile_args(cfg, b, t, 0.5 if efficiency is None else efficiency)
+    if attention not in ("flash", "unfused"):
+        raise InvalidProblemError(f"attention={attention!r} must be 'flash' or 'unfused'")
     if t > 1 and intra_node_bytes_per_s is None:
         logger.info("no intra-node bandwidth given: tensor-parallel all-reduces are not timed for %s", cfg.name)
-    block = _decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
-                           selective_recompute_fraction)
+    sp = t > 1 if sequence_parallel is None else sequence_parallel
+    if efficiency is None:
+        embedding, block, head = _op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention)
+    else:
+        block = _decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
+                               selective_recompute_fraction)
+        embedding = _embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather)
+        head = _head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s)
     decoders = [block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
-    layers = (
-        _embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather),
-        *decoders,
-        _head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s),
-    )
     return ModelProfile(
-        name=cfg.name, layers=layers, microbatch_size=b, tensor_parallel=t,
-        tokens_per_sample=cfg.seq_length, device=device.name, source="analytic",
+        name=cfg.name, layers=(embedding, *decoders, head), microbatch_size=b, tensor_parallel=t,
+        tokens_per_sample=cfg.seq_length, device=device.name,
+        source="analytic" if efficiency is None else f"analytic:efficiency={efficiency:g}",
     )

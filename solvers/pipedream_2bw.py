@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from cost_models.schedules import build_actions
 from cost_models.transformer import decoder_backward_weight_flops, transformer_profile
 from planner.errors import InfeasibleError, InvalidProblemError
@@ -214,7 +215,7 @@ def evaluate(
     terms = _terms(problem, model, p, d, recompute)
     memory = max(cm.stage_memory_bytes(terms, schedule, m))
     iteration = cm.iteration_time_s(terms, schedule, m)
-    capacity = problem.cluster.device.memory_bytes if problem.cluster.device else math.inf
+    capacity = usable_memory_bytes(problem.cluster.device) if problem.cluster.device else math.inf
     b = model.microbatch_size
     return Candidate(
         schedule=schedule, num_stages=p, data_parallel=d, microbatch_size=b, num_microbatches=m,

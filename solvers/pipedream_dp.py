@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Chunk, Degrees, PipelineProblem, Plan, Predicted, Stage
 from solvers._pipedream_artifact import (
@@ -96,7 +97,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     memory = None
     if opts.memory:
         assert problem.cluster.device is not None  # PipelineProblem requires a device
-        memory = MemoryLimit(capacity_bytes=problem.cluster.device.memory_bytes, num_workers=num_workers)
+        memory = MemoryLimit(capacity_bytes=usable_memory_bytes(problem.cluster.device), num_workers=num_workers)
     value, stages = partition(chain, levels, mode=opts.cost_mode, memory=memory,
                               compression_ratio=opts.activation_compression_ratio)
     if not np.isfinite(value):

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema import PipelineProblem, Plan
 from solvers import _stage_ilp_milp as milp
@@ -295,7 +296,7 @@ def infeasible_message(problem: PipelineProblem, model: StageModel, status: str,
             except PlannerError:
                 continue
             fixes.append(f"use {deeper} stages: needs {format_bytes(need)}")
-            if need <= device.memory_bytes:
+            if need <= usable_memory_bytes(device):
                 break
     if bpipe_would_apply(problem, p):
         need = min_memory_bytes(problem, p, allowed, bpipe_on=True)

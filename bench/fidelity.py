@@ -1,0 +1,115 @@
+"""Fidelity of the cost model: predicted vs published throughput for every measured run we have.
+
+Rows (sources in docs/references.md; the table and notes are in docs/cost-model.md):
+
+- PTD-P weak scaling (Narayanan et al., SC'21 Table 1 = dissertation Table 4.1), with the
+  configurations of Megatron-LM's ``examples/sc21/run_table_1.sh`` (microbatch size, interleaving
+  degree, full recompute, fp16, 2021 kernels: unfused attention, no sequence parallelism);
+- PTD-P vs ZeRO-3 (dissertation Table 4.2): the PTD-P rows (t = 8, b = 1, 1F1B);
+- the ratios the chapter states in text (Table 4.2: doubling the GPUs at a fixed batch).
+
+Each row is predicted by the ``ptdp`` solver with the published configuration fixed, and its
+simulated iteration time is converted to TFLOP/s per GPU in the paper's accounting (Eq. 4.2,
+which counts the recompute forward: our ``hardware_tflops_per_gpu`` under full recompute).
+Run from the repository root:
+
+    PYTHONPATH=. .venv/bin/python bench/fidelity.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+
+from planner import api
+from solvers import ptdp
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    model: str
+    gpus: int
+    batch: int
+    t: int
+    p: int
+    b: int
+    v: int
+    published_tflops_per_gpu: float
+
+
+TABLE_4_1 = [  # run_table_1.sh: MBS, and v = layers per stage / layers per virtual stage
+    Row("Table 4.1", "gpt-1.7b", 32, 512, 1, 1, 16, 1, 137),
+    Row("Table 4.1", "gpt-3.6b", 64, 512, 2, 1, 16, 1, 138),
+    Row("Table 4.1", "gpt-7.5b", 128, 512, 4, 1, 16, 1, 142),
+    Row("Table 4.1", "gpt-18.4b", 256, 1024, 8, 1, 8, 1, 135),
+    Row("Table 4.1", "gpt-39.1b", 512, 1536, 8, 2, 4, 1, 138),
+    Row("Table 4.1", "gpt-76.1b", 1024, 1792, 8, 4, 2, 3, 140),
+    Row("Table 4.1", "gpt-145.6b", 1536, 2304, 8, 8, 2, 2, 148),
+    Row("Table 4.1", "gpt-310.1b", 1920, 2160, 8, 16, 1, 2, 155),
+    Row("Table 4.1", "gpt-529.6b", 2520, 2520, 8, 35, 1, 3, 163),
+    Row("Table 4.1", "gpt-1t", 3072, 3072, 8, 64, 1, 1, 163),
+]
+TABLE_4_2 = [
+    Row("Table 4.2", "gpt3-175b", 384, 1536, 8, 12, 1, 1, 153),
+    Row("Table 4.2", "gpt3-175b", 768, 1536, 8, 12, 1, 1, 149),
+    Row("Table 4.2", "gpt3-175b", 1536, 1536, 8, 12, 1, 1, 141),
+    Row("Table 4.2", "gpt-529.6b", 560, 2240, 8, 35, 1, 1, 171),
+    Row("Table 4.2", "gpt-529.6b", 1120, 2240, 8, 35, 1, 1, 167),
+    Row("Table 4.2", "gpt-529.6b", 2240, 2240, 8, 35, 1, 1, 159),
+]
+ROWS = TABLE_4_1 + TABLE_4_2
+OPTIONS_2021 = {"recompute": "full", "attention": "unfused", "sequence_parallel": False, "num_simulated": 1}
+
+
+def predict(row: Row) -> dict[str, float]:
+    """The solver's prediction for one published configuration."""
+    schedule = "interleaved-1f1b" if row.v > 1 else "1f1b"
+    problem = api.make_problem(row.model, f"a100-80gb:{row.gpus // 8}", global_batch_size=row.batch,
+                               num_stages=row.p, num_chunks=row.v, schedule=schedule,
+                               data_parallel=row.gpus // (row.t * row.p))
+    plan = ptdp.solve(problem, options={**OPTIONS_2021, "tensor_parallel": row.t, "microbatch_size": row.b,
+                                        "schedules": schedule})
+    best = plan.candidates[0]
+    return {"predicted_tflops_per_gpu": best["hardware_tflops_per_gpu"], "mfu": best["mfu"],
+            "iteration_s": best["iteration_s"], "peak_memory_gib": best["peak_memory_gib"]}
+
+
+def table() -> list[dict[str, object]]:
+    out = []
+    for row in ROWS:
+        pred = predict(row)
+        error = pred["predicted_tflops_per_gpu"] / row.published_tflops_per_gpu - 1
+        out.append({**asdict(row), **pred, "error": error})
+    return out
+
+
+def summary(rows: list[dict[str, object]]) -> dict[str, float]:
+    errors = [abs(float(r["error"])) for r in rows]
+    return {"mean_abs_error": statistics.fmean(errors), "max_abs_error": max(errors)}
+
+
+def main(as_json: bool = False) -> None:
+    rows = table()
+    if as_json:
+        json.dump({"rows": rows, "summary": summary(rows)}, sys.stdout, indent=1)
+        return
+    print(f"{'source':<10}{'model':<12}{'GPUs':>6}{'B':>6}{'t,p,b,v':>11}{'published':>10}{'predicted':>10}"
+          f"{'error':>8}{'MFU':>6}{'mem GiB':>9}")
+    for r in rows:
+        cfg = f"{r['t']},{r['p']},{r['b']},{r['v']}"
+        print(f"{r['source']:<10}{r['model']:<12}{r['gpus']:>6}{r['batch']:>6}{cfg:>11}"
+              f"{r['published_tflops_per_gpu']:>10.0f}{r['predicted_tflops_per_gpu']:>10.1f}"
+              f"{100 * float(r['error']):>7.1f}%{100 * float(r['mfu']):>5.0f}%{r['peak_memory_gib']:>9.1f}")
+    for name in ("Table 4.1", "Table 4.2"):
+        part = summary([r for r in rows if r["source"] == name])
+        print(f"{name}: mean |error| {100 * part['mean_abs_error']:.1f}%, max {100 * part['max_abs_error']:.1f}%")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    main(parser.parse_args().json)
