@@ -352,7 +352,8 @@ def _head_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: flo
 
 
 def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float | None, sg: bool,
-               sp: bool, attention: str) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
+               sp: bool, attention: str, selective_fraction: float | None = None,
+               ) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
     """Embedding, one decoder block and head from the per-operation model (``layer_ops``)."""
     kw = {"microbatch_size": b, "tensor_parallel": t, "tp_link_bytes_per_s": bw}
     dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention)
@@ -365,7 +366,8 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     options = {
         "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="none", sequence_parallel=sp)),
         "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(
-            cfg, **akw, recompute="selective", sequence_parallel=sp), extra_s=dec.selective_s),
+            cfg, **akw, recompute="selective", sequence_parallel=sp),
+            extra_s=dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s),
         "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="full", sequence_parallel=sp),
                                 extra_s=dec.forward_s),
     }
@@ -422,8 +424,8 @@ def transformer_profile(
         efficiency: None (per-operation model) or a flat achieved fraction of peak.
         intra_node_bytes_per_s: link for the tensor-parallel all-reduces; None leaves them out.
         scatter_gather: stage outputs are bsh/t per rank (PTD-P scatter/gather) instead of bsh.
-        selective_recompute_fraction: flat model only: selective recompute time as a fraction
-            of the forward (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None uses attention FLOPs.
+        selective_recompute_fraction: selective recompute time as a fraction of the forward
+            (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None times the attention core.
         sequence_parallel: norms/dropouts split over t (Korthikanti et al.); None = on when t > 1.
         attention: ``flash`` (fused, no score traffic) or ``unfused`` (softmax and dropout over
             the b a s^2 scores, as Megatron-LM ran in 2021).
@@ -444,7 +446,8 @@ def transformer_profile(
         logger.info("no intra-node bandwidth given: tensor-parallel all-reduces are not timed for %s", cfg.name)
     sp = t > 1 if sequence_parallel is None else sequence_parallel
     if efficiency is None:
-        embedding, block, head = _op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention)
+        embedding, block, head = _op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
+                                            selective_recompute_fraction)
     else:
         block = _decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
                                selective_recompute_fraction)

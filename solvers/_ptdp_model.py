@@ -75,7 +75,8 @@ class Estimate:
     peak_memory_bytes: float
     fits: bool
     optimizer_s: float = 0.0
-    """Mixed-precision Adam step of rank 0's parameters (memory-bound, ``compute.optimizer_step_s``)."""
+    """Mixed-precision Adam step of rank 0's parameters (memory-bound, ``compute.optimizer_step_s``);
+    reported, not added: the simulator has no optimizer step yet (docs/cost-model.md, Limits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,7 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config) 
     peak = peak_memory_bytes(u, cfg, c)
     optimizer = optimizer_step_s(cfg.num_layers // p * decoder_layer_params(cfg) / c.tensor
                                  + u.embedding.param_bytes / 2, cluster.device)
-    return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
+    return Estimate(iteration_s=pipeline_s + allreduce, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
                     optimizer_s=optimizer)
 

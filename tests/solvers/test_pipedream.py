@@ -27,7 +27,7 @@ def _cluster(
     per_node: int, nodes: int = 1, *, intra: float = 1.0, inter: float | None = None, memory: float = 1e18
 ) -> Cluster:
     return Cluster(
-        name="toy", device=Device(name="gpu", memory_bytes=memory, peak_flops=1e12), num_nodes=nodes,
+        name="toy", device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory, peak_flops=1e12), num_nodes=nodes,
         devices_per_node=per_node, intra_node_bytes_per_s=intra, inter_node_bytes_per_s=inter or intra,
     )
 
