@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import solvers
-from cost_models import hardware, models, profiles, transformer
+from cost_models import hardware, memory, models, profiles, transformer
 from cost_models import simulate as _simulate
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema import (
@@ -106,6 +106,7 @@ def make_problem(
     bpipe: bool = False,
     time_limit_s: float | None = None,
     efficiency: float | None = None,
+    memory_headroom: str | float | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -122,6 +123,8 @@ def make_problem(
         raise InvalidProblemError(
             f"cluster {cluster_obj.name!r} gives only worker_types; pipeline planning needs a 'device'"
         )
+    if memory_headroom is not None:  # --memory-headroom: a fraction or an amount (cost_models.memory)
+        cluster_obj = cluster_obj.model_copy(update={"device": memory.with_headroom(cluster_obj.device, memory_headroom)})
     config: TransformerConfig | None = None
     if isinstance(model_obj, TransformerConfig):
         config = model_obj

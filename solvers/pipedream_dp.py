@@ -65,8 +65,9 @@ class Options:
     levels: str | None = None
     """Worker counts per topology level, lowest first, e.g. ``4x2``; default: the cluster's
     devices per node x nodes (divided by the tensor-parallel degree)."""
-    memory: bool = False
-    """Require every stage to fit device memory with its stashed weights and activations."""
+    memory: bool = True
+    """Require every stage to fit usable device memory with its stashed weights and activations
+    (default on: a plan that does not fit is never returned; ``memory=false`` ignores memory)."""
     activation_compression_ratio: float | None = None
     """Artifact mode only: charge activation transfers, divided by this ratio (the artifact's flag)."""
 
@@ -264,7 +265,8 @@ def _memory_message(problem: PipelineProblem, chain: Chain, levels: list[Level],
     assert device is not None
     return (
         f"no PipeDream partition of {problem.model.name} over {num_workers} workers fits in device memory: "
-        f"{device.name} has {format_bytes(device.memory_bytes)} but the best partition needs "
+        f"{device.name} has {format_bytes(usable_memory_bytes(device))} usable of {format_bytes(device.memory_bytes)} "
+        f"(--memory-headroom) but the best partition needs "
         f"{format_bytes(needed)} per device (weights, a stashed weight version and an activation set per "
         f"in-flight input). To make it feasible: use a device with at least {format_bytes(needed)}, a "
         "smaller microbatch, or drop option memory=true"

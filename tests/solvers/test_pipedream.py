@@ -368,8 +368,9 @@ def _memory_model() -> ModelProfile:
 
 def test_memory_constraint_forces_more_stages() -> None:
     problem = PipelineProblem(model=_memory_model(), cluster=_cluster(4, intra=1e9, memory=25))
-    free = solve(problem)
+    free = solve(problem, options={"memory": "false"})  # the check is on by default
     assert _config(free) == [((0, 4), 4)]  # pure DP needs 40 bytes of static memory per device
+    assert _config(solve(problem)) != [((0, 4), 4)]
     plan = solve(problem, options={"memory": "true"})
     assert len(plan.stages) > 1 and plan.options["memory"] is True
     chain, num_workers, before = Chain.from_model(problem.model), 4, 0
