@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cost_models.memory import usable_memory_bytes
+from cost_models.memory import usable_memory_bytes, zero_static_scale
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
 from planner.schema import Cluster, Plan
@@ -192,8 +192,9 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         own = [layers[i] for chunk in stage.chunks for i in range(*chunk.layers)]
         params = math.fsum(layer.param_bytes for layer in own)
         extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
-        static.append(math.fsum(layer.static_bytes for layer in own) + extra)
         d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (_sim_rr)
+        zero = zero_static_scale(plan.zero_stage, d) if plan.zero_stage else 1.0  # ZeRO sharding over d
+        static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra)
         if d > 1 and params > 0:
             bandwidth, latency = _ring_link(plan, x, d)
             allreduce.append(allreduce_time_s(params, d, bandwidth, latency))

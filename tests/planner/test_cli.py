@@ -225,3 +225,34 @@ def test_no_offload_fallback_when_the_states_fit_in_all_gpus(tmp_path: Path, cap
     assert main(["plan", "--model", str(model), "--cluster", str(cluster), "--pipeline", "2", "--microbatches", "4"]) == 3
     err = capsys.readouterr().err
     assert "does not fit" in err and "spipe" not in err
+
+
+# ------------------------------------------------------------------------------------------
+# Memory headroom and feasibility (issue 13)
+# ------------------------------------------------------------------------------------------
+
+
+def test_memory_headroom_flag_and_simulate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "gpt-tiny", "--cluster", "a100-80gb:1", "--pipeline", "2", "--global-batch", "8"]
+    assert main([*args, "--memory-headroom", "6GiB", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "usable 74.0 GiB, total 80.0 GiB" in text
+    assert json.loads(out.read_text())["cluster"]["device"]["memory_headroom_bytes"] == 6 * 2**30
+    assert main(["simulate", str(out)]) == 0
+    # the same plan on a device with almost no usable memory: simulate says so in its exit status
+    data = json.loads(out.read_text())
+    data["cluster"]["device"]["memory_headroom_bytes"] = 80 * 2**30 - 1000
+    tight = tmp_path / "tight.json"
+    tight.write_text(json.dumps(data))
+    assert main(["simulate", str(tight)]) == 3
+    assert "does not fit" in capsys.readouterr().err
+    assert main([*args, "--memory-headroom", "lots"]) == 2
+
+
+def test_pipedream_checks_memory_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:4", "--solver", "pipedream", "--global-batch", "64",
+            "--no-offload"]
+    assert main(args) == 3
+    assert main([*args, "--option", "memory=true"]) == 3  # its message used to raise IndexError
+    assert "usable of 80.0 GiB" in capsys.readouterr().err
