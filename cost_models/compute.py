@@ -38,6 +38,12 @@ def compute_constants(device: Device) -> ComputeModel:
     return _preset_compute(device.name) or _GENERIC
 
 
+def has_constants(device: Device) -> bool:
+    """Whether the device (or its preset) carries compute constants. Devices without them (the
+    nominal ``cpu`` preset, hand-written toy devices) get the flat-efficiency model."""
+    return device.compute is not None or _preset_compute(device.name) is not None
+
+
 def peak_flops_per_s(device: Device, dtype: str = "bf16") -> float:
     """Dense peak FLOP/s of a precision (16-bit: ``Device.peak_flops``)."""
     if dtype in ("fp16", "bf16"):

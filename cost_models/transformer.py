@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from cost_models import layer_ops
+from cost_models import compute, layer_ops
 from planner.errors import InvalidProblemError
 from planner.schema import Device, LayerProfile, ModelProfile, RecomputeOption, TransformerConfig
 
@@ -410,7 +410,9 @@ def transformer_profile(
 
     By default every operation is costed by the per-operation model (``cost_models.layer_ops``:
     shape-dependent GEMM efficiency, attention core, memory-bound kernels by bytes over HBM
-    bandwidth, tensor-parallel all-reduces over ``intra_node_bytes_per_s``). With an explicit
+    bandwidth, tensor-parallel all-reduces over ``intra_node_bytes_per_s``); devices without
+    compute constants (the nominal ``cpu`` preset, hand-written devices) get the flat model at
+    ``DEFAULT_EFFICIENCY``. With an explicit
     ``efficiency`` the older flat model is used instead: FLOPs / (peak x efficiency), memory
     traffic at the same fraction of HBM bandwidth (for calibration against one measured number).
     Decoder layers offer recompute ``none``, ``selective`` and ``full``; every layer sets
@@ -445,6 +447,8 @@ def transformer_profile(
     if t > 1 and intra_node_bytes_per_s is None:
         logger.info("no intra-node bandwidth given: tensor-parallel all-reduces are not timed for %s", cfg.name)
     sp = t > 1 if sequence_parallel is None else sequence_parallel
+    if efficiency is None and not compute.has_constants(device):
+        efficiency = DEFAULT_EFFICIENCY  # no compute constants (cpu, toy devices): the flat model
     if efficiency is None:
         embedding, block, head = _op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
                                             selective_recompute_fraction)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cost_models import hardware, models
 from cost_models import transformer as tr
 from planner.errors import InvalidProblemError
-from planner.schema import Device, TransformerConfig
+from planner.schema import ComputeModel, Device, TransformerConfig
 
 A100 = hardware.device_preset("a100-80gb")
 # Eq. 4.3 assumes tied embeddings: the GPT presets of the papers (gpt-tiny, the runtime test model, unties them)
@@ -230,7 +230,8 @@ def test_bpipe_selective_calibration_option() -> None:
 def test_decoder_costs_scale_linearly_with_microbatch(b: int, t: int, h_per_head: int, s: int, swiglu: bool) -> None:
     cfg = TransformerConfig(name="p", hidden_size=8 * h_per_head, num_layers=2, num_heads=8, num_kv_heads=4,
                             seq_length=s, vocab_size=96, mlp="swiglu" if swiglu else "gelu", ffn_hidden_size=64)
-    device = Device(name="d", memory_bytes=1e12, peak_flops=1e14)
+    device = Device(name="d", memory_bytes=1e12, peak_flops=1e14, memory_bandwidth_bytes_per_s=1e12,
+                    compute=ComputeModel(num_sms=8))
 
     def decoder(mb: int, **kw: float):  # noqa: ANN202
         return tr.transformer_profile(cfg, device=device, microbatch_size=mb, tensor_parallel=t,

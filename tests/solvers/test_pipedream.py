@@ -437,7 +437,9 @@ def test_plans_simulate_to_the_dp_steady_state(cluster_spec: str) -> None:
     (1F1B-RR steady state; the gap is the DP charging each boundary 2 a_s / B as a busy link),
     and the flush's (m + p - 1) / m on top for equal replication (parallel pipelines with flush)."""
     for name in list_pipedream_profiles():
-        plan = solve(api.make_problem(f"pipedream:{name}", cluster_spec))
+        # memory=false: the steady state of the unconstrained partition (memory-constrained
+        # partitions replicate unequally in ways this ratio does not cover, see the report)
+        plan = solve(api.make_problem(f"pipedream:{name}", cluster_spec), options={"memory": "false"})
         assert plan.predicted is not None
         replicas = [s.replicas for s in plan.stages]
         n = plan.num_microbatches * replicas[0]
