@@ -6,7 +6,9 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   configurations of Megatron-LM's ``examples/sc21/run_table_1.sh`` (microbatch size, interleaving
   degree, full recompute, fp16, 2021 kernels: unfused attention, no sequence parallelism);
 - PTD-P vs ZeRO-3 (dissertation Table 4.2): the PTD-P rows (t = 8, b = 1, 1F1B);
-- the ratios the chapter states in text (Table 4.2: doubling the GPUs at a fixed batch).
+- the ratios the chapter states in text (Table 4.2: doubling the GPUs at a fixed batch);
+- memory: BPipe's Fig. 3 (Kim et al., ICML 2023): GPT-3 13B, 8-way pipeline on 8 A100 80 GB,
+  b = 1, no recompute, 1F1B: the first stage holds 37 GiB more than the last.
 
 Each row is predicted by the ``ptdp`` solver with the published configuration fixed, and its
 simulated iteration time is converted to TFLOP/s per GPU in the paper's accounting (Eq. 4.2,
@@ -78,6 +80,23 @@ def predict(row: Row) -> dict[str, float]:
             "iteration_s": best["iteration_s"], "peak_memory_gib": best["peak_memory_gib"]}
 
 
+BPIPE_FIG3_DIFF_GIB = 37.0
+
+
+def bpipe_fig3_memory_gib() -> tuple[float, float]:
+    """(first-stage peak, first minus last stage) in GiB for BPipe's Fig. 3 setting, simulated
+    on the even split (Megatron-LM 22.09 kernels: unfused attention; t = 1, so no SP)."""
+    from cost_models.simulate import simulate
+    from cost_models.transformer import transformer_profile
+
+    problem = api.make_problem("gpt3-13b", "a100-80gb:1", num_stages=8, global_batch_size=64, data_parallel=1)
+    profile = transformer_profile(problem.transformer, device=problem.cluster.device, microbatch_size=1,
+                                  attention="unfused", sequence_parallel=False)
+    plan = api.plan(problem.model_copy(update={"model": profile}), solver="even")
+    peaks = [s.peak_memory_bytes / 2**30 for s in simulate(plan, include_events=False).stages]
+    return peaks[0], peaks[0] - peaks[-1]
+
+
 def table() -> list[dict[str, object]]:
     out = []
     for row in ROWS:
@@ -95,7 +114,10 @@ def summary(rows: list[dict[str, object]]) -> dict[str, float]:
 def main(as_json: bool = False) -> None:
     rows = table()
     if as_json:
-        json.dump({"rows": rows, "summary": summary(rows)}, sys.stdout, indent=1)
+        first, diff = bpipe_fig3_memory_gib()
+        memory = {"bpipe_fig3_first_stage_gib": first, "bpipe_fig3_diff_gib": diff,
+                  "published_diff_gib": BPIPE_FIG3_DIFF_GIB}
+        json.dump({"rows": rows, "summary": summary(rows), "memory": memory}, sys.stdout, indent=1)
         return
     print(f"{'source':<10}{'model':<12}{'GPUs':>6}{'B':>6}{'t,p,b,v':>11}{'published':>10}{'predicted':>10}"
           f"{'error':>8}{'MFU':>6}{'mem GiB':>9}")
@@ -107,6 +129,9 @@ def main(as_json: bool = False) -> None:
     for name in ("Table 4.1", "Table 4.2"):
         part = summary([r for r in rows if r["source"] == name])
         print(f"{name}: mean |error| {100 * part['mean_abs_error']:.1f}%, max {100 * part['max_abs_error']:.1f}%")
+    first, diff = bpipe_fig3_memory_gib()
+    print(f"BPipe Fig. 3 (gpt3-13b, p=8, b=1, no recompute): first-stage peak {first:.1f} GiB; first - last "
+          f"{diff:.1f} GiB vs published {BPIPE_FIG3_DIFF_GIB:.0f} ({100 * (diff / BPIPE_FIG3_DIFF_GIB - 1):+.1f}%)")
 
 
 if __name__ == "__main__":
