@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.collectives import exposed_dp_allreduce_s
 from cost_models.memory import usable_memory_bytes, zero_static_scale
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
@@ -197,7 +198,10 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra)
         if d > 1 and params > 0:
             bandwidth, latency = _ring_link(plan, x, d)
-            allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
+            ring_s = allreduce_time_s(params, d, bandwidth, latency)
+            if plan.options.get("overlap_grad_reduce"):  # buckets hide under the last backward
+                ring_s = exposed_dp_allreduce_s(ring_s, math.fsum(layer.backward_s for layer in own))
+            allreduce.append(ring_s)
         else:
             allreduce.append(0.0)
     return static, allreduce

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from cost_models.collectives import exposed_dp_allreduce_s
 from cost_models.compute import optimizer_step_s
 from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
@@ -193,7 +194,8 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     return max(rank0, last)
 
 
-def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config) -> Estimate:
+def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
+             overlap_grad_reduce: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
     assert cluster.device is not None
     p, v, m = c.pipeline, c.virtual, c.num_microbatches
@@ -212,6 +214,9 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config) 
         blocks = cfg.num_layers // p
         params = u.embedding.param_bytes + blocks * u.decoder.param_bytes
         allreduce = allreduce_time_s(params, c.data, bandwidth, latency)
+        if overlap_grad_reduce:  # buckets hide under rank 0's last backward (collectives.exposed_dp_allreduce_s)
+            last_backward = blocks * u.decoder.backward_s + u.embedding.backward_s
+            allreduce = exposed_dp_allreduce_s(allreduce, last_backward)
     peak = peak_memory_bytes(u, cfg, c)
     optimizer = optimizer_step_s(cfg.num_layers // p * decoder_layer_params(cfg) / c.tensor
                                  + u.embedding.param_bytes / 2, cluster.device)

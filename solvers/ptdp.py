@@ -59,6 +59,9 @@ class Options:
     """Attention core: 'flash' (fused) or 'unfused' (softmax/dropout over the scores, Megatron-LM 2021)."""
     sequence_parallel: bool | None = None
     """Split norms/dropouts over t (default: on when t > 1); off reproduces the 2021 runs."""
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient all-reduce with the last backward in buckets
+    (Megatron's --overlap-grad-reduce); off charges it in full after the backward (2021 runs)."""
     efficiency_by_microbatch: str | None = None
     """Per-b efficiencies, e.g. '1:0.40,2:0.46,4:0.5' (Eq. 4.1 needs t_f(b), L3902-3932); only
     the listed b are searched."""
@@ -103,7 +106,8 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         if key not in units:
             units[key] = model.unit_costs(search.cfg, problem.cluster, c.tensor, c.microbatch_size,
                                           _settings(search, c.microbatch_size))
-        scored.append((c, model.estimate(units[key], search.cfg, problem.cluster, c)))
+        scored.append((c, model.estimate(units[key], search.cfg, problem.cluster, c,
+                                         overlap_grad_reduce=opts.overlap_grad_reduce)))
     if not scored:
         raise InfeasibleError(_no_layout_message(search, opts))
     scored.sort(key=lambda item: (not item[1].fits, item[1].iteration_s, _tie_key(item[0])))

@@ -374,3 +374,19 @@ def test_cli_plan_and_export(tmp_path, capsys) -> None:
     code = main(["plan", "--model", "gpt-1t", "--cluster", "a100-80gb:1", "--global-batch", "8", "--solver", "ptdp"])
     err = capsys.readouterr().err
     assert code == 3 and "does not fit" in err and "Traceback" not in err
+
+
+def test_overlapped_gradient_reduction_hides_all_but_the_last_bucket() -> None:
+    """overlap_grad_reduce: the closed form and the simulator both charge only the exposed part
+    (collectives.exposed_dp_allreduce_s); the ring is hidden under the last backward but 1/4."""
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", global_batch_size=512)
+    fixed = {"tensor_parallel": 1, "microbatch_size": 4, "recompute": "none", "schedules": "1f1b"}
+    plain = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options=fixed)
+    hidden = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options={**fixed, "overlap_grad_reduce": True})
+    assert hidden.options["overlap_grad_reduce"] is True
+    a, b = plain.candidates[0], hidden.candidates[0]
+    assert (a["d"], a["p"]) == (b["d"], b["p"]) == (32, 2)
+    saved = a["iteration_s"] - b["iteration_s"]
+    sim_plain, sim_hidden = sim.simulate(plain, include_events=False), sim.simulate(hidden, include_events=False)
+    assert sim_plain.iteration_time_s - sim_hidden.iteration_time_s == pytest.approx(saved, rel=1e-9)
+    assert saved > 0 and b["closed_form_s"] == pytest.approx(b["iteration_s"], rel=0.03)
