@@ -7,6 +7,10 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   degree, full recompute, fp16, 2021 kernels: unfused attention, no sequence parallelism);
 - PTD-P vs ZeRO-3 (dissertation Table 4.2): the PTD-P rows (t = 8, b = 1, 1F1B);
 - the ratios the chapter states in text (Table 4.2: doubling the GPUs at a fixed batch);
+- Korthikanti et al. (MLSys 2023, abstract and Sec. 6): the 530B model on 2,240 A100s with
+  sequence parallelism reaches 54.2 % MFU with selective recompute and 42.1 % with full
+  recompute (t = 8, p = 35, b = 1, interleaved v = 3 as in Table 4.1's 530B run) - not used to fit
+  anything;
 - memory: BPipe's Fig. 3 (Kim et al., ICML 2023): GPT-3 13B, 8-way pipeline on 8 A100 80 GB,
   b = 1, no recompute, 1F1B: the first stage holds 37 GiB more than the last.
 
@@ -81,6 +85,17 @@ def predict(row: Row) -> dict[str, float]:
 
 
 BPIPE_FIG3_DIFF_GIB = 37.0
+KORTHIKANTI_530B_MFU = {"selective": 0.542, "full": 0.421}
+
+
+def korthikanti_530b_mfu(recompute: str) -> float:
+    """Predicted MFU of the 530B run on 2,240 A100s with sequence parallelism (2022 kernels:
+    unfused attention), interleaved v = 3, b = 1."""
+    problem = api.make_problem("gpt-529.6b", "a100-80gb:280", global_batch_size=2240, num_stages=35,
+                               num_chunks=3, schedule="interleaved-1f1b", data_parallel=8)
+    plan = ptdp.solve(problem, options={"tensor_parallel": 8, "microbatch_size": 1, "recompute": recompute,
+                                        "attention": "unfused", "sequence_parallel": True, "num_simulated": 1})
+    return float(plan.candidates[0]["mfu"])
 
 
 def bpipe_fig3_memory_gib() -> tuple[float, float]:
@@ -129,6 +144,10 @@ def main(as_json: bool = False) -> None:
     for name in ("Table 4.1", "Table 4.2"):
         part = summary([r for r in rows if r["source"] == name])
         print(f"{name}: mean |error| {100 * part['mean_abs_error']:.1f}%, max {100 * part['max_abs_error']:.1f}%")
+    for recompute, published in KORTHIKANTI_530B_MFU.items():
+        mfu = korthikanti_530b_mfu(recompute)
+        print(f"Korthikanti 530B, 2240 A100, SP + {recompute} recompute: MFU {100 * mfu:.1f}% vs published "
+              f"{100 * published:.1f}% ({100 * (mfu / published - 1):+.1f}%)")
     first, diff = bpipe_fig3_memory_gib()
     print(f"BPipe Fig. 3 (gpt3-13b, p=8, b=1, no recompute): first-stage peak {first:.1f} GiB; first - last "
           f"{diff:.1f} GiB vs published {BPIPE_FIG3_DIFF_GIB:.0f} ({100 * (diff / BPIPE_FIG3_DIFF_GIB - 1):+.1f}%)")

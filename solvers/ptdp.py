@@ -313,8 +313,10 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
     layout = Layout(num_stages=c.pipeline, num_chunks=c.virtual, data_parallel=c.data, tensor_parallel=c.tensor,
                     microbatch_size=c.microbatch_size, num_microbatches=c.num_microbatches)
     strategies = [c.recompute if layer.kind == "decoder" else "none" for layer in profile.layers]
-    return build_plan(problem, layout, bounds=even_bounds(profile, c.pipeline * c.virtual), strategies=strategies,
+    plan = build_plan(problem, layout, bounds=even_bounds(profile, c.pipeline * c.virtual), strategies=strategies,
                       solver="ptdp", options=_plan_options(opts))
+    sp = c.tensor > 1 if opts.sequence_parallel is None else opts.sequence_parallel
+    return plan.model_copy(update={"sequence_parallel": sp and c.tensor > 1})  # what the costs assumed
 
 
 def _plan_options(opts: Options) -> dict[str, Any]:
