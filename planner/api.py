@@ -214,11 +214,11 @@ def plan(
 
 
 def _states_vs_gpu_memory(problem: PipelineProblem) -> tuple[float, float]:
-    """(model static bytes over all tensor ranks, total GPU memory of the cluster)."""
+    """(model static bytes over all tensor ranks, total usable GPU memory of the cluster)."""
     device = problem.cluster.device
     assert device is not None  # PipelineProblem requires a device
     state = sum(layer.static_bytes for layer in problem.model.layers) * problem.model.tensor_parallel
-    return state, device.memory_bytes * problem.cluster.num_devices
+    return state, memory.usable_memory_bytes(device) * problem.cluster.num_devices
 
 
 def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:

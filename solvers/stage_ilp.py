@@ -302,5 +302,6 @@ def infeasible_message(problem: PipelineProblem, model: StageModel, status: str,
         need = min_memory_bytes(problem, p, allowed, bpipe_on=True)
         fixes.append(f"BPipe (--bpipe, stage s hands activations to stage p-1-s): needs {format_bytes(need)}")
     return (f"no stage-ilp plan of {problem.model.name} on {p} stages fits device memory: the smallest peak any plan "
-            f"needs is {format_bytes(here)} per device but {device.name} has {format_bytes(device.memory_bytes)}. "
+            f"needs is {format_bytes(here)} per device but {device.name} has {format_bytes(usable_memory_bytes(device))} "
+            f"usable of {format_bytes(device.memory_bytes)} (--memory-headroom). "
             f"To make it feasible: " + "; ".join(fixes) + f"; or a device with at least {format_bytes(here)}")
