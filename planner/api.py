@@ -206,7 +206,7 @@ def plan(
             raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) failed too: {offload_error}") from None
     note = (
         f"solver {solver!r} found no GPU-resident plan: the model's states need {state / 2**30:.1f} GiB but the "
-        f"cluster's GPUs hold {aggregate / 2**30:.1f} GiB in all; planned with 'spipe' (parameters, gradients and "
+        f"cluster's GPUs hold {aggregate / 2**30:.1f} GiB usable in all; planned with 'spipe' (parameters, gradients and "
         "optimizer in CPU memory, streamed to the GPUs)"
     )
     log.warning(note)

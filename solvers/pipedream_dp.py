@@ -98,7 +98,14 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     memory = None
     if opts.memory:
         assert problem.cluster.device is not None  # PipelineProblem requires a device
-        memory = MemoryLimit(capacity_bytes=usable_memory_bytes(problem.cluster.device), num_workers=num_workers)
+        capacity = usable_memory_bytes(problem.cluster.device)
+        # the whole model with every worker's inputs in flight on one device: if even that fits,
+        # the constraint cannot bind and the faster unconstrained DP gives the same answer
+        n = num_workers
+        worst = (chain.static_prefix_bytes[-1] + (n - 1) * chain.param_prefix_bytes[-1]
+                 + n * chain.activation_prefix_bytes[-1])
+        if worst > capacity:
+            memory = MemoryLimit(capacity_bytes=capacity, num_workers=num_workers)
     value, stages = partition(chain, levels, mode=opts.cost_mode, memory=memory,
                               compression_ratio=opts.activation_compression_ratio)
     if not np.isfinite(value):
