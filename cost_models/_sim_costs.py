@@ -28,10 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.collectives import exposed_dp_allreduce_s
+from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes, zero_static_scale
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
-from planner.schema import Cluster, Plan
+from planner.schema import Cluster, LayerProfile, Plan
 
 __all__ = ["PipelineCosts", "allreduce_link", "bottleneck_s", "pipeline_costs"]
 
@@ -201,10 +202,19 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
             ring_s = allreduce_time_s(params, d, bandwidth, latency)
             if plan.options.get("overlap_grad_reduce"):  # buckets hide under the last backward
                 ring_s = exposed_dp_allreduce_s(ring_s, math.fsum(layer.backward_s for layer in own))
-            allreduce.append(ring_s)
+            allreduce.append(ring_s + _optimizer_s(plan, own, d))
         else:
-            allreduce.append(0.0)
+            allreduce.append(_optimizer_s(plan, own, d))
     return static, allreduce
+
+
+def _optimizer_s(plan: Plan, own: Sequence[LayerProfile], num_replicas: int) -> float:
+    """Adam step of the rank's parameters after its gradient reduction (``compute.profile_optimizer_step_s``)."""
+    device = plan.cluster.device
+    if device is None:
+        return 0.0
+    return profile_optimizer_step_s(plan.model.source, math.fsum(layer.static_bytes for layer in own), device,
+                                    shard=num_replicas if plan.zero_stage >= 1 else 1)
 
 
 def _ring_link(plan: Plan, stage_index: int, num_replicas: int) -> tuple[float, float]:

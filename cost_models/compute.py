@@ -124,3 +124,19 @@ def optimizer_step_s(num_params: float, device: Device, *, bytes_per_param_moved
     16-bit weight (2); the unscale/inf check and the gradient-norm pass read the gradient twice
     more (4) and the fp32 gradient copy is written and read (8)."""
     return memory_op_s(bytes_per_param_moved * num_params, device, num_kernels=4)
+
+
+ADAM_STATIC_BYTES_PER_PARAM = 16.0
+"""Static bytes per parameter of mixed-precision Adam (``transformer.ADAM_BYTES_PER_PARAM``)."""
+
+
+def profile_optimizer_step_s(source: str, static_bytes: float, device: Device, *, shard: int = 1) -> float:
+    """Optimizer step of layers holding ``static_bytes`` on one rank, charged after its gradient
+    reduction by the simulator and the solvers' closed forms alike. Only analytic profiles
+    (``source`` ``analytic...``) on devices with compute constants: measured profiles already
+    spread the step over their microbatches (``paraplan profile --num-microbatches``), and toy
+    devices have no bandwidth to cost it with. ``shard``: ranks the optimizer state is split over
+    (ZeRO stage >= 1)."""
+    if not source.startswith("analytic") or not has_constants(device) or static_bytes <= 0:
+        return 0.0
+    return optimizer_step_s(static_bytes / ADAM_STATIC_BYTES_PER_PARAM / max(1, shard), device)

@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from cost_models.collectives import exposed_dp_allreduce_s
-from cost_models.compute import optimizer_step_s
+from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import (
@@ -46,6 +46,8 @@ class UnitCosts:
     embedding: LayerProfile
     decoder: LayerProfile
     head: LayerProfile
+    decoder_source: str = "analytic"
+    """The profile's ``source`` (flat-efficiency profiles are ``analytic:efficiency=x``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,8 +78,8 @@ class Estimate:
     peak_memory_bytes: float
     fits: bool
     optimizer_s: float = 0.0
-    """Mixed-precision Adam step of rank 0's parameters (memory-bound, ``compute.optimizer_step_s``);
-    reported, not added: the simulator has no optimizer step yet (docs/cost-model.md, Limits)."""
+    """Mixed-precision Adam step of rank 0's parameters after its all-reduce (memory-bound,
+    ``compute.optimizer_step_s``; the simulator charges the same)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
         **profile_kwargs(settings, tensor),
     )
     embedding, decoder, head = profile.layers
-    return UnitCosts(embedding=embedding, decoder=decoder, head=head)
+    return UnitCosts(embedding=embedding, decoder=decoder, head=head, decoder_source=profile.source)
 
 
 def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
@@ -218,9 +220,9 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
             last_backward = blocks * u.decoder.backward_s + u.embedding.backward_s
             allreduce = exposed_dp_allreduce_s(allreduce, last_backward)
     peak = peak_memory_bytes(u, cfg, c)
-    optimizer = optimizer_step_s(cfg.num_layers // p * decoder_layer_params(cfg) / c.tensor
-                                 + u.embedding.param_bytes / 2, cluster.device)
-    return Estimate(iteration_s=pipeline_s + allreduce, pipeline_s=pipeline_s, allreduce_s=allreduce,
+    rank0_static = cfg.num_layers // p * u.decoder.static_bytes + u.embedding.static_bytes
+    optimizer = profile_optimizer_step_s(u.decoder_source, rank0_static, cluster.device)
+    return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
                     optimizer_s=optimizer)
 
