@@ -12,7 +12,6 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +20,9 @@ from typing import Any, Literal
 import solvers
 from cost_models import hardware, models, profiles, transformer
 from cost_models import simulate as _simulate
+from planner import schema_io
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
+from planner.validate import validate_plan
 from planner.schema import (
     Cluster,
     ModelProfile,
@@ -79,16 +80,18 @@ def load_cluster(spec: ClusterSpec) -> Cluster:
 
 
 def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
-    """A plan from a JSON file path, JSON text, or a decoded mapping."""
+    """A plan from a JSON file path, JSON text, or a decoded mapping, checked by
+    ``planner.validate.validate_plan`` (devices, degrees, ranks, batch, BPipe, actions).
+
+    Raises:
+        InvalidProblemError: unreadable, malformed or inconsistent plan; the message lists the defects.
+    """
     if isinstance(source, Mapping):
-        return Plan.from_dict(dict(source))
+        return validate_plan(Plan.from_dict(dict(source)))
     text = str(source)
     if text.lstrip().startswith("{"):
-        return Plan.from_json(text)
-    path = Path(text)
-    if not path.is_file():
-        raise InvalidProblemError(f"plan file {text!r} does not exist")
-    return Plan.from_dict(_read_json(path, what="plan"))
+        return validate_plan(Plan.from_json(text))
+    return validate_plan(Plan.from_dict(_read_json(Path(text), what="plan")))
 
 
 def make_problem(
@@ -219,8 +222,12 @@ def _states_vs_gpu_memory(problem: PipelineProblem) -> tuple[float, float]:
 
 
 def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
-    """Simulate a plan with the one schedule simulator (``cost_models.simulate``)."""
-    return _simulate.simulate(plan, include_events=include_events)
+    """Simulate a plan with the one schedule simulator (``cost_models.simulate``).
+
+    Raises:
+        InvalidProblemError: the plan fails ``planner.validate.validate_plan``.
+    """
+    return _simulate.simulate(validate_plan(plan), include_events=include_events)
 
 
 def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
@@ -233,6 +240,7 @@ def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     # By name: ``planner.export`` is this function in the package namespace, not the module.
     from planner.export import megatron_args_text, to_torch_csv
 
+    validate_plan(plan)
     if fmt == "megatron":
         return megatron_args_text(plan)
     if fmt == "torch-csv":
@@ -285,11 +293,4 @@ def save(obj: _Frozen, path: str | Path) -> Path:
 
 
 def _read_json(path: Path, *, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidProblemError(
-            f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
-    except OSError as e:
-        raise InvalidProblemError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from None
+    return schema_io.load_json(path, what=what)

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from planner import cli_types as T
+
 __all__ = ["add_parsers"]
 
 
@@ -20,12 +22,13 @@ def add_parsers(sub: Any) -> None:
     f.add_argument("plan", nargs="?", help="plan JSON (not with --scale)")
     f.add_argument("--fill-jobs", help="preset (bert-large-inference), name:count,..., a mix (paper-mix) or JSON")
     f.add_argument("--policy", default="sjf", help="scheduler score: sjf, makespan or fifo")
-    f.add_argument("--fill-fraction", type=float, default=0.68, help="share of each bubble to fill (paper 0.68)")
-    f.add_argument("--free-memory-gb", type=float, help="fixed free memory per bubble (paper 4.5); default: simulated")
-    f.add_argument("--fill-efficiency", type=float, help="fraction of peak FLOP/s fill kernels reach (default 0.5)")
+    f.add_argument("--fill-fraction", type=T.fraction, default=0.68, help="share of each bubble to fill (paper 0.68)")
+    f.add_argument("--free-memory-gb", type=T.positive_float(), help="fixed free memory per bubble (paper 4.5); default: simulated")
+    f.add_argument("--fill-efficiency", type=T.fraction, help="fraction of peak FLOP/s fill kernels reach (default 0.5)")
     f.add_argument("--scale", action="store_true", help="the paper's 40B job on 1K-16K GPUs with a job stream")
     f.add_argument("--gpus", default="1024,2048,4096,8192,16384", help="cluster sizes of --scale")
-    f.add_argument("--horizon-h", type=float, default=12.0, help="simulated hours of --scale")
+    f.add_argument("--horizon-h", type=T.positive_float(8760.0, "one year of simulated time"), default=12.0,
+                   help="simulated hours of --scale")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--plot", help="--scale: draw utilization against cluster size to a .png/.svg")
     f.add_argument("-o", "--output", help="write the JSON result here")
@@ -46,7 +49,10 @@ def _fill_options(args: argparse.Namespace, *, scale: bool) -> Any:
 def cmd_fill(args: argparse.Namespace) -> int:
     from planner import api
     from planner.errors import InvalidProblemError
+    from planner.schema_io import check_output_path
 
+    check_output_path(args.output, flag="-o")
+    check_output_path(args.plot, flag="--plot")
     if args.scale:
         return _cmd_scale(args)
     if not args.plan or not args.fill_jobs:
@@ -67,6 +73,11 @@ def _cmd_scale(args: argparse.Namespace) -> int:
         gpus = tuple(int(x) for x in args.gpus.split(",") if x.strip())
     except ValueError:
         raise InvalidProblemError(f"--gpus {args.gpus!r} must be comma-separated integers, e.g. 1024,8192") from None
+    from planner.schema_io import MAX_DEVICES, bounded
+
+    if not gpus or min(gpus) < 1:
+        raise InvalidProblemError(f"--gpus {args.gpus!r} must list positive GPU counts, e.g. 1024,8192")
+    bounded("--gpus", max(gpus), MAX_DEVICES, "set above the largest published training clusters")
     if args.horizon_h <= 0:
         raise InvalidProblemError(f"--horizon-h={args.horizon_h} must be positive")
     result = scale_sweep(ScaleOptions(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,

@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from planner.schema import Plan, SimResult
+from planner.schema import Cluster, Plan, SimResult
 
 _GIB = 2.0**30
+
+
+def cluster_expansion(cluster: Cluster) -> str:
+    """What a cluster spec expanded to: ``2 nodes x 8 a100-80gb = 16 devices``."""
+    if cluster.device is None:
+        return ", ".join(f"{n} {t}" for t, n in (cluster.worker_types or {}).items()) + f" = {cluster.num_devices} devices"
+    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
+    return f"{nodes} x {cluster.devices_per_node} {cluster.device.name} = {cluster.num_devices} devices"
 
 
 def plan_title(plan: Plan) -> str:

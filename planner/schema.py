@@ -11,12 +11,12 @@ counts are ``num_*``, sequences are tuples.
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Annotated, Any, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from planner import schema_io
 from planner.errors import InvalidProblemError
 
 SCHEMA_VERSION = "paraplan.plan/v1"
@@ -25,6 +25,29 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+def _at_most(limit: int, why: str) -> AfterValidator:
+    """A bound on a count: the message names the limit and why it exists (planner.schema_io)."""
+
+    def check(value: int | None) -> int | None:
+        if value is not None and value > limit:
+            raise ValueError(f"{value} exceeds the limit of {limit:,} ({why}); use a smaller value")
+        return value
+
+    return AfterValidator(check)
+
+
+_DEVICES_WHY = "set above the largest published training clusters"
+def _count(limit: int, why: str) -> Any:
+    """A count >= 1 and <= limit; the JSON Schema shows the maximum, the message says why."""
+    return Annotated[int, Field(ge=1, json_schema_extra={"maximum": limit}), _at_most(limit, why)]
+
+
+DeviceCount = _count(schema_io.MAX_DEVICES, _DEVICES_WHY)
+LayerCount = _count(schema_io.MAX_LAYERS, "ten times the largest model planned")
+MicrobatchCount = _count(schema_io.MAX_MICROBATCHES, "microbatches per pipeline per iteration; the simulator steps each one")
+BatchCount = _count(schema_io.MAX_GLOBAL_BATCH, "samples per iteration, set far above GPT-3's 1,536")
 
 # Pipeline schedules the simulator runs ("custom" = the plan's own per-rank action list).
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "2bw", "flush", "custom"]
@@ -36,7 +59,18 @@ _STRATEGY_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: every float must be finite (docs/input-formats.md, "Input rules").
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true`` is not the number 1: refuse booleans wherever the field holds no bool."""
+        if info.field_name is None or not _holds_bool(value):
+            return value
+        if not _accepts_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError("a boolean is not a number here; write the number itself")
+        return value
 
     def to_json(self, **kwargs: Any) -> str:
         """Serialize to a JSON string (keyword arguments go to ``model_dump_json``)."""
@@ -45,13 +79,9 @@ class _Frozen(BaseModel):
     @classmethod
     def from_json(cls: type[_T], text: str | bytes) -> _T:
         """Parse and validate JSON text; raise ``InvalidProblemError`` on any defect."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InvalidProblemError(
-                f"malformed JSON for {cls.__name__}: {e.msg} at line {e.lineno} column {e.colno}"
-            ) from None
-        return cls.from_dict(data)
+        from planner.schema_io import loads_json
+
+        return cls.from_dict(loads_json(text, what=cls.__name__))
 
     @classmethod
     def from_dict(cls: type[_T], data: Any) -> _T:
@@ -63,6 +93,27 @@ class _Frozen(BaseModel):
 
 
 _T = TypeVar("_T", bound=_Frozen)
+
+
+def _holds_bool(value: Any) -> bool:
+    """Whether a decoded JSON value is or contains a boolean (not looking into objects, which
+    nested schema types check themselves)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_bool(v) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, (bool, list, tuple)) and _holds_bool(v) for v in value.values())
+    return False
+
+
+def _accepts_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a boolean anywhere (bool, Any, or a nested schema type)."""
+    if annotation is bool or annotation is Any:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_accepts_bool(arg) for arg in get_args(annotation))
 
 
 def format_validation_error(type_name: str, error: ValidationError) -> str:
@@ -160,10 +211,10 @@ class ModelProfile(_Frozen):
 
     format: Literal["paraplan.profile/v1"] = "paraplan.profile/v1"
     name: str
-    layers: tuple[LayerProfile, ...] = Field(min_length=1)
-    microbatch_size: PositiveInt = 1
+    layers: tuple[LayerProfile, ...] = Field(min_length=1, max_length=schema_io.MAX_LAYERS)
+    microbatch_size: BatchCount = 1
     """Samples per microbatch that the per-microbatch costs were measured or derived for."""
-    tensor_parallel: PositiveInt = 1
+    tensor_parallel: DeviceCount = 1
     """Tensor-parallel degree that the per-device costs assume."""
     tokens_per_sample: PositiveInt | None = None
     device: str | None = None
@@ -182,7 +233,7 @@ class TransformerConfig(_Frozen):
     format: Literal["paraplan.transformer/v1"] = "paraplan.transformer/v1"
     name: str
     hidden_size: PositiveInt
-    num_layers: PositiveInt
+    num_layers: LayerCount
     num_heads: PositiveInt
     seq_length: PositiveInt
     vocab_size: PositiveInt
@@ -261,19 +312,20 @@ class Cluster(_Frozen):
     format: Literal["paraplan.cluster/v1"] = "paraplan.cluster/v1"
     name: str
     device: Device | None = None
-    num_nodes: PositiveInt = 1
-    devices_per_node: PositiveInt = 1
+    num_nodes: DeviceCount = 1
+    devices_per_node: DeviceCount = 1
     intra_node_bytes_per_s: PositiveFloat | None = None
     inter_node_bytes_per_s: PositiveFloat | None = None
     intra_node_latency_s: NonNegativeFloat = 0.0
     inter_node_latency_s: NonNegativeFloat = 0.0
-    worker_types: dict[str, PositiveInt] | None = None
+    worker_types: dict[str, DeviceCount] | None = None
     """Accelerator counts by type (Gavel form); replaces ``device`` for cluster scheduling."""
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:
         if self.device is None and self.worker_types is None:
             raise ValueError("a cluster needs either 'device' (pipeline planning) or 'worker_types' (scheduling)")
+        schema_io.bounded("num_devices", self.num_devices, schema_io.MAX_DEVICES, _DEVICES_WHY)
         if self.device is not None:
             for key in ("intra_node_bytes_per_s", "inter_node_bytes_per_s"):
                 if getattr(self, key) is None:
@@ -314,11 +366,11 @@ class PipelineProblem(_Frozen):
     transformer: TransformerConfig | None = None
     """Set when the model came from a transformer config; solvers varying t or b re-derive it."""
     schedule: ScheduleName = "1f1b"
-    num_stages: PositiveInt | None = None
-    num_chunks: PositiveInt = 1
-    num_microbatches: PositiveInt | None = None
-    global_batch_size: PositiveInt | None = None
-    data_parallel: PositiveInt | None = None
+    num_stages: DeviceCount | None = None
+    num_chunks: LayerCount = 1
+    num_microbatches: MicrobatchCount | None = None
+    global_batch_size: BatchCount | None = None
+    data_parallel: DeviceCount | None = None
     bpipe: bool = False
     time_limit_s: PositiveFloat | None = None
 
@@ -328,6 +380,12 @@ class PipelineProblem(_Frozen):
             raise ValueError("pipeline planning needs a cluster with a 'device' (not only 'worker_types')")
         # Stages vs layers and devices are checked by the solvers (solvers.common.resolve_layout):
         # they are infeasibility (exit 3, with the largest depth that works), not malformed input.
+        if self.bpipe and self.num_stages is not None and self.num_stages < 4:
+            raise ValueError(
+                f"bpipe=true with num_stages={self.num_stages}: BPipe pairs stage s with stage p-1-s and moves "
+                "activations only from 4 stages on (below that every stage already holds at most the balanced "
+                "count); use num_stages >= 4 (--pipeline 4) or drop bpipe"
+            )
         if self.schedule == "interleaved-1f1b" and self.num_chunks < 2:
             raise ValueError("schedule 'interleaved-1f1b' needs num_chunks >= 2 (use '1f1b' for one chunk)")
         if self.num_chunks > 1 and self.schedule not in ("interleaved-1f1b", "custom"):
@@ -346,6 +404,17 @@ class PipelineProblem(_Frozen):
                 f"{self.num_stages} (dissertation L3612); got {self.num_microbatches}, use "
                 f"{lo or self.num_stages} or {lo + self.num_stages}"
             )
+        if self.global_batch_size is not None:
+            # the fewest microbatches any layout gets: every device a data-parallel replica
+            replicas = self.data_parallel or self.cluster.num_devices
+            fewest = -(-self.global_batch_size // (self.model.microbatch_size * replicas))
+            if fewest > schema_io.MAX_MICROBATCHES:
+                raise ValueError(
+                    f"global_batch_size={self.global_batch_size} gives at least {fewest:,} microbatches per pipeline "
+                    f"(microbatch size {self.model.microbatch_size}, {replicas} replicas at most); the limit is "
+                    f"{schema_io.MAX_MICROBATCHES:,} (the simulator steps each one): use a smaller global batch "
+                    "or a larger microbatch size"
+                )
         if self.global_batch_size is not None and self.global_batch_size % self.model.microbatch_size:
             raise ValueError(
                 f"global_batch_size={self.global_batch_size} is not a multiple of the microbatch "
@@ -386,13 +455,13 @@ _ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
 class Degrees(_Frozen):
-    data: PositiveInt = 1
-    tensor: PositiveInt = 1
-    pipeline: PositiveInt = 1
-    virtual: PositiveInt = 1
-    context: PositiveInt = 1
+    data: DeviceCount = 1
+    tensor: DeviceCount = 1
+    pipeline: DeviceCount = 1
+    virtual: LayerCount = 1
+    context: DeviceCount = 1
     """Context parallelism: the sequence split over this many ranks (attention exchanges K/V)."""
-    expert: PositiveInt = 1
+    expert: DeviceCount = 1
     """Expert parallelism: MoE experts split over this many ranks (carved out of data x context)."""
 
 
@@ -441,10 +510,10 @@ class Chunk(_Frozen):
 
 class Stage(_Frozen):
     index: NonNegativeInt
-    replicas: PositiveInt = 1
+    replicas: DeviceCount = 1
     """Copies of the stage. Left out, a plan sets it to ``degrees.data``; a different value on
     some stage is PipeDream's per-stage replication (1F1B-RR, simulated without flush)."""
-    ranks: tuple[NonNegativeInt, ...] = ()
+    ranks: tuple[NonNegativeInt, ...] = Field(default=(), max_length=schema_io.MAX_DEVICES)
     """Global ranks holding the stage: replicas x tensor-parallel ranks, replica-major."""
     chunks: tuple[Chunk, ...] = Field(min_length=1)
 
@@ -478,9 +547,9 @@ class Plan(_Frozen):
     """The transformer the profile was derived from, when there is one (Megatron export)."""
     degrees: Degrees
     schedule: ScheduleName
-    microbatch_size: PositiveInt
-    num_microbatches: PositiveInt
-    global_batch_size: PositiveInt
+    microbatch_size: BatchCount
+    num_microbatches: MicrobatchCount
+    global_batch_size: BatchCount
     stages: tuple[Stage, ...] = Field(min_length=1)
     bpipe: BPipeSpec | None = None
     zero_stage: Literal[0, 1, 2, 3] = 0

@@ -6,6 +6,7 @@ CLI and the Python API look names up here; a typo lists the valid names.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -76,4 +77,5 @@ def get_solver(name: str) -> SolveFn:
 
 def solve(problem: PipelineProblem, *, solver: str = "even", options: Mapping[str, Any] | None = None) -> Plan:
     """Run a registered solver on a problem with string or typed options."""
-    return get_solver(solver)(problem, options=dict(options or {}))
+    typed = dataclasses.is_dataclass(options) and not isinstance(options, type)
+    return get_solver(solver)(problem, options=options if typed else dict(options or {}))

@@ -180,7 +180,7 @@ def test_load_from_path_and_explicit_minibatch(tmp_path: Path) -> None:
     (model_dir / "graph.txt").write_text(TINY)
     prof = profiles.load_pipedream_graph(model_dir / "graph.txt", microbatch_size=32)
     assert (prof.name, prof.microbatch_size, prof.source) == ("tiny", 32, "pipedream:tiny/graph.txt")
-    with pytest.raises(InvalidProblemError, match="cannot read PipeDream graph"):
+    with pytest.raises(InvalidProblemError, match="PipeDream graph file .* does not exist"):
         profiles.load_pipedream_graph(tmp_path / "missing.txt")
 
 
@@ -193,5 +193,5 @@ def test_load_profile_json_from_text_and_file(tmp_path: Path) -> None:
     assert profiles.load_profile_json(str(path)).name == "toy"
     with pytest.raises(InvalidProblemError, match="forward_s"):
         profiles.load_profile_json('{"name": "toy", "layers": [{"name": "a", "forward_s": 0, "backward_s": 2.0}]}')
-    with pytest.raises(InvalidProblemError, match="cannot read profile file"):
+    with pytest.raises(InvalidProblemError, match="profile file .* does not exist"):
         profiles.load_profile_json(tmp_path / "nope.json")
