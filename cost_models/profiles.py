@@ -312,7 +312,11 @@ def load_pipedream_graph(
         InvalidProblemError: unreadable or malformed file.
     """
     file = Path(path)
-    graph = parse_pipedream_graph(_read_text(file, "PipeDream graph"))
+    try:
+        graph = parse_pipedream_graph(_read_text(file, "PipeDream graph"))
+    except InvalidProblemError as e:
+        message = str(e)
+        raise InvalidProblemError(message if str(file) in message else f"{file}: {message}") from None
     name = file.parent.name if file.stem == "graph" and file.parent.name else file.stem
     return pipedream_to_profile(
         graph, name=name, microbatch_size=microbatch_size, static_multiplier=static_multiplier,

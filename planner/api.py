@@ -13,6 +13,7 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -178,8 +179,9 @@ def plan(
     problem: PipelineProblem,
     *,
     solver: str = "even",
-    options: Mapping[str, Any] | None = None,
+    options: Any = None,
     offload_fallback: bool = True,
+    timings: bool = False,
 ) -> Plan:
     """Run a registered solver (``solvers.SOLVERS``); the plan's ``predicted`` comes from the simulator.
 
@@ -188,9 +190,20 @@ def plan(
     plan can fit, the ``spipe`` solver plans a GPU/CPU offloaded pipeline instead and the plan's
     notes say so. ``offload_fallback=False`` (CLI ``--no-offload``) keeps the original error.
 
+    ``options`` is a mapping of option names to values (strings are converted) or the solver's
+    own ``Options`` dataclass. The plan is a function of the problem, solver and options only:
+    the same input gives byte-identical JSON. ``timings=True`` keeps the wall-clock
+    ``solve_time_s`` in the plan (it differs between runs).
+
     Raises:
         InfeasibleError: nothing fits (and the fallback is off, does not apply or fails too).
     """
+    began = time.perf_counter()
+    found = _solve_or_offload(problem, solver=solver, options=options, offload_fallback=offload_fallback)
+    return found.model_copy(update={"solve_time_s": time.perf_counter() - began if timings else None})
+
+
+def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool) -> Plan:
     try:
         return solvers.solve(problem, solver=solver, options=options)
     except InfeasibleError as error:

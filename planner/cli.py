@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
     p.add_argument("--no-offload", action="store_true",
                    help="do not fall back to an offloaded (spipe) plan when the model's states exceed all GPU memory")
+    p.add_argument("--timings", action="store_true",
+                   help="keep the wall-clock solve_time_s in the plan JSON (it then differs between runs)")
     p.add_argument("-o", "--output", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON on stdout")
     p.set_defaults(handler=cmd_plan)
@@ -170,16 +173,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         efficiency=args.efficiency,
     )
     print(f"cluster {args.cluster}: {report.cluster_expansion(problem.cluster)}", file=sys.stderr)
+    began = time.perf_counter()
     with progress(f"planning with {args.solver}"):
         plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option),
-                        offload_fallback=not args.no_offload)
+                        offload_fallback=not args.no_offload, timings=args.timings)
+    solve_time_s = time.perf_counter() - began
     if args.output:
         api.save(plan, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
     if args.json:
         print(plan.model_dump_json(indent=2))
     else:
-        print(report.plan_table(plan))
+        print(report.plan_table(plan, solve_time_s=solve_time_s))
     return 0
 
 

@@ -39,8 +39,10 @@ def mfu(plan: Plan, iteration_time_s: float) -> float | None:
     return per_iteration / (iteration_time_s * devices * plan.cluster.device.peak_flops)
 
 
-def plan_table(plan: Plan, *, max_candidates: int = 10) -> str:
-    lines = [plan_title(plan), f"status {plan.status}, solved in {plan.solve_time_s:.3f} s"]
+def plan_table(plan: Plan, *, max_candidates: int = 10, solve_time_s: float | None = None) -> str:
+    """The plan as text; ``solve_time_s`` is the wall-clock time measured by the caller."""
+    solved = plan.solve_time_s if solve_time_s is None else solve_time_s
+    lines = [plan_title(plan), f"status {plan.status}" + (f", solved in {solved:.3f} s" if solved is not None else "")]
     pred = plan.predicted
     if pred is not None:
         util = mfu(plan, pred.iteration_time_s)

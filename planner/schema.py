@@ -44,6 +44,8 @@ def _count(limit: int, why: str) -> Any:
     return Annotated[int, Field(ge=1, json_schema_extra={"maximum": limit}), _at_most(limit, why)]
 
 
+_WIDTH = _count(2**20, "a model dimension, set far above any published model (Llama 3 405B: 16,384)")
+_LENGTH = _count(2**24, "tokens, set far above any published vocabulary or context length")
 DeviceCount = _count(schema_io.MAX_DEVICES, _DEVICES_WHY)
 LayerCount = _count(schema_io.MAX_LAYERS, "ten times the largest model planned")
 MicrobatchCount = _count(schema_io.MAX_MICROBATCHES, "microbatches per pipeline per iteration; the simulator steps each one")
@@ -93,6 +95,13 @@ class _Frozen(BaseModel):
 
 
 _T = TypeVar("_T", bound=_Frozen)
+
+
+class _Result(_Frozen):
+    """Base of output-only types (simulation, scheduling and fill results): they may carry an
+    unbounded value (``inf``: no memory limit given) and are never read back as input."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True)
 
 
 def _holds_bool(value: Any) -> bool:
@@ -232,14 +241,14 @@ class TransformerConfig(_Frozen):
 
     format: Literal["paraplan.transformer/v1"] = "paraplan.transformer/v1"
     name: str
-    hidden_size: PositiveInt
+    hidden_size: _WIDTH
     num_layers: LayerCount
-    num_heads: PositiveInt
-    seq_length: PositiveInt
-    vocab_size: PositiveInt
-    ffn_hidden_size: PositiveInt | None = None
+    num_heads: _WIDTH
+    seq_length: _LENGTH
+    vocab_size: _LENGTH
+    ffn_hidden_size: _WIDTH | None = None
     """Defaults to 4 x hidden_size."""
-    num_kv_heads: PositiveInt | None = None
+    num_kv_heads: _WIDTH | None = None
     """Grouped-query attention; defaults to num_heads."""
     mlp: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
@@ -252,11 +261,11 @@ class TransformerConfig(_Frozen):
     norm_eps: PositiveFloat | None = None
     """Norm epsilon as the source config states it; None = tool default."""
     # Mixture of experts (all None/0 = a dense model). Costs: cost_models; sources: docs/cost-model.md.
-    num_experts: PositiveInt | None = None
+    num_experts: _WIDTH | None = None
     """Routed experts per MoE layer (Mixtral 8x7B: 8; DeepSeek-V3: 256)."""
-    experts_per_token: PositiveInt | None = None
+    experts_per_token: _WIDTH | None = None
     """Top-k routed experts each token goes to (Mixtral: 2; DeepSeek-V3: 8)."""
-    moe_ffn_hidden_size: PositiveInt | None = None
+    moe_ffn_hidden_size: _WIDTH | None = None
     """FFN size of one routed expert; defaults to ffn_hidden_size."""
     num_shared_experts: NonNegativeInt = 0
     """Always-active shared experts per MoE layer (DeepSeek-V3: 1)."""
@@ -540,7 +549,9 @@ class Plan(_Frozen):
     solver: str
     options: dict[str, Any] = Field(default_factory=dict)
     status: PlanStatus = "optimal"
-    solve_time_s: NonNegativeFloat = 0.0
+    solve_time_s: NonNegativeFloat | None = None
+    """Wall-clock seconds the solver took. Left out by ``planner.api.plan`` unless asked for
+    (``timings=True``, CLI ``--timings``): a plan is byte-identical for identical input."""
     model: ModelProfile
     cluster: Cluster
     transformer: TransformerConfig | None = None
@@ -634,13 +645,13 @@ class TimelineEvent(NamedTuple):
     end_s: float
 
 
-class Bubble(_Frozen):
+class Bubble(_Result):
     start_s: float
     end_s: float
     free_memory_bytes: float
 
 
-class StageResult(_Frozen):
+class StageResult(_Result):
     index: int
     busy_s: float
     idle_s: float
@@ -650,7 +661,7 @@ class StageResult(_Frozen):
     bubbles: tuple[Bubble, ...] = ()
 
 
-class SimResult(_Frozen):
+class SimResult(_Result):
     """Output of the one schedule simulator (architecture.md, simulator output)."""
 
     iteration_time_s: float

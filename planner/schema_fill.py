@@ -21,6 +21,7 @@ from planner.schema import (
     PositiveFloat,
     PositiveInt,
     _Frozen,
+    _Result,
 )
 
 FILL_JOBS_FORMAT = "paraplan.fill-jobs/v1"
@@ -66,7 +67,7 @@ class FillJobsFile(_Frozen):
     jobs: tuple[FillJob, ...] = Field(min_length=1)
 
 
-class FillBubble(_Frozen):
+class FillBubble(_Result):
     """One bubble of a stage's cycle (repeats every main-job iteration)."""
 
     kind: BubbleKind
@@ -79,12 +80,12 @@ class FillBubble(_Frozen):
     """Memory a fill job may use during the bubble (after ``memory_fraction`` or the cap)."""
 
 
-class StageBubbles(_Frozen):
+class StageBubbles(_Result):
     stage: NonNegativeInt
     bubbles: tuple[FillBubble, ...]
 
 
-class Piece(_Frozen):
+class Piece(_Result):
     """A run of consecutive fill-job nodes executed inside one bubble (Algorithm 1's P[i])."""
 
     cycle: NonNegativeInt
@@ -98,7 +99,7 @@ class Piece(_Frozen):
     peak_memory_bytes: NonNegativeFloat
 
 
-class ExecutorPlan(_Frozen):
+class ExecutorPlan(_Result):
     """The Executor's plan for one fill job on one stage's bubbles (Algorithm 1 + config choice)."""
 
     job_id: str
@@ -116,7 +117,7 @@ class ExecutorPlan(_Frozen):
     pieces: tuple[Piece, ...]
 
 
-class FillAssignment(_Frozen):
+class FillAssignment(_Result):
     """One fill job run on one device (GPU) by the scheduler."""
 
     job_id: str
@@ -129,7 +130,7 @@ class FillAssignment(_Frozen):
     flops: NonNegativeFloat
 
 
-class FillPlan(_Frozen):
+class FillPlan(_Result):
     """``paraplan fill PLAN.json --fill-jobs F --json``: bubbles, Executor plans, schedule, totals."""
 
     format: Literal["paraplan.fill/v1"] = FILL_PLAN_FORMAT
@@ -153,7 +154,7 @@ class FillPlan(_Frozen):
     notes: tuple[str, ...] = ()
 
 
-class ScalePoint(_Frozen):
+class ScalePoint(_Result):
     """One cluster size of the scale sweep (seed 000 Sec. 6.1, reading Sec. 4.3)."""
 
     num_gpus: PositiveInt
@@ -170,7 +171,7 @@ class ScalePoint(_Frozen):
     """Fill work in GPUs running it exclusively (the paper's C x B x P, L253)."""
 
 
-class ScaleResult(_Frozen):
+class ScaleResult(_Result):
     policy: FillPolicy
     fill_fraction: float
     free_memory_bytes: float

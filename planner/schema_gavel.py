@@ -20,6 +20,7 @@ from planner.schema import (
     PositiveFloat,
     PositiveInt,
     _Frozen,
+    _Result,
 )
 
 JOBS_FORMAT = "paraplan.jobs/v1"
@@ -157,14 +158,14 @@ class ClusterProblem(_Frozen):
         return len(self.jobs)
 
 
-class PairShare(_Frozen):
+class PairShare(_Result):
     """Time fractions of one space-sharing pair by accelerator type."""
 
     jobs: tuple[str, str]
     fractions: dict[str, NonNegativeFloat]
 
 
-class Allocation(_Frozen):
+class Allocation(_Result):
     """A policy's answer: the allocation matrix X (L5061-5069) by job id and accelerator type.
 
     ``allocation[job][type]`` is the fraction of wall-clock time the job holds ``scale_factor``
@@ -185,7 +186,7 @@ class Allocation(_Frozen):
     notes: tuple[str, ...] = ()
 
 
-class JobResult(_Frozen):
+class JobResult(_Result):
     """One job of a cluster simulation."""
 
     id: str
@@ -201,7 +202,7 @@ class JobResult(_Frozen):
     cost_usd: NonNegativeFloat = 0.0
 
 
-class ClusterSimResult(_Frozen):
+class ClusterSimResult(_Result):
     """Output of ``paraplan cluster-sim``: completion times, makespan, utilization, fairness, cost."""
 
     policy: str

@@ -235,7 +235,7 @@ def _finish(problem: PipelineProblem, model: StageModel, best: Counts, search: S
     bounds, strategies = plan_layers(model, best)
     status = "time_limit" if result.status in ("time_limit", "no_solution") else "optimal"
     notes = [f"ILP ({opts.engine}, terms={opts.terms}): status {result.status}, objective {result.objective:.6g}, "
-             f"gap {result.gap:.3g}, {result.solve_time_s:.3g} s"]
+             f"gap {result.gap:.3g}"]
     if result.counts is not None:
         notes.append(f"ILP optimum: modelled {modelled_time_s(model, result.counts):.6g} s, simulated "
                      f"{search.simulated.get(result.counts, math.nan):.6g} s")

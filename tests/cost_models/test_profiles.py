@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from importlib import resources
 from pathlib import Path
 
@@ -37,7 +36,6 @@ README_BLOBS = {
     "resnext50": "14531e84eefd", "squeezenet1_0": "dacba47928c2", "vgg16": "59a8e966d5f9",
     "gnmt": "19a783e0339a", "gnmt_large": "2d89c8cb81d4",
 }
-LOAD_TIME_LIMIT_S = 1.0
 
 # A tiny branchy graph, node lines deliberately out of order. node2 fans out to node3, node4 and
 # (skipping ahead) node6; node5 is a zero-time Add joining node3 and node4.
@@ -92,10 +90,9 @@ def test_every_profile_loads_with_valid_layers(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["inception_v3", "nasnetalarge"])
-def test_branchy_graphs_load_fast(name: str) -> None:
-    start = time.perf_counter()
-    profiles.load_pipedream_graph(_bundled(name))
-    assert time.perf_counter() - start < LOAD_TIME_LIMIT_S
+def test_branchy_graphs_load(name: str) -> None:
+    prof = profiles.load_pipedream_graph(_bundled(name))  # its speed: bench/speed_targets.py
+    assert prof.num_layers > 1
 
 
 @pytest.mark.parametrize("name", ["resnet18", "gnmt", "inception_v3"])
