@@ -27,12 +27,14 @@ PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
-def _at_most(limit: int, why: str) -> AfterValidator:
+def _at_most(limit: float, why: str) -> AfterValidator:
     """A bound on a count: the message names the limit and why it exists (planner.schema_io)."""
 
-    def check(value: int | None) -> int | None:
+    def check(value: float | None) -> float | None:
         if value is not None and value > limit:
-            raise ValueError(f"{value} exceeds the limit of {limit:,} ({why}); use a smaller value")
+            shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"
+            limit_shown = f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+            raise ValueError(f"{shown} exceeds the limit of {limit_shown} ({why}); use a smaller value")
         return value
 
     return AfterValidator(check)
@@ -44,6 +46,13 @@ def _count(limit: int, why: str) -> Any:
     return Annotated[int, Field(ge=1, json_schema_extra={"maximum": limit}), _at_most(limit, why)]
 
 
+_DAY_WHY = "one day for one layer and one microbatch"
+LayerTime = Annotated[float, Field(gt=0), _at_most(86_400.0, _DAY_WHY)]
+"""Seconds of one layer's pass for one microbatch: above 0, at most one day."""
+ExtraTime = Annotated[float, Field(ge=0), _at_most(86_400.0, _DAY_WHY)]
+Bytes = Annotated[float, Field(ge=0), _at_most(1e24, "a yottabyte, above any device or model")]
+Rate = PositiveFloat
+Latency = Annotated[float, Field(ge=0), _at_most(3600.0, "an hour per message")]
 _WIDTH = _count(2**20, "a model dimension, set far above any published model (Llama 3 405B: 16,384)")
 _LENGTH = _count(2**24, "tokens, set far above any published vocabulary or context length")
 DeviceCount = _count(schema_io.MAX_DEVICES, _DEVICES_WHY)
@@ -157,9 +166,9 @@ def format_validation_error(type_name: str, error: ValidationError) -> str:
 class RecomputeOption(_Frozen):
     """Cost of one recompute strategy for one layer, per microbatch."""
 
-    activation_bytes: NonNegativeFloat
+    activation_bytes: Bytes
     """Bytes the layer keeps alive from its forward to its backward under this strategy."""
-    extra_s: NonNegativeFloat = 0.0
+    extra_s: ExtraTime = 0.0
     """Time added to the backward pass to recompute what was not kept."""
 
 
@@ -169,20 +178,20 @@ class LayerProfile(_Frozen):
     name: str
     kind: str = "layer"
     """Layer type (e.g. ``embedding``, ``decoder``, ``head``); layers of one kind are interchangeable."""
-    forward_s: PositiveFloat
-    backward_s: PositiveFloat
+    forward_s: LayerTime
+    backward_s: LayerTime
     """The whole backward (input and weight gradients), without recomputation."""
-    backward_weight_s: NonNegativeFloat | None = None
+    backward_weight_s: ExtraTime | None = None
     """The weight-gradient part of ``backward_s``; enables the zero-bubble schedules."""
-    activation_bytes: NonNegativeFloat | None = None
+    activation_bytes: Bytes | None = None
     """Bytes kept for backward with no recomputation (when ``recompute`` has no ``none``)."""
-    static_bytes: NonNegativeFloat = 0.0
+    static_bytes: Bytes = 0.0
     """Resident bytes on a device holding the layer: weights, gradients, optimizer state."""
-    output_bytes: NonNegativeFloat = 0.0
+    output_bytes: Bytes = 0.0
     """Bytes of the layer's output, sent to the next stage when a stage boundary follows."""
-    param_bytes: NonNegativeFloat = 0.0
+    param_bytes: Bytes = 0.0
     """Gradient bytes all-reduced across data-parallel replicas."""
-    flops: NonNegativeFloat | None = None
+    flops: Annotated[float, Field(ge=0), _at_most(1e24, "a yotta-FLOP per layer and microbatch")] | None = None
     """Model FLOPs of forward plus backward (no recompute) per microbatch on this device."""
     recompute: dict[str, RecomputeOption] | None = None
 
@@ -307,11 +316,11 @@ class Device(_Frozen):
     """One accelerator."""
 
     name: str
-    memory_bytes: PositiveFloat
-    peak_flops: PositiveFloat
+    memory_bytes: Annotated[float, Field(gt=0), _at_most(1e24, "a yottabyte, above any device")]
+    peak_flops: Rate
     """Dense 16-bit (fp16/bf16) peak, FLOP/s."""
-    memory_bandwidth_bytes_per_s: PositiveFloat | None = None
-    host_link_bytes_per_s: PositiveFloat | None = None
+    memory_bandwidth_bytes_per_s: Rate | None = None
+    host_link_bytes_per_s: Rate | None = None
     """Device-host link (PCIe) bandwidth, for offloading."""
 
 
@@ -323,10 +332,10 @@ class Cluster(_Frozen):
     device: Device | None = None
     num_nodes: DeviceCount = 1
     devices_per_node: DeviceCount = 1
-    intra_node_bytes_per_s: PositiveFloat | None = None
-    inter_node_bytes_per_s: PositiveFloat | None = None
-    intra_node_latency_s: NonNegativeFloat = 0.0
-    inter_node_latency_s: NonNegativeFloat = 0.0
+    intra_node_bytes_per_s: Rate | None = None
+    inter_node_bytes_per_s: Rate | None = None
+    intra_node_latency_s: Latency = 0.0
+    inter_node_latency_s: Latency = 0.0
     worker_types: dict[str, DeviceCount] | None = None
     """Accelerator counts by type (Gavel form); replaces ``device`` for cluster scheduling."""
 

@@ -10,7 +10,7 @@ assignments (Sec. 3) and the fill simulator's results: ``FillPlan`` for one main
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -22,6 +22,7 @@ from planner.schema import (
     PositiveInt,
     _Frozen,
     _Result,
+    _at_most,
 )
 
 FILL_JOBS_FORMAT = "paraplan.fill-jobs/v1"
@@ -45,7 +46,7 @@ class FillJob(_Frozen):
     mode: FillMode = "inference"
     batch_sizes: tuple[PositiveInt, ...] = Field(default=(1, 2, 4, 8, 16, 32), min_length=1)
     """Valid batch sizes; the Executor picks the one with the highest fill throughput (L107)."""
-    num_samples: PositiveFloat = 1e5
+    num_samples: Annotated[float, Field(ge=1), _at_most(1e15, "samples of one fill job")] = 1e5
     """Samples to process (inference) or to train on (training)."""
     arrival_time_s: NonNegativeFloat = 0.0
     allow_checkpointing: bool = True

@@ -54,7 +54,8 @@ def _convert(raw: Any, target: Any, *, key: str, solver: str) -> Any:
             raise InvalidProblemError(f"option {key}={raw!r} of solver {solver!r} must be a {_type_name(target)}, not a boolean")
         return raw
     text = raw.strip()
-    if optional and text.lower() in ("", "null", "none"):
+    # "none" is a value of string options (recompute=none); for numbers it means None
+    if optional and (text.lower() in ("", "null") or (text.lower() == "none" and str not in members)):
         return None
     if len(members) == 1 and members[0] in (bool, int, float):
         target = members[0]

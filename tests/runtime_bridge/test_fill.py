@@ -173,13 +173,14 @@ def test_runner_measured_budgets_from_the_timed_waits(p2p) -> None:
         _drive_1f1b_rank1(runner, stage, schedules)
     assert runner.stats.bubbles_visited == 0
     assert set(runner._measured_s) == {("F", 1, mb) for mb in range(4)}
-    assert all(0.02 <= t < 0.2 for t in runner._measured_s.values())
+    assert all(t >= 0.02 for t in runner._measured_s.values())  # at least the wait (no upper bound: load)
     tail_s = 0.68 * bubble_points(tiny_plan("1f1b"), 1)[0][-1].duration_s * runner._scale
     _drive_1f1b_rank1(runner, stage, schedules)
     # two timeline bubbles (before F0, F2) at 0.68 x their timed wait, plus the simulated tail
     expected = 0.68 * (runner._measured_s[("F", 1, 0)] + runner._measured_s[("F", 1, 2)]) + tail_s
     assert runner.stats.budget_s == pytest.approx(expected)  # the tail uses the scale of steps 0-1
-    assert runner.stats.bubbles_visited == 3 and runner.stats.steps > 0 and state["waits"] == 12
+    # whether a step fits a ~14 ms budget depends on the machine's load: steps are not asserted here
+    assert runner.stats.bubbles_visited == 3 and state["waits"] == 12
     runner.detach()
 
 
