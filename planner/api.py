@@ -170,6 +170,30 @@ def make_problem(
     )
 
 
+# Solvers that search the tensor-parallel degree themselves (the others keep the problem's t).
+TENSOR_SEARCHING_SOLVERS = ("ptdp",)
+
+
+def default_solver(problem: PipelineProblem) -> str:
+    """``ptdp`` for a transformer config with a global batch and no fixed shape (it searches t,
+    p, d and b: PTD-P, [ptdp] Sec. 3), else ``even``."""
+    fixed = (problem.num_stages, problem.data_parallel, problem.num_microbatches)
+    free = all(v is None for v in fixed) and problem.num_chunks == 1 and not problem.bpipe
+    searchable = problem.transformer is not None and problem.model.tensor_parallel == 1
+    if searchable and free and problem.global_batch_size is not None and problem.schedule == "1f1b":
+        return "ptdp"
+    return "even"
+
+
+def _tensor_note(problem: PipelineProblem, plan: Plan, solver: str) -> Plan:
+    """Say so when a transformer was planned at t = 1 by a solver that does not search t."""
+    if problem.transformer is None or solver in TENSOR_SEARCHING_SOLVERS or plan.degrees.tensor != 1:
+        return plan
+    note = (f"tensor parallelism fixed at t=1: solver {plan.solver!r} does not search it; give "
+            "--tensor-parallel T, or use --solver ptdp with --global-batch B, which searches t")
+    return plan.model_copy(update={"notes": (*plan.notes, note)})
+
+
 # Solvers whose plans keep every model state in GPU memory fall back to SPipe (offload) when
 # the states cannot fit even spread over every GPU (issue 8: only when no GPU-resident plan fits).
 OFFLOAD_SOLVERS = ("spipe", "mobius", "zero-offload")
@@ -200,6 +224,7 @@ def plan(
     """
     began = time.perf_counter()
     found = _solve_or_offload(problem, solver=solver, options=options, offload_fallback=offload_fallback)
+    found = _tensor_note(problem, found, solver)
     return found.model_copy(update={"solve_time_s": time.perf_counter() - began if timings else None})
 
 

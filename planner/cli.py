@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan a model on a cluster")
     p.add_argument("--model", required=True, help="preset name, pipedream:<name>, or a profile/transformer JSON or graph.txt")
     p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
-    p.add_argument("--solver", default="even")
+    p.add_argument("--solver", help="solver (`paraplan solvers`); default: ptdp for a transformer with --global-batch "
+                   "and no fixed shape (it searches t, p, d and b), else even")
     p.add_argument("--schedule", help="pipeline schedule (default: 1f1b, or interleaved-1f1b with --chunks > 1)")
     p.add_argument("--pipeline", type=T.DEVICES, help="pipeline stages p (default: the solver chooses)")
     p.add_argument("--chunks", type=T.LAYERS, default=1, help="model chunks per stage v (interleaved)")
@@ -173,9 +174,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         efficiency=args.efficiency,
     )
     print(f"cluster {args.cluster}: {report.cluster_expansion(problem.cluster)}", file=sys.stderr)
+    solver = args.solver or api.default_solver(problem)
+    if args.solver is None:
+        print(f"solver {solver} (the default for this problem; --solver to choose another)", file=sys.stderr)
     began = time.perf_counter()
-    with progress(f"planning with {args.solver}"):
-        plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option),
+    with progress(f"planning with {solver}"):
+        plan = api.plan(problem, solver=solver, options=_parse_options(args.option),
                         offload_fallback=not args.no_offload, timings=args.timings)
     solve_time_s = time.perf_counter() - began
     if args.output:

@@ -116,6 +116,7 @@ def run_table(report: dict[str, Any]) -> str:
         lines.append(_fill_line(report["fill"]))
     if "max_grad_diff" in report:
         verdict = "passed" if report["check_passed"] else "FAILED"
+        lines += [f"check failure: {failure}" for failure in report.get("check_failures", [])]
         lines.append(f"check {verdict}: max_loss_diff {report['max_loss_diff']:.3g}, "
                      f"max_grad_diff {report['max_grad_diff']:.3g}")
     return "\n".join(lines)

@@ -10,6 +10,18 @@ from planner.schema import Cluster, Plan, SimResult
 _GIB = 2.0**30
 
 
+def _distinct(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows that differ from every earlier row in something other than their rank."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        key = repr(sorted((k, v) for k, v in row.items() if k != "rank"))
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
 def cluster_expansion(cluster: Cluster) -> str:
     """What a cluster spec expanded to: ``2 nodes x 8 a100-80gb = 16 devices``."""
     if cluster.device is None:
@@ -74,8 +86,11 @@ def plan_table(plan: Plan, *, max_candidates: int = 10, solve_time_s: float | No
     for note in plan.notes:
         lines.append(f"note: {note}")
     if plan.candidates:
-        shown = plan.candidates[:max_candidates]
-        lines += ["", f"top {len(shown)} of {len(plan.candidates)} configurations (--json has them all):"]
+        distinct = _distinct(plan.candidates)
+        shown = distinct[:max_candidates]
+        hidden = len(plan.candidates) - len(distinct)
+        lines += ["", f"top {len(shown)} of {len(plan.candidates)} configurations"
+                  + (f" ({hidden} repeating an earlier row not shown)" if hidden else "") + " (--json has them all):"]
         lines.append(table(shown))
     return "\n".join(lines)
 
