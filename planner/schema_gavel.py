@@ -10,7 +10,7 @@ of L5061-5069) and the cluster simulator's result. Immutable pydantic models on 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -21,7 +21,9 @@ from planner.schema import (
     PositiveInt,
     _Frozen,
     _Result,
+    _at_most,
 )
+from planner.schema_io import MAX_DEVICES, MAX_STEPS
 
 JOBS_FORMAT = "paraplan.jobs/v1"
 ALLOCATION_FORMAT = "paraplan.allocation/v1"
@@ -37,17 +39,17 @@ class Job(_Frozen):
     """
 
     id: str = Field(min_length=1)
-    throughputs: dict[str, NonNegativeFloat] | None = None
+    throughputs: dict[str, Annotated[float, Field(ge=0), _at_most(1e9, "steps per second, set far above any job")]] | None = None
     model: str | None = None
     """A paraplan model preset (or profile path); with ``batch_size``, throughputs are derived."""
     batch_size: PositiveInt | None = None
-    scale_factor: PositiveInt = 1
+    scale_factor: Annotated[int, Field(ge=1), _at_most(MAX_DEVICES, "accelerators of one cluster")] = 1
     """Accelerators of one type the job holds at once (multi-GPU job, L5130-5137)."""
-    weight: PositiveFloat = 1.0
+    weight: Annotated[float, Field(gt=0), _at_most(1e6, "priority weights are relative; a million to one is plenty")] = 1.0
     """Priority weight w_m of the fairness policies (L5303-5310)."""
-    num_steps: PositiveFloat = 1.0
+    num_steps: Annotated[float, Field(gt=0), _at_most(float(MAX_STEPS), "a year at a million steps per second is 3.2e13")] = 1.0
     """Training steps (iterations) left to run."""
-    arrival_time_s: NonNegativeFloat = 0.0
+    arrival_time_s: Annotated[float, Field(ge=0), _at_most(3.2e9, "a century")] = 0.0
     """Submission time; orders FIFO and drives the cluster simulator."""
     elapsed_s: NonNegativeFloat = 0.0
     """Time since submission t_m, for finish-time fairness (L5443-5477)."""
