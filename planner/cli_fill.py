@@ -60,8 +60,12 @@ def cmd_fill(args: argparse.Namespace) -> int:
     from solvers.fill.jobs import parse_fill_jobs
     from solvers.fill.simulate import fill_plan
 
-    result = fill_plan(api.load_plan(args.plan), parse_fill_jobs(args.fill_jobs), _fill_options(args, scale=False))
-    _emit(args, result, _fill_table(result))
+    from planner.progress import progress
+
+    plan, jobs = api.load_plan(args.plan), parse_fill_jobs(args.fill_jobs)
+    with progress(f"filling the bubbles of {plan.cluster.num_devices} GPUs with {len(jobs)} jobs"):
+        result = fill_plan(plan, jobs, _fill_options(args, scale=False))
+    _emit(args, result, _fill_table(result, plan.cluster.num_devices))
     return 0
 
 
@@ -80,8 +84,12 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     bounded("--gpus", max(gpus), MAX_DEVICES, "set above the largest published training clusters")
     if args.horizon_h <= 0:
         raise InvalidProblemError(f"--horizon-h={args.horizon_h} must be positive")
-    result = scale_sweep(ScaleOptions(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
-                                      seed=args.seed, fill=_fill_options(args, scale=True)))
+    from planner.progress import progress
+
+    options = ScaleOptions(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
+                           seed=args.seed, fill=_fill_options(args, scale=True))
+    with progress(f"PipeFill scale sweep over {len(gpus)} cluster sizes", total=len(gpus)) as ticker:
+        result = scale_sweep(options, on_point=ticker.advance)
     if args.plot:
         plot_scale(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -98,8 +106,10 @@ def _emit(args: argparse.Namespace, result: Any, table: str) -> None:
     print(result.model_dump_json(indent=2) if args.json else table)
 
 
-def _fill_table(r: Any) -> str:
-    lines = [f"iteration {r.iteration_time_s:.4g} s, bubble fraction {r.bubble_fraction:.3f}, {r.num_devices} GPUs",
+def _fill_table(r: Any, plan_gpus: int) -> str:
+    gpus = (f"{plan_gpus} GPUs" if plan_gpus == r.num_devices else
+            f"{plan_gpus} GPUs (one pipeline replica of {r.num_devices} simulated; the other replicas fill alike)")
+    lines = [f"iteration {r.iteration_time_s:.4g} s, bubble fraction {r.bubble_fraction:.3f}, {gpus}",
              f"{len(r.assignments)} fill jobs, makespan {r.makespan_s:.4g} s, mean JCT {r.mean_completion_time_s:.4g} s",
              f"main {r.main_flops_per_device_s / 1e12:.3g} TFLOP/s/GPU, fill {r.fill_flops_per_device_s / 1e12:.3g} "
              f"TFLOP/s/GPU: recovered utilization {100 * r.recovered_utilization:.1f}%, "
