@@ -1,6 +1,6 @@
 """Every type that crosses a module boundary in paraplan.
 
-The formats follow ``shared/design/architecture.md`` (the sections marked contract):
+The formats are documented in docs/input-formats.md (the plan JSON's fields are a contract):
 layer profiles, clusters, transformer configs, pipeline problems, plans and simulation
 results. All types are immutable pydantic models that reject unknown keys, round-trip
 through JSON and export a JSON Schema (``docs/schema/``).
@@ -419,7 +419,7 @@ class PipelineProblem(_Frozen):
             lo = self.num_microbatches // self.num_stages * self.num_stages
             raise ValueError(
                 f"the interleaved schedule needs num_microbatches to be a multiple of num_stages="
-                f"{self.num_stages} (dissertation L3612); got {self.num_microbatches}, use "
+                f"{self.num_stages} (dissertation [narayanan-thesis] ch. 4); got {self.num_microbatches}, use "
                 f"{lo or self.num_stages} or {lo + self.num_stages}"
             )
         if self.global_batch_size is not None:

@@ -1,4 +1,4 @@
-"""Boundary types of PipeFill (Arfeen et al., seed 000; reading shared/design/pipefill.md).
+"""Boundary types of PipeFill (Arfeen et al., [pipefill] in docs/references.md).
 
 Fill jobs (``paraplan.fill-jobs/v1``), the bubbles a fill job may use (one cycle per pipeline
 stage, Sec. 1.2 of the reading), the Executor's plan for one job on one device (Algorithm 1,
@@ -33,7 +33,7 @@ FillPolicy = Literal["sjf", "makespan", "fifo"]
 
 
 class FillJob(_Frozen):
-    """One fill job: training or batch inference of another model (seed 000 L109, L182-191).
+    """One fill job: training or batch inference of another model ([pipefill]).
 
     Give ``model`` (a fill-model preset such as ``bert-large`` or ``resnet50``, see
     ``paraplan fill --help``) or ``profile`` (a layer profile; its costs are per microbatch of
@@ -45,14 +45,14 @@ class FillJob(_Frozen):
     profile: ModelProfile | None = None
     mode: FillMode = "inference"
     batch_sizes: tuple[PositiveInt, ...] = Field(default=(1, 2, 4, 8, 16, 32), min_length=1)
-    """Valid batch sizes; the Executor picks the one with the highest fill throughput (L107)."""
+    """Valid batch sizes; the Executor picks the one with the highest fill throughput ([pipefill])."""
     num_samples: Annotated[float, Field(ge=1), _at_most(1e15, "samples of one fill job")] = 1e5
     """Samples to process (inference) or to train on (training)."""
     arrival_time_s: NonNegativeFloat = 0.0
     allow_checkpointing: bool = True
-    """Training only: the Executor may recompute activations in the backward (L125)."""
+    """Training only: the Executor may recompute activations in the backward ([pipefill])."""
     allow_offload: bool = True
-    """Training only: the Executor may keep the optimizer state on the CPU (ZeRO-Offload, L178)."""
+    """Training only: the Executor may keep the optimizer state on the CPU (ZeRO-Offload, [pipefill])."""
 
     @model_validator(mode="after")
     def _check(self) -> FillJob:
@@ -76,7 +76,7 @@ class FillBubble(_Result):
     """Start within the iteration; a fill-drain bubble wraps into the next iteration."""
     duration_s: NonNegativeFloat
     usable_s: NonNegativeFloat
-    """``fill_fraction`` x duration: the time a piece may take (68% in the paper, L231)."""
+    """``fill_fraction`` x duration: the time a piece may take (68% in the paper, [pipefill])."""
     free_memory_bytes: float
     """Memory a fill job may use during the bubble (after ``memory_fraction`` or the cap)."""
 
@@ -156,7 +156,7 @@ class FillPlan(_Result):
 
 
 class ScalePoint(_Result):
-    """One cluster size of the scale sweep (seed 000 Sec. 6.1, reading Sec. 4.3)."""
+    """One cluster size of the scale sweep ([pipefill] Sec. 6.1, reading Sec. 4.3)."""
 
     num_gpus: PositiveInt
     num_microbatches: PositiveInt
@@ -169,7 +169,7 @@ class ScalePoint(_Result):
     main_job_slowdown: NonNegativeFloat
     num_jobs_completed: NonNegativeInt
     gpus_worth_of_fill: NonNegativeFloat
-    """Fill work in GPUs running it exclusively (the paper's C x B x P, L253)."""
+    """Fill work in GPUs running it exclusively (the paper's C x B x P, [pipefill])."""
 
 
 class ScaleResult(_Result):

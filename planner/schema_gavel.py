@@ -1,10 +1,10 @@
-"""Boundary types of Gavel cluster scheduling (dissertation ch. 5, seed 001 L4777-6451).
+"""Boundary types of Gavel cluster scheduling (dissertation ch. 5, [narayanan-thesis] ch. 5).
 
-Formats follow ``shared/design/architecture.md``: the jobs file ``paraplan.jobs/v1`` (one job
+Formats (docs/input-formats.md): the jobs file ``paraplan.jobs/v1`` (one job
 per training run: steps per second on each accelerator type, accelerators needed, weight,
 steps to run), a ``ClusterProblem`` (jobs + accelerator counts by type) that every policy
 takes, the ``Allocation`` every policy returns (time fraction per job and type, the matrix X
-of L5061-5069) and the cluster simulator's result. Immutable pydantic models on the
+of [narayanan-thesis] ch. 5) and the cluster simulator's result. Immutable pydantic models on the
 ``_Frozen`` base of ``planner.schema`` (unknown keys rejected, JSON round trip).
 """
 
@@ -44,15 +44,15 @@ class Job(_Frozen):
     """A paraplan model preset (or profile path); with ``batch_size``, throughputs are derived."""
     batch_size: PositiveInt | None = None
     scale_factor: Annotated[int, Field(ge=1), _at_most(MAX_DEVICES, "accelerators of one cluster")] = 1
-    """Accelerators of one type the job holds at once (multi-GPU job, L5130-5137)."""
+    """Accelerators of one type the job holds at once (multi-GPU job, [narayanan-thesis] ch. 5)."""
     weight: Annotated[float, Field(gt=0), _at_most(1e6, "priority weights are relative; a million to one is plenty")] = 1.0
-    """Priority weight w_m of the fairness policies (L5303-5310)."""
+    """Priority weight w_m of the fairness policies ([narayanan-thesis] ch. 5)."""
     num_steps: Annotated[float, Field(gt=0), _at_most(float(MAX_STEPS), "a year at a million steps per second is 3.2e13")] = 1.0
     """Training steps (iterations) left to run."""
     arrival_time_s: Annotated[float, Field(ge=0), _at_most(3.2e9, "a century")] = 0.0
     """Submission time; orders FIFO and drives the cluster simulator."""
     elapsed_s: NonNegativeFloat = 0.0
-    """Time since submission t_m, for finish-time fairness (L5443-5477)."""
+    """Time since submission t_m, for finish-time fairness ([narayanan-thesis] ch. 5)."""
     slo_s: PositiveFloat | None = None
     """Deadline from now: the job must finish its num_steps within this many seconds."""
     entity: str | None = None
@@ -71,7 +71,7 @@ class Job(_Frozen):
 
 
 class JobPair(_Frozen):
-    """Two jobs space-sharing one accelerator set (L5139-5196): each job's steps/s while co-located."""
+    """Two jobs space-sharing one accelerator set ([narayanan-thesis] ch. 5): each job's steps/s while co-located."""
 
     jobs: tuple[str, str]
     throughputs: dict[str, tuple[NonNegativeFloat, NonNegativeFloat]]
@@ -85,7 +85,7 @@ class JobPair(_Frozen):
 
 
 class EntitySpec(_Frozen):
-    """An entity of a hierarchical policy (L5522-5575): its weight and how its jobs share it."""
+    """An entity of a hierarchical policy ([narayanan-thesis] ch. 5): its weight and how its jobs share it."""
 
     weight: PositiveFloat = 1.0
     policy: Literal["fairness", "fifo"] = "fairness"
@@ -168,7 +168,7 @@ class PairShare(_Result):
 
 
 class Allocation(_Result):
-    """A policy's answer: the allocation matrix X (L5061-5069) by job id and accelerator type.
+    """A policy's answer: the allocation matrix X ([narayanan-thesis] ch. 5) by job id and accelerator type.
 
     ``allocation[job][type]`` is the fraction of wall-clock time the job holds ``scale_factor``
     accelerators of that type, alone or inside a pair; ``pairs`` splits out the co-located part.
@@ -183,7 +183,7 @@ class Allocation(_Result):
     allocation: dict[str, dict[str, NonNegativeFloat]]
     pairs: tuple[PairShare, ...] = ()
     effective_throughputs: dict[str, NonNegativeFloat] = Field(default_factory=dict)
-    """Steps/s each job gets on average under the allocation (L5094-5106)."""
+    """Steps/s each job gets on average under the allocation ([narayanan-thesis] ch. 5)."""
     num_partitions: PositiveInt = 1
     notes: tuple[str, ...] = ()
 

@@ -53,7 +53,7 @@ DESCRIPTIONS: dict[str, str] = {
     "ptdp": "PTD-P configuration search: tensor x pipeline x data degrees, interleaving, microbatch size "
     "and recompute for Megatron-LM (dissertation ch. 4)",
     "stage-ilp": "holistic ILP over layer-to-stage/chunk assignment and per-layer recompute, minimizing "
-    "recompute, imbalance and warm-up bubbles together (poster, seed 002)",
+    "recompute, imbalance and warm-up bubbles together (poster, [stage-ilp])",
     "merak": "Merak baseline: even split with stage-aware recompute (more recompute on early stages)",
     "adapipe": "AdaPipe baseline: per-stage recompute by knapsack plus a partitioning DP",
     "spipe": "SPipe: hybrid GPU/CPU pipeline for models whose states exceed GPU memory (parameters and "
