@@ -21,7 +21,7 @@ def add_parsers(sub: Any) -> None:
     f = sub.add_parser("fill", help="fill a plan's pipeline bubbles with other jobs (PipeFill)")
     f.add_argument("plan", nargs="?", help="plan JSON (not with --scale)")
     f.add_argument("--fill-jobs", help="preset (bert-large-inference), name:count,..., a mix (paper-mix) or JSON")
-    f.add_argument("--policy", default="sjf", help="scheduler score: sjf, makespan or fifo")
+    f.add_argument("--policy", default="sjf", choices=["sjf", "makespan", "fifo"], help="scheduler score (default sjf)")
     f.add_argument("--fill-fraction", type=T.fraction, default=0.68, help="share of each bubble to fill (paper 0.68)")
     f.add_argument("--free-memory-gb", type=T.positive_float(), help="fixed free memory per bubble (paper 4.5); default: simulated")
     f.add_argument("--fill-efficiency", type=T.fraction, help="fraction of peak FLOP/s fill kernels reach (default 0.5)")
@@ -29,7 +29,7 @@ def add_parsers(sub: Any) -> None:
     f.add_argument("--gpus", default="1024,2048,4096,8192,16384", help="cluster sizes of --scale")
     f.add_argument("--horizon-h", type=T.positive_float(8760.0, "one year of simulated time"), default=12.0,
                    help="simulated hours of --scale")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=T.SEED, default=0, help="random seed, 0 to 2^32-1")
     f.add_argument("--plot", help="--scale: draw utilization against cluster size to a .png/.svg")
     f.add_argument("-o", "--output", help="write the JSON result here")
     f.add_argument("--json", action="store_true")

@@ -31,7 +31,7 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--executor", choices=["auto", "builtin", "actions"], default="auto",
                    help="torch's schedule class, or the plan's own action list (default: class if any)")
     r.add_argument("--timeout", type=T.positive_float(), default=30.0, help="process-group timeout in seconds")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=T.SEED, default=0, help="random seed, 0 to 2^32-1")
     r.add_argument("--nproc-per-node", type=T.count(1024, "processes on one node"), help="ranks on this node (default: all the plan's)")
     r.add_argument("--nnodes", type=T.DEVICES, default=1)
     r.add_argument("--node-rank", type=T.non_negative_int, default=0)

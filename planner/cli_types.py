@@ -22,6 +22,10 @@ def count(limit: int | None = None, why: str = "") -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         value = _int(text)
+        if limit == 2**32:  # seeds start at 0
+            if not 0 <= value < limit:
+                raise argparse.ArgumentTypeError(f"must be between 0 and {limit - 1} ({why}), got {text!r}")
+            return value
         if value < 1:
             raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
         if limit is not None and value > limit:
@@ -51,6 +55,19 @@ def positive_float(limit: float | None = None, why: str = "") -> Callable[[str],
         return value
 
     parse.__name__ = "positive number"
+    return parse
+
+
+def between(low: float, high: float, why: str) -> Callable[[str], float]:
+    """A finite number in [low, high], refused with ``why``."""
+
+    def parse(text: str) -> float:
+        value = _float(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} ({why}), got {text!r}")
+        return value
+
+    parse.__name__ = "number"
     return parse
 
 
@@ -90,4 +107,6 @@ DEVICES = count(schema_io.MAX_DEVICES, "set above the largest published training
 MICROBATCHES = count(schema_io.MAX_MICROBATCHES, "microbatches per pipeline per iteration; the simulator steps each one")
 BATCH = count(schema_io.MAX_GLOBAL_BATCH, "samples per iteration, set far above GPT-3's 1,536")
 LAYERS = count(schema_io.MAX_LAYERS, "ten times the largest model planned")
+SEED = count(2**32, "numpy's seed range")
+"""A random seed: 0 to 2^32 - 1 (numpy's range)."""
 JOBS = count(schema_io.MAX_JOBS, "ten times Gavel's largest simulated trace")

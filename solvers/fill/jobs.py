@@ -19,7 +19,7 @@ import numpy as np
 from planner.errors import InvalidProblemError
 from planner.schema import Device, ModelProfile
 from planner.schema_fill import FillJob, FillJobsFile
-from planner.schema_io import load_json
+from planner.schema_io import MAX_JOBS, load_json
 from solvers.fill.executor import Config, NodeChain, node_chain
 from solvers.fill.models import FILL_JOB_PRESETS, MIXES, fill_model_profile
 
@@ -70,6 +70,9 @@ def parse_fill_jobs(spec: str) -> tuple[FillJob, ...]:
             n = 0
         if n < 1:
             raise InvalidProblemError(f"fill-jobs entry {item!r}: the count after ':' must be a positive integer")
+        if len(jobs) + n > MAX_JOBS:
+            raise InvalidProblemError(f"fill-jobs {spec!r} asks for more than {MAX_JOBS:,} jobs (ten times Gavel's "
+                                      "largest simulated trace); use fewer")
         jobs.extend(preset_job(name, job_id=f"{name}-{i}") for i in range(n))
     if not jobs:
         raise InvalidProblemError("--fill-jobs is empty; give a preset such as 'bert-large-inference' or a JSON file")

@@ -158,6 +158,23 @@ def test_a_plan_with_a_trillion_microbatches_is_refused(tmp_path: Path, command:
     _refused([command[0], str(path), *command[1:]], "num_microbatches", "65,536")
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "5", "--rate", "1", "--round", "1e-300"], "--round"),
+    (["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "5", "--rate", "1", "--seed", "-1"], "--seed"),
+    (["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "5", "--rate", "1e-300"], "arrival_time_s"),
+    (["plan", "--model", "gpt-tiny", "--cluster", "cpu:2", "--time-limit", "nan"], "finite"),
+    (["plan", "--model", "gpt-tiny", "--cluster", "cpu:2", "--efficiency", "1.5"], "fraction"),
+    (["fill", "--scale", "--horizon-h", "1e9"], "--horizon-h"),
+])
+def test_flags_that_would_hang_or_crash_are_refused(argv: list[str], needle: str) -> None:
+    _refused(argv, needle)
+
+
+def test_a_million_fill_jobs_are_refused_at_once(tmp_path: Path) -> None:
+    plan = str(write(tmp_path / "plan.json", plan_dict()))
+    _refused(["fill", plan, "--fill-jobs", "bert-large-inference:1000000"], "100,000")
+
+
 def test_large_legitimate_scale_passes_the_input_layer() -> None:
     problem = api.make_problem("gpt-1.7b", "a100-80gb:512", num_stages=64, global_batch_size=4096)
     assert problem.cluster.num_devices == 4096

@@ -244,3 +244,41 @@ def test_cluster_shorthand(spec: str, command: str) -> None:
         "cluster-sim": ["cluster-sim", "--cluster", spec, "--policy", "fifo", "--jobs", "2", "--rate", "1"],
     }[command]
     assert_contract(run_cli(argv), argv)
+
+
+NUMBERS = st.sampled_from(["0", "-1", "1e-300", "0.5", "1", "3", "360", "1e300", "nan", "inf", "x"])
+
+
+@pytest.mark.timeout(300)
+@FEW
+@given(st.dictionaries(st.sampled_from(["--rate", "--round", "--seed", "--partitions", "--measure"]), NUMBERS, max_size=3),
+       st.sampled_from(["1", "3", "0", "-2"]), st.sampled_from(["fifo", "max_min_fairness_perf", "bogus"]))
+def test_cluster_sim_flags(flags: dict[str, str], num_jobs: str, policy: str) -> None:
+    argv = ["cluster-sim", "--cluster", "v100:2,k80:2", "--policy", policy, "--jobs", num_jobs, "--json"]
+    if "--rate" not in flags:
+        argv += ["--rate", "2"]
+    for flag, value in flags.items():
+        argv += [f"{flag}={value}"]
+    outcome = run_cli(argv)
+    assert_contract(outcome, argv)
+    if outcome.code == 0:
+        json.loads(outcome.out)
+
+
+@pytest.mark.timeout(300)
+@FEW
+@given(st.dictionaries(st.sampled_from(["--fill-fraction", "--free-memory-gb", "--fill-efficiency", "--seed"]),
+                       NUMBERS, max_size=3),
+       st.sampled_from(["bert-large-inference", "bert-base-training:2", "paper-mix", "nope", "bert-base-training:0"]),
+       st.sampled_from(["sjf", "fifo", "bogus"]))
+def test_fill_flags(flags: dict[str, str], jobs: str, policy: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = Path(tmp) / "plan.json"
+        plan.write_text(json.dumps(plan_dict()))
+        argv = ["fill", str(plan), "--fill-jobs", jobs, "--policy", policy, "--json"]
+        for flag, value in flags.items():
+            argv += [f"{flag}={value}"]
+        outcome = run_cli(argv)
+        assert_contract(outcome, argv)
+        if outcome.code == 0:
+            json.loads(outcome.out)
