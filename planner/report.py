@@ -30,6 +30,17 @@ def cluster_expansion(cluster: Cluster) -> str:
     return f"{nodes} x {cluster.devices_per_node} {cluster.device.name} = {cluster.num_devices} devices"
 
 
+def devices_line(plan: Plan) -> str:
+    """How many of the cluster's devices the plan uses, and how they split."""
+    d = plan.degrees
+    used = sum(stage.replicas for stage in plan.stages) * d.tensor * d.context
+    total = plan.cluster.num_devices
+    split = f"{d.pipeline} stages x {d.data} replicas x {d.tensor} tensor" + (f" x {d.context} context" if d.context > 1 else "")
+    if used == total:
+        return f"devices: all {total} ({split})"
+    return f"devices: {used} of the cluster's {total} ({split}); {total - used} idle"
+
+
 def plan_title(plan: Plan) -> str:
     d = plan.degrees
     return (
@@ -64,6 +75,7 @@ def plan_table(plan: Plan, *, max_candidates: int = 10, solve_time_s: float | No
             + (f", MFU {100 * util:.1f}%" if util is not None else "")
         )
     replicas = [stage.replicas for stage in plan.stages]
+    lines.append(devices_line(plan))
     if len(set(replicas)) > 1 or replicas[0] != plan.degrees.data:
         lines.append(f"global batch {plan.global_batch_size} = {plan.num_microbatches} microbatches x "
                      f"{plan.microbatch_size} x {replicas[0]} input-stage replicas; replicas per stage "
