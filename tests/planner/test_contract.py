@@ -373,3 +373,11 @@ def test_cluster_spec_is_printed_as_what_it_expanded_to() -> None:
     assert "cluster cpu:2: 1 node x 2 cpu = 2 devices" in outcome.err
     outcome = run_cli(["schedule", "--jobs", "small_test", "--cluster", "v100:2,k80:2", "--policy", "fifo"])
     assert "cluster v100:2,k80:2: 2 v100, 2 k80 accelerators" in outcome.err
+
+
+def test_pipedream_memory_option_on_gpt3_175b_explains_infeasibility() -> None:
+    argv = ["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:1", "--solver", "pipedream",
+            "--option", "memory=true", "--no-offload"]
+    outcome = run_cli(argv)
+    assert_contract(outcome, argv)
+    assert outcome.code == 3 and "GiB" in outcome.err, outcome.err
