@@ -24,6 +24,7 @@ from planner.schema import (
     _Result,
     _at_most,
 )
+from planner.schema_io import MAX_JOBS
 
 FILL_JOBS_FORMAT = "paraplan.fill-jobs/v1"
 FILL_PLAN_FORMAT = "paraplan.fill/v1"
@@ -65,7 +66,16 @@ class FillJobsFile(_Frozen):
     """A list of fill jobs (``paraplan fill --fill-jobs F.json``)."""
 
     format: Literal["paraplan.fill-jobs/v1"] = FILL_JOBS_FORMAT
-    jobs: tuple[FillJob, ...] = Field(min_length=1)
+    jobs: tuple[FillJob, ...] = Field(min_length=1, max_length=MAX_JOBS)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> FillJobsFile:
+        seen: set[str] = set()
+        for job in self.jobs:
+            if job.id in seen:
+                raise ValueError(f"fill-job id {job.id!r} appears twice; ids must be unique")
+            seen.add(job.id)
+        return self
 
 
 class FillBubble(_Result):

@@ -10,7 +10,7 @@ of [narayanan-thesis] ch. 5) and the cluster simulator's result. Immutable pydan
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,7 +23,7 @@ from planner.schema import (
     _Result,
     _at_most,
 )
-from planner.schema_io import MAX_DEVICES, MAX_STEPS
+from planner.schema_io import MAX_DEVICES, MAX_JOBS, MAX_STEPS
 
 JOBS_FORMAT = "paraplan.jobs/v1"
 ALLOCATION_FORMAT = "paraplan.allocation/v1"
@@ -91,13 +91,26 @@ class EntitySpec(_Frozen):
     policy: Literal["fairness", "fifo"] = "fairness"
 
 
+def _refuse_duplicate_ids(ids: Any) -> None:
+    seen: set[str] = set()
+    for job_id in ids:
+        if job_id in seen:
+            raise ValueError(f"job id {job_id!r} appears twice; job ids must be unique")
+        seen.add(job_id)
+
+
 class JobsFile(_Frozen):
     """The ``paraplan.jobs/v1`` document."""
 
     format: Literal["paraplan.jobs/v1"] = JOBS_FORMAT
-    jobs: tuple[Job, ...] = Field(min_length=1)
+    jobs: tuple[Job, ...] = Field(min_length=1, max_length=MAX_JOBS)
     pairs: tuple[JobPair, ...] = ()
     entities: dict[str, EntitySpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> JobsFile:
+        _refuse_duplicate_ids(job.id for job in self.jobs)
+        return self
 
 
 class ClusterProblem(_Frozen):

@@ -381,3 +381,13 @@ def test_pipedream_memory_option_on_gpt3_175b_explains_infeasibility() -> None:
     outcome = run_cli(argv)
     assert_contract(outcome, argv)
     assert outcome.code == 3 and "GiB" in outcome.err, outcome.err
+
+
+def test_duplicate_job_ids_are_refused(tmp_path: Path) -> None:
+    jobs = json.loads(json.dumps(JOBS))
+    jobs["jobs"][1]["id"] = "a"
+    path = str(write(tmp_path / "jobs.json", jobs))
+    _refused(["cluster-sim", "--trace", path, "--cluster", "v100:1,k80:1", "--policy", "fifo"], "'a' appears twice")
+    fill = {"jobs": [{"id": "f", "model": "bert-base", "mode": "inference"}] * 2}
+    plan = str(write(tmp_path / "plan.json", plan_dict()))
+    _refused(["fill", plan, "--fill-jobs", str(write(tmp_path / "f.json", fill))], "'f' appears twice")
