@@ -38,7 +38,8 @@ def validate_plan(plan: Plan) -> Plan:
 
 def plan_defects(plan: Plan) -> list[str]:
     """Every defect of the plan, in the order: devices, batch, ranks, BPipe, actions."""
-    defects = _device_defects(plan) + _batch_defects(plan) + _rank_defects(plan) + _bpipe_defects(plan)
+    defects = (_device_defects(plan) + _transformer_defects(plan) + _batch_defects(plan) + _rank_defects(plan)
+               + _bpipe_defects(plan))
     if plan.actions is not None:
         defects += action_defects(plan.actions, num_stages=plan.degrees.pipeline,
                                   num_chunks=plan.degrees.virtual, num_microbatches=plan.num_microbatches)
@@ -73,6 +74,23 @@ def _device_defects(plan: Plan) -> list[str]:
                    "the data-parallel (and context) ranks; use an expert degree dividing data x context")
     elif (d.data * d.context) % d.expert:
         out.append(f"degrees.expert={d.expert} must divide data x context = {d.data * d.context}")
+    return out
+
+
+def _transformer_defects(plan: Plan) -> list[str]:
+    """The embedded transformer config must be the one the layer profile was derived from."""
+    cfg = plan.transformer
+    if cfg is None:
+        return []
+    out = []
+    if plan.model.num_layers != cfg.num_layers + 2:
+        out.append(f"the plan's transformer {cfg.name!r} has {cfg.num_layers} blocks but its layer profile has "
+                   f"{plan.model.num_layers} layers (embedding + blocks + head = {cfg.num_layers + 2}); plan again")
+    t = plan.degrees.tensor
+    for name, size in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.kv_heads), ("ffn size", cfg.ffn_size)):
+        if size % t:
+            out.append(f"degrees.tensor={t} does not divide the transformer's {name}={size}; use a divisor")
+            break
     return out
 
 

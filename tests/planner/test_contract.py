@@ -391,3 +391,11 @@ def test_duplicate_job_ids_are_refused(tmp_path: Path) -> None:
     fill = {"jobs": [{"id": "f", "model": "bert-base", "mode": "inference"}] * 2}
     plan = str(write(tmp_path / "plan.json", plan_dict()))
     _refused(["fill", plan, "--fill-jobs", str(write(tmp_path / "f.json", fill))], "'f' appears twice")
+
+
+def test_a_plan_whose_transformer_differs_from_its_profile_is_refused(tmp_path: Path) -> None:
+    plan = json.loads(api.plan(api.make_problem("gpt-tiny", "cpu:2")).model_dump_json())
+    plan["transformer"]["num_layers"] = 8
+    path = str(write(tmp_path / "plan.json", plan))
+    for argv in (["simulate", path], ["export", path, "--format", "megatron"], ["run", path]):
+        _refused(argv, "8 blocks", "plan again")
