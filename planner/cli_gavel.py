@@ -20,7 +20,8 @@ from planner.errors import InvalidProblemError
 from planner.progress import progress
 from planner.schema_gavel import Allocation, ClusterProblem, ClusterSimResult, JobsFile
 
-_WORKERS_RE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*[:=]\s*(\d+)\s*$")
+_WORKERS_RE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*[:=]\s*(\d+)(?:x(\d+))?\s*$")
+"""``type:count`` or, as in ``paraplan plan``, ``type:NODESxPER_NODE`` (N x M accelerators)."""
 
 
 def add_parsers(sub: Any) -> None:
@@ -142,10 +143,11 @@ def load_worker_types(spec: str) -> dict[str, int]:
             raise InvalidProblemError(
                 f"cannot parse cluster {spec!r}; give a cluster JSON or type:count pairs such as 'v100:36,p100:36,k80:36'"
             )
-        if int(match.group(2)) < 1:
-            raise InvalidProblemError(f"cluster {spec!r}: {match.group(1)} has {match.group(2)} accelerators; need at least 1")
+        count = int(match.group(2)) * int(match.group(3) or 1)
+        if count < 1:
+            raise InvalidProblemError(f"cluster {spec!r}: {match.group(1)} has {count} accelerators; need at least 1")
         name = match.group(1).lower()
-        out[name] = out.get(name, 0) + int(match.group(2))
+        out[name] = out.get(name, 0) + count
     from planner.schema_io import MAX_DEVICES, bounded
 
     bounded("accelerators in cluster " + repr(spec), sum(out.values()), MAX_DEVICES,

@@ -399,3 +399,10 @@ def test_a_plan_whose_transformer_differs_from_its_profile_is_refused(tmp_path: 
     path = str(write(tmp_path / "plan.json", plan))
     for argv in (["simulate", path], ["export", path, "--format", "megatron"], ["run", path]):
         _refused(argv, "8 blocks", "plan again")
+
+
+def test_nodes_x_devices_means_the_same_in_every_command() -> None:
+    plan = run_cli(["plan", "--model", "gpt-tiny", "--cluster", "v100:2x4"])
+    assert "= 8 devices" in plan.err
+    schedule = run_cli(["schedule", "--jobs", "small_test", "--cluster", "v100:2x4,k80:1x2", "--policy", "fifo"])
+    assert schedule.code == 0 and "8 v100, 2 k80" in schedule.err, schedule.err
