@@ -422,6 +422,10 @@ class PipelineProblem(_Frozen):
                 f"{self.num_stages} (dissertation [narayanan-thesis] ch. 4); got {self.num_microbatches}, use "
                 f"{lo or self.num_stages} or {lo + self.num_stages}"
             )
+        if self.num_stages is not None and self.num_microbatches is not None:
+            schema_io.bounded("num_microbatches x num_stages x num_chunks",
+                              self.num_microbatches * self.num_stages * self.num_chunks, schema_io.MAX_PIPELINE_WORK,
+                              "the simulator steps each microbatch on each stage; 32 times PTD-P's largest run")
         if self.global_batch_size is not None:
             # the fewest microbatches any layout gets: every device a data-parallel replica
             replicas = self.data_parallel or self.cluster.num_devices

@@ -29,7 +29,7 @@ from typing import Any
 from planner.errors import InvalidProblemError
 
 __all__ = [
-    "MAX_DEVICES", "MAX_GLOBAL_BATCH", "MAX_JOBS", "MAX_LAYERS", "MAX_MICROBATCHES", "MAX_STEPS",
+    "MAX_DEVICES", "MAX_GLOBAL_BATCH", "MAX_JOBS", "MAX_LAYERS", "MAX_MICROBATCHES", "MAX_PIPELINE_WORK", "MAX_STEPS",
     "bounded", "check_output_path", "decode", "load_json", "loads_json", "read_text",
 ]
 
@@ -39,9 +39,12 @@ MAX_DEVICES = 131_072
 MAX_LAYERS = 16_384
 """Layers of one model: ten times the largest planning target (1,536 layers) and far above any
 published model (GPT-3 175B: 96 layers; Megatron 1T: 128)."""
-MAX_MICROBATCHES = 65_536
+MAX_MICROBATCHES = 16_384
 """Microbatches per pipeline per iteration: the simulator steps every microbatch on every stage,
 and published runs use at most a few thousand (PTD-P's 1T run: 3,072 samples per batch)."""
+MAX_PIPELINE_WORK = 1_048_576
+"""Stage-microbatches per iteration (microbatches x stages x chunks), the simulator's work: 32
+times PTD-P's largest run (512 microbatches on 64 stages)."""
 MAX_GLOBAL_BATCH = 16_777_216
 """Samples per iteration (2^24): GPT-3 trained with 3.2 million tokens, that is 1,536 samples."""
 MAX_JOBS = 100_000

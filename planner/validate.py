@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from planner.errors import InvalidProblemError
 from planner.schema import Action, Plan
+from planner.schema_io import MAX_PIPELINE_WORK
 
 __all__ = ["check_actions", "plan_defects", "validate_plan"]
 
@@ -54,6 +55,10 @@ def _uniform(plan: Plan) -> bool:
 def _device_defects(plan: Plan) -> list[str]:
     d, devices = plan.degrees, plan.cluster.num_devices
     out: list[str] = []
+    work = plan.num_microbatches * d.pipeline * d.virtual
+    if work > MAX_PIPELINE_WORK:
+        out.append(f"num_microbatches x stages x chunks = {work:,} exceeds the limit of {MAX_PIPELINE_WORK:,} (the "
+                   "simulator steps each microbatch on each stage; 32 times PTD-P's largest run); use fewer microbatches")
     if d.tensor > devices:
         out.append(f"degrees.tensor={d.tensor} but the cluster has {devices} devices; use a tensor degree <= {devices}")
     if plan.model.tensor_parallel != d.tensor:

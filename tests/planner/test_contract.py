@@ -136,7 +136,7 @@ def test_trace_infinite_fields_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:99999999999"], "131,072"),
-    (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:2", "--microbatches", "1000000000000"], "65,536"),
+    (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:2", "--microbatches", "1000000000000"], "16,384"),
     (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:2", "--global-batch", "1000000000000000000"], "16,777,216"),
     (["schedule", "--jobs", "small_test", "--cluster", "v100:99999999999", "--policy", "fifo"], "131,072"),
     (["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "100000000000", "--rate", "1"], "100,000"),
@@ -155,7 +155,7 @@ def test_a_trillion_microbatches_is_refused_for_every_solver(solver: str) -> Non
 def test_a_plan_with_a_trillion_microbatches_is_refused(tmp_path: Path, command: list[str]) -> None:
     plan = dict(plan_dict(), num_microbatches=10**12, global_batch_size=10**12)
     path = write(tmp_path / "plan.json", plan)
-    _refused([command[0], str(path), *command[1:]], "num_microbatches", "65,536")
+    _refused([command[0], str(path), *command[1:]], "num_microbatches", "16,384")
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -406,3 +406,8 @@ def test_nodes_x_devices_means_the_same_in_every_command() -> None:
     assert "= 8 devices" in plan.err
     schedule = run_cli(["schedule", "--jobs", "small_test", "--cluster", "v100:2x4,k80:1x2", "--policy", "fifo"])
     assert schedule.code == 0 and "8 v100, 2 k80" in schedule.err, schedule.err
+
+
+def test_simulator_work_is_bounded() -> None:
+    _refused(["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:16", "--pipeline", "96",
+              "--microbatches", "16384"], "1,048,576")
