@@ -198,6 +198,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.schema_io import check_output_path
 
     check_output_path(args.timeline, flag="--timeline")
+    if args.events and not args.json:
+        raise InvalidProblemError("--events adds the timeline events to --json output; add --json (or use --timeline)")
     plan = api.load_plan(args.plan)
     with progress("simulating"):
         result = api.simulate(plan, include_events=bool(args.timeline or args.events))

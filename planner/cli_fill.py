@@ -26,9 +26,9 @@ def add_parsers(sub: Any) -> None:
     f.add_argument("--free-memory-gb", type=T.positive_float(), help="fixed free memory per bubble (paper 4.5); default: simulated")
     f.add_argument("--fill-efficiency", type=T.fraction, help="fraction of peak FLOP/s fill kernels reach (default 0.5)")
     f.add_argument("--scale", action="store_true", help="the paper's 40B job on 1K-16K GPUs with a job stream")
-    f.add_argument("--gpus", default="1024,2048,4096,8192,16384", help="cluster sizes of --scale")
-    f.add_argument("--horizon-h", type=T.positive_float(8760.0, "one year of simulated time"), default=12.0,
-                   help="simulated hours of --scale")
+    f.add_argument("--gpus", help="cluster sizes of --scale (default 1024,2048,4096,8192,16384)")
+    f.add_argument("--horizon-h", type=T.positive_float(8760.0, "one year of simulated time"),
+                   help="simulated hours of --scale (default 12)")
     f.add_argument("--seed", type=T.SEED, default=0, help="random seed, 0 to 2^32-1")
     f.add_argument("--plot", help="--scale: draw utilization against cluster size to a .png/.svg")
     f.add_argument("-o", "--output", help="write the JSON result here")
@@ -54,7 +54,13 @@ def cmd_fill(args: argparse.Namespace) -> int:
     check_output_path(args.output, flag="-o")
     check_output_path(args.plot, flag="--plot")
     if args.scale:
+        if args.plan:
+            raise InvalidProblemError(f"--scale runs the paper's own main job; drop the plan {args.plan!r} (or --scale)")
         return _cmd_scale(args)
+    given = [flag for flag, value in (("--gpus", args.gpus), ("--horizon-h", args.horizon_h), ("--plot", args.plot))
+             if value is not None]
+    if given:
+        raise InvalidProblemError(f"{', '.join(given)} apply to --scale only; add --scale or drop them")
     if not args.plan or not args.fill_jobs:
         raise InvalidProblemError("paraplan fill needs PLAN.json and --fill-jobs F (or --scale)")
     from solvers.fill.jobs import parse_fill_jobs
@@ -73,6 +79,8 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     from planner.errors import InvalidProblemError
     from solvers.fill.scale import ScaleOptions, scale_sweep
 
+    args.gpus = args.gpus or "1024,2048,4096,8192,16384"
+    args.horizon_h = args.horizon_h or 12.0
     try:
         gpus = tuple(int(x) for x in args.gpus.split(",") if x.strip())
     except ValueError:

@@ -242,6 +242,10 @@ def _sim_jobs(args: argparse.Namespace, workers: dict[str, int]) -> JobsFile:
     if (args.trace is None) == (args.jobs is None):
         raise InvalidProblemError("give either --trace FILE or --jobs N --rate R (Poisson arrivals)")
     if args.trace is not None:
+        ignored = [flag for flag, on in (("--rate", args.rate is not None), ("--multi-gpu", args.multi_gpu)) if on]
+        if ignored:
+            raise InvalidProblemError(f"{', '.join(ignored)} shape generated jobs (--jobs N); the trace "
+                                      f"{args.trace!r} gives its own: drop {', '.join(ignored)}")
         jobs = load_jobs(args.trace, workers, table=args.throughputs, with_pairs=args.space_sharing)
         return jobs if all(j.throughputs is not None for j in jobs.jobs) else _resolved(jobs, workers)
     if args.rate is None:

@@ -411,3 +411,15 @@ def test_nodes_x_devices_means_the_same_in_every_command() -> None:
 def test_simulator_work_is_bounded() -> None:
     _refused(["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:16", "--pipeline", "96",
               "--microbatches", "16384"], "1,048,576")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["cluster-sim", "--cluster", "v100:2,k80:2", "--policy", "fifo", "--trace", "small_test", "--rate", "3"], "--rate"),
+    (["cluster-sim", "--cluster", "v100:2,k80:2", "--policy", "fifo", "--trace", "small_test", "--multi-gpu"], "--multi-gpu"),
+    (["fill", "{plan}", "--fill-jobs", "bert-large-inference", "--gpus", "1024"], "--scale only"),
+    (["fill", "{plan}", "--scale"], "drop the plan"),
+    (["simulate", "{plan}", "--events"], "add --json"),
+])
+def test_flags_that_would_be_ignored_are_refused(tmp_path: Path, argv: list[str], needle: str) -> None:
+    plan = str(write(tmp_path / "plan.json", plan_dict()))
+    _refused([a.replace("{plan}", plan) for a in argv], needle)
