@@ -104,3 +104,12 @@ def plan_dict() -> dict[str, Any]:
 def write(path: Path, data: Any) -> Path:
     path.write_text(json.dumps(data))
     return path
+
+def refused(argv: list[str], *needles: str) -> str:
+    """Run ``argv``; it must exit 2 with each needle in its message. Returns the message."""
+    outcome = run_cli(argv)
+    assert_contract(outcome, argv)
+    assert outcome.code == 2, outcome.err
+    for needle in needles:
+        assert needle in outcome.err, (needle, outcome.err)
+    return outcome.err
