@@ -246,3 +246,11 @@ def test_simulator_work_is_bounded() -> None:
 def test_flags_that_would_be_ignored_are_refused(tmp_path: Path, argv: list[str], needle: str) -> None:
     plan = str(write(tmp_path / "plan.json", plan_dict()))
     refused([a.replace("{plan}", plan) for a in argv], needle)
+
+
+def test_bad_custom_actions_are_refused_before_any_process_starts(tmp_path: Path) -> None:
+    plan = _plan(schedule="custom", actions=[["0F0", "0F1", "0F2", "0F3", "0B0", "0B1", "0B2"],
+                                             ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]])
+    path = str(write(tmp_path / "plan.json", plan))
+    for argv in (["run", path], ["simulate", path], ["export", path, "--format", "torch-csv"]):
+        refused(argv, "invalid plan", "virtual stage 0, microbatch 3")
