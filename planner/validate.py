@@ -219,8 +219,9 @@ def _count_defects(parsed: list[list[Action]], num_virtual: int, m: int) -> list
             if "F" not in has:
                 out.append(f"virtual stage {s} never runs the forward of microbatch {mb} ({s}F{mb})")
             if has & {"B", "I", "W"} not in ({"B"}, {"I", "W"}):
-                out.append(f"virtual stage {s}, microbatch {mb}: the backward must be one B or one I plus one W, "
-                           f"got {sorted(has - {'F'}) or 'none'}")
+                got = ", ".join(f"{s}{k}{mb}" for k in "BIW" if k in has) or "none"
+                out.append(f"virtual stage {s}, microbatch {mb}: the backward must be one B or one I plus one W "
+                           f"({s}B{mb}, or {s}I{mb} and {s}W{mb}); got {got}")
             if len(out) >= _MAX_SHOWN:
                 return out
     return out
