@@ -53,8 +53,6 @@ def load_model(spec: ModelSpec) -> ModelProfile | TransformerConfig:
     text = str(spec)
     path = Path(text)
     if path.suffix in (".json", ".txt") or path.exists():
-        if not path.is_file():
-            raise InvalidProblemError(f"model file {text!r} does not exist")
         if path.suffix == ".txt":
             return profiles.load_pipedream_graph(path)
         data = _read_json(path, what="model")
@@ -74,8 +72,6 @@ def load_cluster(spec: ClusterSpec) -> Cluster:
     text = str(spec)
     path = Path(text)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise InvalidProblemError(f"cluster file {text!r} does not exist")
         return Cluster.from_dict(_read_json(path, what="cluster"))
     return hardware.cluster_preset(text)
 
