@@ -12,7 +12,7 @@ counts are ``num_*``, sequences are tuples.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, NamedTuple, TypeVar, get_args
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -55,6 +55,8 @@ Rate = PositiveFloat
 Latency = Annotated[float, Field(ge=0), _at_most(3600.0, "an hour per message")]
 _WIDTH = _count(2**20, "a model dimension, set far above any published model (Llama 3 405B: 16,384)")
 _LENGTH = _count(2**24, "tokens, set far above any published vocabulary or context length")
+LayerIndex = Annotated[int, Field(ge=0, json_schema_extra={"maximum": schema_io.MAX_LAYERS}),
+                      _at_most(schema_io.MAX_LAYERS, "layer indices of a model with at most that many layers")]
 DeviceCount = _count(schema_io.MAX_DEVICES, _DEVICES_WHY)
 LayerCount = _count(schema_io.MAX_LAYERS, "ten times the largest model planned")
 MicrobatchCount = _count(schema_io.MAX_MICROBATCHES, "microbatches per pipeline per iteration; the simulator steps each one")
@@ -75,12 +77,19 @@ class _Frozen(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """``true`` is not the number 1: refuse booleans wherever the field holds no bool."""
-        if info.field_name is None or not _holds_bool(value):
+    def _strict_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true`` is not the number 1 and ``"1"`` is not a number: where a field (or its items)
+        holds no bool or no str, refuse one (JSON types as the schema states them)."""
+        if info.field_name is None:
             return value
-        if not _accepts_bool(cls.model_fields[info.field_name].annotation):
+        bool_ok, str_ok = _field_accepts(cls, info.field_name)
+        if bool_ok and str_ok:
+            return value
+        wrong = _wrong_scalar(value, bool_ok=bool_ok, str_ok=str_ok)
+        if wrong == "boolean":
             raise ValueError("a boolean is not a number here; write the number itself")
+        if wrong == "string":
+            raise ValueError("a string is not a number here; write the number without quotes")
         return value
 
     def to_json(self, **kwargs: Any) -> str:
@@ -113,25 +122,44 @@ class _Result(_Frozen):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True)
 
 
-def _holds_bool(value: Any) -> bool:
-    """Whether a decoded JSON value is or contains a boolean (not looking into objects, which
-    nested schema types check themselves)."""
+_ACCEPTS: dict[tuple[type, str], tuple[bool, bool]] = {}
+
+
+def _field_accepts(cls: type[BaseModel], name: str) -> tuple[bool, bool]:
+    """(admits a boolean, admits a string) anywhere in the field's type; cached per field."""
+    key = (cls, name)
+    if key not in _ACCEPTS:
+        annotation = cls.model_fields[name].annotation
+        _ACCEPTS[key] = (_accepts(annotation, bool), _accepts(annotation, str))
+    return _ACCEPTS[key]
+
+
+def _accepts(annotation: Any, kind: type) -> bool:
+    """Whether a type admits values of ``kind`` (itself, Any, a Literal of it, or a nested
+    schema type, which checks its own fields)."""
+    if annotation is kind or annotation is Any:
+        return True
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel) or hasattr(annotation, "_fields")):
+        return True  # schema types and named tuples: pydantic checks their fields one by one
+    if get_origin(annotation) is Literal:
+        return any(type(v) is kind for v in get_args(annotation))
+    return any(_accepts(arg, kind) for arg in get_args(annotation))
+
+
+def _wrong_scalar(value: Any, *, bool_ok: bool, str_ok: bool) -> str | None:
+    """'boolean' or 'string' when a decoded JSON value is or holds one the field does not admit
+    (lists and mapping values are searched; objects check their own fields)."""
     if isinstance(value, bool):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_holds_bool(v) for v in value)
-    if isinstance(value, dict):
-        return any(isinstance(v, (bool, list, tuple)) and _holds_bool(v) for v in value.values())
-    return False
-
-
-def _accepts_bool(annotation: Any) -> bool:
-    """Whether a field's type admits a boolean anywhere (bool, Any, or a nested schema type)."""
-    if annotation is bool or annotation is Any:
-        return True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return True
-    return any(_accepts_bool(arg) for arg in get_args(annotation))
+        return None if bool_ok else "boolean"
+    if isinstance(value, str):
+        return None if str_ok else "string"
+    items = value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else ()
+    for item in items:
+        if isinstance(item, (bool, str, list, tuple, dict)):
+            wrong = _wrong_scalar(item, bool_ok=bool_ok, str_ok=str_ok)
+            if wrong:
+                return wrong
+    return None
 
 
 def format_validation_error(type_name: str, error: ValidationError) -> str:
@@ -490,9 +518,9 @@ class Degrees(_Frozen):
 class Chunk(_Frozen):
     """A contiguous run of layers placed on one stage (a virtual stage when interleaved)."""
 
-    layers: tuple[NonNegativeInt, NonNegativeInt]
+    layers: tuple[LayerIndex, LayerIndex]
     """[first, last_exclusive)."""
-    recompute: dict[str, NonNegativeInt | tuple[NonNegativeInt, ...]] = Field(default_factory=dict)
+    recompute: dict[str, LayerIndex | tuple[LayerIndex, ...]] = Field(default_factory=dict)
     """Strategy -> a count (the chunk's first layers, in the order listed) or absolute layer
     indices. Layers not named use ``none``."""
 
@@ -541,8 +569,8 @@ class Stage(_Frozen):
 
 
 class BPipeSpec(_Frozen):
-    pairs: tuple[tuple[NonNegativeInt, NonNegativeInt], ...]
-    target_inflight: PositiveInt
+    pairs: tuple[tuple[NonNegativeInt, NonNegativeInt], ...] = Field(max_length=schema_io.MAX_DEVICES)
+    target_inflight: _count(schema_io.MAX_LAYERS + 1, "activation sets a stage holds: one per chunk and one more")  # type: ignore[valid-type]
 
 
 class Predicted(_Frozen):

@@ -104,6 +104,9 @@ def test_booleans_are_not_numbers(tmp_path: Path) -> None:
     profile = json.loads(json.dumps(PROFILE))
     profile["microbatch_size"] = True
     refused(["plan", "--model", str(write(tmp_path / "p.json", profile)), "--cluster", "cpu:2"], "microbatch_size")
+    cluster["device"]["memory_bytes"] = "80e9"
+    refused(["plan", "--model", "gpt-tiny", "--cluster", str(write(tmp_path / "c.json", cluster))],
+            "device.memory_bytes", "string is not a number")
 
 
 def test_graph_txt_negative_times_are_refused(tmp_path: Path) -> None:

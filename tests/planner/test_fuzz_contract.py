@@ -74,8 +74,8 @@ def mutated(draw: st.DrawFn, seed: dict[str, Any]) -> tuple[dict[str, Any], str]
     parent[key] = new
     if isinstance(new, float) and new in NON_FINITE or new != new:
         return doc, "nonfinite"
-    if isinstance(new, bool) and isinstance(old, (int, float)) and not isinstance(old, bool):
-        return doc, "bool-for-number"
+    if isinstance(new, (bool, str)) and isinstance(old, (int, float)) and not isinstance(old, bool):
+        return doc, "bool-for-number"  # (or a string: "1" is not a number either)
     return doc, "other"
 
 
