@@ -45,11 +45,12 @@ class FillJob(_Frozen):
     model: str | None = None
     profile: ModelProfile | None = None
     mode: FillMode = "inference"
-    batch_sizes: tuple[PositiveInt, ...] = Field(default=(1, 2, 4, 8, 16, 32), min_length=1)
+    batch_sizes: tuple[Annotated[int, Field(ge=1), _at_most(2**24, "samples per fill batch")], ...] = Field(
+        default=(1, 2, 4, 8, 16, 32), min_length=1, max_length=64)
     """Valid batch sizes; the Executor picks the one with the highest fill throughput ([pipefill])."""
     num_samples: Annotated[float, Field(ge=1), _at_most(1e15, "samples of one fill job")] = 1e5
     """Samples to process (inference) or to train on (training)."""
-    arrival_time_s: NonNegativeFloat = 0.0
+    arrival_time_s: Annotated[float, Field(ge=0), _at_most(3.2e9, "a century")] = 0.0
     allow_checkpointing: bool = True
     """Training only: the Executor may recompute activations in the backward ([pipefill])."""
     allow_offload: bool = True
