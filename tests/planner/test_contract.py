@@ -184,3 +184,15 @@ def test_output_paths_are_checked_first(tmp_path: Path, flag: str) -> None:
     refused(["simulate", plan, "--timeline", str(tmp_path / "nope" / "t.png")], "--timeline")
     refused(["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "2", "--rate", "1",
               "--cdf", str(tmp_path)], "--cdf")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["cloud", "trace", "--generate", "--days", "1e9"], "--days"),
+    (["cloud", "trace", "--generate", "--days", "nan"], "finite"),
+    (["cloud", "trace", "--generate", "--seed", "-1"], "--seed"),
+    (["cloud", "trace", "--generate", "-o", "{tmp}"], "is a directory"),
+    (["cloud", "catalogue", "--catalogue", "{tmp}/latin1.json"], "latin1.json"),
+])
+def test_cloud_commands_keep_the_contract(tmp_path: Path, argv: list[str], needle: str) -> None:
+    (tmp_path / "latin1.json").write_bytes('{"name": "caf\u00e9"}'.encode("latin-1"))
+    refused([a.replace("{tmp}", str(tmp_path)) for a in argv], needle)
