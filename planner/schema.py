@@ -143,6 +143,8 @@ def _accepts(annotation: Any, kind: type) -> bool:
         return True  # schema types and named tuples: pydantic checks their fields one by one
     if get_origin(annotation) is Literal:
         return any(type(v) is kind for v in get_args(annotation))
+    if get_origin(annotation) is dict:  # keys are always strings in JSON: only the values count
+        return _accepts(get_args(annotation)[1], kind)
     return any(_accepts(arg, kind) for arg in get_args(annotation))
 
 

@@ -282,3 +282,18 @@ def test_fill_flags(flags: dict[str, str], jobs: str, policy: str) -> None:
         assert_contract(outcome, argv)
         if outcome.code == 0:
             json.loads(outcome.out)
+
+
+CLOUD_JOBS: dict[str, Any] = {"format": "paraplan.cloud-jobs/v1", "jobs": [
+    {"id": "transformer", "throughputs": {"k80": 1.0, "p100": 3.3, "v100": 3.3}, "num_steps": 237600,
+     "slo_h": 30, "checkpoint_gb": 0.4, "checkpoint_s": 60, "restart_s": 300},
+    {"id": "small", "throughputs": {"k80": 2.0, "v100": 5.0}, "num_steps": 1000}]}
+
+
+@pytest.mark.timeout(300)
+@FEW
+@given(mutated(CLOUD_JOBS), ENCODINGS, st.sampled_from(["min-cost", "max-throughput", "min-makespan"]))
+def test_cloud_jobs_reader(doc_kind: tuple[dict, str], encoding: str, objective: str) -> None:
+    budget = {"min-makespan": ["--budget", "1000"], "max-throughput": ["--budget-per-hour", "50"]}.get(objective, [])
+    _check_json_reader(CLOUD_JOBS, lambda d, p: ["cloud", "plan", "--jobs", str(p), "--objective", objective, *budget],
+                       doc_kind, encoding)
