@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -197,10 +198,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from planner import api
-
     from planner.schema_io import check_output_path
 
     check_output_path(args.timeline, flag="--timeline")
+    check_output_path(args.trace, flag="--trace")
+    window = _window(args.window)
     if args.events and not args.json:
         raise InvalidProblemError("--events adds the timeline events to --json output; add --json (or use --timeline)")
     plan = api.load_plan(args.plan)
@@ -220,7 +222,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         rows = stage_labels(plan) if plan.offload is None else None  # offloaded results have a row per GPU
         with progress("drawing the timeline"):
             draw_timeline(result, args.timeline, title=report.plan_title(plan), resources=api.resource_timelines(plan),
-                          row_labels=rows, window=_window(args.window), memory=api.memory_timelines(plan, result))
+                          row_labels=rows, window=window, memory=api.memory_timelines(plan, result))
         print(f"wrote {args.timeline}", file=sys.stderr)
     if args.json:
         print(result.to_json(include_events=args.events, indent=2))
@@ -237,6 +239,8 @@ def _window(text: str) -> str | tuple[float, float]:
         lo, hi = (float(x) for x in text.split(":"))
     except ValueError:
         raise InvalidProblemError(f"--window {text!r} is not auto, all or START:END in seconds (e.g. 0:2.5)") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise InvalidProblemError(f"--window {text!r}: START and END must be finite seconds with 0 <= START < END")
     return (lo, hi)
 
 

@@ -182,6 +182,8 @@ def test_output_paths_are_checked_first(tmp_path: Path, flag: str) -> None:
         refused([*argv, flag, str(tmp_path)], "is a directory")
         refused([*argv, flag, str(tmp_path / "missing" / "out.json")], "does not exist", "mkdir -p")
     refused(["simulate", plan, "--timeline", str(tmp_path / "nope" / "t.png")], "--timeline")
+    refused(["simulate", plan, "--trace", str(tmp_path)], "--trace", "is a directory")
+    refused(["simulate", plan, "--window", "nan:inf", "--timeline", str(tmp_path / "t.png")], "--window", "finite")
     refused(["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "2", "--rate", "1",
               "--cdf", str(tmp_path)], "--cdf")
 
