@@ -201,7 +201,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.schema_io import check_output_path
 
     check_output_path(args.timeline, flag="--timeline")
-    check_output_path(args.trace, flag="--trace")
+    check_output_path(args.trace, flag="--trace", create_parent=True)  # write_trace makes the folders
     window = _window(args.window)
     if args.events and not args.json:
         raise InvalidProblemError("--events adds the timeline events to --json output; add --json (or use --timeline)")

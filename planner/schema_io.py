@@ -150,12 +150,15 @@ def bounded(name: str, value: int, limit: int, why: str) -> int:
     return value
 
 
-def check_output_path(path: str | Path | None, *, flag: str) -> None:
+def check_output_path(path: str | Path | None, *, flag: str, create_parent: bool = False) -> None:
     """Refuse an output path that cannot be written, before any work starts.
 
+    ``create_parent``: the command creates missing folders itself; then the nearest existing
+    folder above the path must be writable (and no file may stand where a folder goes).
+
     Raises:
-        InvalidProblemError: the path is a directory, its parent folder is missing or is not
-            writable.
+        InvalidProblemError: the path is a directory, its parent folder is missing (unless
+            ``create_parent``) or is not writable.
     """
     if path is None:
         return
@@ -163,6 +166,11 @@ def check_output_path(path: str | Path | None, *, flag: str) -> None:
     if str(path) == "" or out.is_dir():
         raise InvalidProblemError(f"{flag} {str(path)!r} is a directory; give a file name, e.g. {flag} plan.json")
     parent = out.parent if str(out.parent) else Path(".")
+    if create_parent:
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise InvalidProblemError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a folder")
     if not parent.is_dir():
         raise InvalidProblemError(
             f"{flag} {str(path)!r}: the folder {str(parent)!r} does not exist; create it first (mkdir -p {parent})"
