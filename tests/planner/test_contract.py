@@ -198,3 +198,12 @@ def test_output_paths_are_checked_first(tmp_path: Path, flag: str) -> None:
 def test_cloud_commands_keep_the_contract(tmp_path: Path, argv: list[str], needle: str) -> None:
     (tmp_path / "latin1.json").write_bytes('{"name": "caf\u00e9"}'.encode("latin-1"))
     refused([a.replace("{tmp}", str(tmp_path)) for a in argv], needle)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("throughputs", {"k80": 1e308}, "1e+09"), ("num_steps", 1e-300, "greater than or equal to 1"),
+])
+def test_cloud_jobs_with_absurd_numbers_are_refused(tmp_path: Path, field: str, value: object, needle: str) -> None:
+    jobs = {"format": "paraplan.cloud-jobs/v1", "jobs": [{"id": "a", "throughputs": {"k80": 1.0}, "num_steps": 100}]}
+    jobs["jobs"][0][field] = value
+    refused(["cloud", "plan", "--jobs", str(write(tmp_path / "jobs.json", jobs))], needle)
