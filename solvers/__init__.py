@@ -6,6 +6,7 @@ CLI and the Python API look names up here; a typo lists the valid names.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,7 +53,7 @@ DESCRIPTIONS: dict[str, str] = {
     "ptdp": "PTD-P configuration search: tensor x pipeline x data degrees, interleaving, microbatch size "
     "and recompute for Megatron-LM (dissertation ch. 4)",
     "stage-ilp": "holistic ILP over layer-to-stage/chunk assignment and per-layer recompute, minimizing "
-    "recompute, imbalance and warm-up bubbles together (poster, seed 002)",
+    "recompute, imbalance and warm-up bubbles together (poster, [stage-ilp])",
     "merak": "Merak baseline: even split with stage-aware recompute (more recompute on early stages)",
     "adapipe": "AdaPipe baseline: per-stage recompute by knapsack plus a partitioning DP",
     "spipe": "SPipe: hybrid GPU/CPU pipeline for models whose states exceed GPU memory (parameters and "
@@ -76,4 +77,5 @@ def get_solver(name: str) -> SolveFn:
 
 def solve(problem: PipelineProblem, *, solver: str = "even", options: Mapping[str, Any] | None = None) -> Plan:
     """Run a registered solver on a problem with string or typed options."""
-    return get_solver(solver)(problem, options=dict(options or {}))
+    typed = dataclasses.is_dataclass(options) and not isinstance(options, type)
+    return get_solver(solver)(problem, options=options if typed else dict(options or {}))
