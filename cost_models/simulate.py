@@ -33,6 +33,7 @@ from cost_models import _sim_bpipe as bpipe_sim
 from cost_models import _sim_engine as engine
 from cost_models import _sim_report as report
 from cost_models import _sim_rr as rr
+from cost_models import extrapolate
 from cost_models._sim_costs import PipelineCosts, allreduce_link, bottleneck_s, pipeline_costs
 from cost_models.schedules import build_actions, validate_actions
 from planner.errors import InvalidProblemError
@@ -62,6 +63,10 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
         plan: the plan; its schedule picks the action lists (``custom`` uses ``plan.actions``).
         include_events: build the per-action timeline (``SimResult.events``).
 
+    Plans of more than ``extrapolate.MAX_SIMULATED_ACTIONS`` actions on a built-in schedule are
+    simulated at three smaller microbatch counts and extrapolated exactly along the periodic
+    steady state (``cost_models.extrapolate``), so the cost does not grow with the microbatch count.
+
     Returns:
         Iteration time, bubble fraction, per-rank busy/idle time, peak memory, in-flight
         microbatches and bubbles with their free memory.
@@ -70,6 +75,13 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
         InvalidProblemError: the plan's cluster has no device, a custom action list is malformed
             or deadlocks, or the schedule needs weight-gradient times the profile lacks.
     """
+    if extrapolate.needs_extrapolation(plan):
+        return extrapolate.simulate_many(plan, _simulate_exact, include_events=include_events)
+    return _simulate_exact(plan, include_events=include_events)
+
+
+def _simulate_exact(plan: Plan, *, include_events: bool = False) -> SimResult:
+    """Every action of the plan's iteration through the engine (``simulate`` without extrapolation)."""
     if plan.bpipe is not None:
         return bpipe_sim.simulate_bpipe(plan, include_events=include_events)  # evictions and loads
     if "offload" in plan.options:
