@@ -41,10 +41,17 @@ def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, 
 
     Args:
         cost: cost(i, j, q) of layers [i, j) as part q; ``math.inf`` when they cannot be part q.
+            It must not decrease when the range grows at a fixed q (true of time plus a memory
+            check: a subset of a part that fits also fits, and takes no longer).
 
     Returns:
         (value, bounds) with bounds[0] = 0, bounds[-1] = num_layers; value inf if none is feasible.
         Ties go to the smallest last boundary at every step (deterministic).
+
+    For each (q, j) the last part [i, j) is searched from i = j - 1 down: once cost(i, j, q)
+    exceeds the best value found, every smaller i does too (found by bisection), and an i whose
+    prefix value already exceeds the best is skipped without costing its part. With N layers
+    and parts of about N / P layers this takes O(P N log N) part costs instead of O(P N^2).
     """
     inf = math.inf
     best = [[inf] * (num_layers + 1) for _ in range(num_parts + 1)]
@@ -52,13 +59,9 @@ def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, 
     best[0][0] = 0.0
     for q in range(1, num_parts + 1):
         left = num_parts - q  # parts still to come need a layer each
+        prev = best[q - 1]
         for j in range(q, num_layers - left + 1):
-            for i in range(q - 1, j):
-                if best[q - 1][i] >= best[q][j]:
-                    continue
-                value = max(best[q - 1][i], cost(i, j, q - 1))
-                if value < best[q][j]:
-                    best[q][j], arg[q][j] = value, i
+            best[q][j], arg[q][j] = _best_last_part(prev, q - 1, j, q - 1, cost)
     value = best[num_parts][num_layers]
     if math.isinf(value):
         return value, []
@@ -66,6 +69,34 @@ def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, 
     for q in range(num_parts, 0, -1):
         bounds.append(arg[q][bounds[-1]])
     return value, bounds[::-1]
+
+
+def _best_last_part(prev: list[float], lo: int, j: int, part: int, cost: Callable[[int, int, int], float]) -> tuple[float, int]:
+    """min over lo <= i < j of max(prev[i], cost(i, j, part)), smallest i on ties."""
+    tail = cost(j - 1, j, part)
+    if math.isinf(tail):
+        return math.inf, 0  # every longer last part costs at least as much
+    value = max(prev[j - 1], tail)
+    # cost(i, j) does not increase with i: bisect for the smallest i whose part costs at most `value`
+    a, b = lo, j - 1
+    while a < b and not math.isinf(value):
+        mid = (a + b) // 2
+        if cost(mid, j, part) <= value:
+            b = mid
+        else:
+            a = mid + 1
+    return _scan(prev, a if not math.isinf(value) else lo, j, part, cost, value, j - 1)
+
+
+def _scan(prev: list[float], lo: int, j: int, part: int, cost: Callable[[int, int, int], float],
+          value: float, at: int) -> tuple[float, int]:
+    for i in range(j - 1, lo - 1, -1):
+        if prev[i] > value:
+            continue
+        candidate = max(prev[i], cost(i, j, part))
+        if candidate <= value:
+            value, at = candidate, i
+    return value, at
 
 
 def composition(types: tuple[LayerType, ...], i: int, j: int) -> tuple[int, ...]:

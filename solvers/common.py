@@ -195,6 +195,25 @@ def with_prediction(plan: Plan) -> tuple[Plan, SimResult]:
     return plan.model_copy(update={"predicted": sim.predicted(plan, result)}), result
 
 
+def memory_lower_bound_bytes(plan: Plan) -> float:
+    """A lower bound on the plan's simulated peak memory per device (its largest rank), without
+    simulating: rank s holds its static bytes plus at least min(p - s, m) activation sets, the
+    1F1B warm-up (BPipe, sec. 2, the in-flight count of 1F1B; GPipe, the interleaved and the
+    zero-bubble schedules hold at least as many). Exact for 1F1B with one chunk per stage.
+    Plans whose memory this does not bound (BPipe moves activations, custom orders, offload)
+    get 0.
+    """
+    if plan.bpipe is not None or plan.schedule == "custom" or "offload" in plan.options:
+        return 0.0
+    costs = sim.pipeline_costs(plan)
+    p, m = plan.degrees.pipeline, plan.num_microbatches
+    bound = 0.0
+    for s in range(p):
+        activation = min(costs.activation_bytes[k] for k in range(s, costs.num_virtual_stages, p))
+        bound = max(bound, costs.static_bytes[s] + min(p - s, m) * activation)
+    return bound
+
+
 def bpipe_would_apply(problem: PipelineProblem, num_stages: int | None = None) -> bool:
     """Whether ``--bpipe`` is a fix worth naming: it is off, the schedule is one BPipe balances
     (1F1B or interleaved 1F1B) and the pipeline has at least 4 stages (below that BPipe moves

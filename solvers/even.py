@@ -29,6 +29,7 @@ from planner.schema import BPipeSpec, ModelProfile, PipelineProblem, Plan, Stage
 from solvers.common import (
     build_plan,
     even_split,
+    memory_lower_bound_bytes,
     memory_shortfall_message,
     resolve_layout,
     with_prediction,
@@ -80,6 +81,10 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
                 plan, bpipe_notes = with_bpipe(plan) if problem.bpipe else (plan, ())
             except InfeasibleError as e:
                 link_error = e  # the pair link is too slow for this configuration
+                continue
+            lower_bytes = memory_lower_bound_bytes(plan)
+            if lower_bytes > problem.cluster.device.memory_bytes:  # type: ignore[union-attr]
+                smallest_peak = min(smallest_peak, lower_bytes)  # cannot fit: no need to simulate
                 continue
             plan, result = with_prediction(plan)
             if result.fits_memory:

@@ -29,7 +29,7 @@ from typing import Any
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import PipelineProblem, Plan
 from solvers._partition import fixed_depth_model
-from solvers.common import build_plan, memory_shortfall_message, with_prediction
+from solvers.common import build_plan, memory_lower_bound_bytes, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
 from solvers.options import parse_options
 
@@ -91,6 +91,10 @@ def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str) -> tupl
         plan = build_plan(problem, model.layout, bounds=bounds, strategies=strategies, solver="merak",
                           options={"recompute": strategy},
                           notes=(f"first-stage recompute ratio r_0 = {ratio:.4g} ({strategy!r})",))
+        lower_bytes = memory_lower_bound_bytes(plan)
+        if lower_bytes > problem.cluster.device.memory_bytes:  # type: ignore[union-attr]  # cannot fit: no need to simulate
+            smallest = min(smallest, lower_bytes)
+            continue
         plan, result = with_prediction(plan)
         if result.fits_memory:
             return plan, max(s.peak_memory_bytes for s in result.stages)
