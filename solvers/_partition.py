@@ -48,10 +48,10 @@ def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, 
         (value, bounds) with bounds[0] = 0, bounds[-1] = num_layers; value inf if none is feasible.
         Ties go to the smallest last boundary at every step (deterministic).
 
-    For each (q, j) the last part [i, j) is searched from i = j - 1 down: once cost(i, j, q)
-    exceeds the best value found, every smaller i does too (found by bisection), and an i whose
-    prefix value already exceeds the best is skipped without costing its part. With N layers
-    and parts of about N / P layers this takes O(P N log N) part costs instead of O(P N^2).
+    For each (q, j) the last part [i, j) is found by bisection: with G(i) the smallest prefix
+    value over [i, j) (nondecreasing in i, from a sparse table) and C(i) = cost(i, j, q)
+    (non-increasing), min_i max(prev(i), C(i)) = min_i max(G(i), C(i)) lies where G and C
+    cross. With N layers this takes O(P N log N) part costs instead of O(P N^2).
     """
     inf = math.inf
     best = [[inf] * (num_layers + 1) for _ in range(num_parts + 1)]
@@ -60,8 +60,9 @@ def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, 
     for q in range(1, num_parts + 1):
         left = num_parts - q  # parts still to come need a layer each
         prev = best[q - 1]
+        table = _min_table(prev)
         for j in range(q, num_layers - left + 1):
-            best[q][j], arg[q][j] = _best_last_part(prev, q - 1, j, q - 1, cost)
+            best[q][j], arg[q][j] = _best_last_part(prev, table, q - 1, j, q - 1, cost)
     value = best[num_parts][num_layers]
     if math.isinf(value):
         return value, []
@@ -71,32 +72,53 @@ def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, 
     return value, bounds[::-1]
 
 
-def _best_last_part(prev: list[float], lo: int, j: int, part: int, cost: Callable[[int, int, int], float]) -> tuple[float, int]:
+def _min_table(values: list[float]) -> list[list[float]]:
+    """Sparse table: table[k][i] = min(values[i : i + 2**k])."""
+    table = [values]
+    width = 1
+    while 2 * width <= len(values):
+        row = table[-1]
+        table.append([min(row[i], row[i + width]) for i in range(len(values) - 2 * width + 1)])
+        width *= 2
+    return table
+
+
+def _range_min(table: list[list[float]], lo: int, hi: int) -> float:
+    """min(values[lo:hi]) for lo < hi."""
+    k = (hi - lo).bit_length() - 1
+    return min(table[k][lo], table[k][hi - (1 << k)])
+
+
+def _best_last_part(prev: list[float], table: list[list[float]], lo: int, j: int, part: int,
+                    cost: Callable[[int, int, int], float]) -> tuple[float, int]:
     """min over lo <= i < j of max(prev[i], cost(i, j, part)), smallest i on ties."""
-    tail = cost(j - 1, j, part)
-    if math.isinf(tail):
-        return math.inf, 0  # every longer last part costs at least as much
-    value = max(prev[j - 1], tail)
-    # cost(i, j) does not increase with i: bisect for the smallest i whose part costs at most `value`
+    if cost(j - 1, j, part) == math.inf or _range_min(table, lo, j) == math.inf:
+        return math.inf, 0  # every longer last part costs at least as much, or no prefix is feasible
+    # smallest i in [lo, j) with cost(i) <= G(i): G rises and cost falls with i
     a, b = lo, j - 1
-    while a < b and not math.isinf(value):
+    while a < b:
+        mid = (a + b) // 2
+        if cost(mid, j, part) <= _range_min(table, mid, j):
+            b = mid
+        else:
+            a = mid + 1
+    value = max(_range_min(table, a, j), cost(a, j, part))
+    if a > lo:
+        value = min(value, max(_range_min(table, a - 1, j), cost(a - 1, j, part)))
+    if value == math.inf:
+        return math.inf, 0
+    # the smallest i attaining it: its part must cost at most `value`, so i >= the first such i
+    a, b = lo, j - 1
+    while a < b:
         mid = (a + b) // 2
         if cost(mid, j, part) <= value:
             b = mid
         else:
             a = mid + 1
-    return _scan(prev, a if not math.isinf(value) else lo, j, part, cost, value, j - 1)
-
-
-def _scan(prev: list[float], lo: int, j: int, part: int, cost: Callable[[int, int, int], float],
-          value: float, at: int) -> tuple[float, int]:
-    for i in range(j - 1, lo - 1, -1):
-        if prev[i] > value:
-            continue
-        candidate = max(prev[i], cost(i, j, part))
-        if candidate <= value:
-            value, at = candidate, i
-    return value, at
+    for i in range(a, j):
+        if prev[i] <= value:
+            return value, i
+    raise AssertionError("the minimum is attained")  # pragma: no cover
 
 
 def composition(types: tuple[LayerType, ...], i: int, j: int) -> tuple[int, ...]:
