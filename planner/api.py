@@ -12,6 +12,7 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from collections.abc import Mapping
@@ -19,8 +20,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import solvers
-from cost_models import hardware, models, profiles, transformer
-from cost_models import simulate as _simulate
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema import (
     Cluster,
@@ -39,6 +38,11 @@ ClusterSpec = str | Path | Cluster
 log = logging.getLogger(__name__)
 
 
+def _cost_model(name: str) -> Any:
+    """A ``cost_models`` module, imported on first use: ``import planner.api`` stays cheap."""
+    return importlib.import_module(f"cost_models.{name}")
+
+
 def load_model(spec: ModelSpec) -> ModelProfile | TransformerConfig:
     """A model from a preset name, ``pipedream:<name>``, or a file (profile JSON, transformer
     JSON, or a PipeDream ``graph.txt``).
@@ -54,15 +58,15 @@ def load_model(spec: ModelSpec) -> ModelProfile | TransformerConfig:
         if not path.is_file():
             raise InvalidProblemError(f"model file {text!r} does not exist")
         if path.suffix == ".txt":
-            return profiles.load_pipedream_graph(path)
+            return _cost_model("profiles").load_pipedream_graph(path)
         data = _read_json(path, what="model")
         kind = data.get("format") if isinstance(data, dict) else None
         if kind == "paraplan.transformer/v1" or (kind is None and isinstance(data, dict) and "hidden_size" in data):
             return TransformerConfig.from_dict(data)
         return ModelProfile.from_dict(data)
     if text.startswith("pipedream:"):
-        return profiles.pipedream_profile(text.split(":", 1)[1])
-    return models.model_preset(text)
+        return _cost_model("profiles").pipedream_profile(text.split(":", 1)[1])
+    return _cost_model("models").model_preset(text)
 
 
 def load_cluster(spec: ClusterSpec) -> Cluster:
@@ -75,7 +79,7 @@ def load_cluster(spec: ClusterSpec) -> Cluster:
         if not path.is_file():
             raise InvalidProblemError(f"cluster file {text!r} does not exist")
         return Cluster.from_dict(_read_json(path, what="cluster"))
-    return hardware.cluster_preset(text)
+    return _cost_model("hardware").cluster_preset(text)
 
 
 def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
@@ -128,7 +132,7 @@ def make_problem(
         kwargs: dict[str, Any] = {}
         if efficiency is not None:
             kwargs["efficiency"] = efficiency
-        profile = transformer.transformer_profile(
+        profile = _cost_model("transformer").transformer_profile(
             config,
             device=cluster_obj.device,
             microbatch_size=microbatch_size or 1,
@@ -220,12 +224,12 @@ def _states_vs_gpu_memory(problem: PipelineProblem) -> tuple[float, float]:
 
 def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
     """Simulate a plan with the one schedule simulator (``cost_models.simulate``)."""
-    return _simulate.simulate(plan, include_events=include_events)
+    return _cost_model("simulate").simulate(plan, include_events=include_events)
 
 
 def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     """Host-link, CPU and BPipe-link rows for the timeline picture (``cost_models.simulate``)."""
-    return _simulate.resource_timelines(plan)
+    return _cost_model("simulate").resource_timelines(plan)
 
 
 def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
@@ -252,10 +256,10 @@ def model_info(model: ModelSpec, *, global_batch_size: int = 1) -> dict[str, Any
             "num_heads": obj.num_heads,
             "seq_length": obj.seq_length,
             "vocab_size": obj.vocab_size,
-            "num_parameters": transformer.num_parameters(obj),
+            "num_parameters": _cost_model("transformer").num_parameters(obj),
             "global_batch_size": global_batch_size,
-            "flops_per_iteration": transformer.flops_per_iteration(obj, global_batch_size=global_batch_size),
-            "flops_per_iteration_no_recompute": transformer.flops_per_iteration(
+            "flops_per_iteration": _cost_model("transformer").flops_per_iteration(obj, global_batch_size=global_batch_size),
+            "flops_per_iteration_no_recompute": _cost_model("transformer").flops_per_iteration(
                 obj, global_batch_size=global_batch_size, recompute=False
             ),
         }

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan a model on a cluster")
     p.add_argument("--model", required=True, help="preset name, pipedream:<name>, or a profile/transformer JSON or graph.txt")
     p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
-    p.add_argument("--solver", default="even")
+    p.add_argument("--solver", default="even", metavar="NAME", help=_solver_help())
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--pipeline", type=int, help="pipeline stages p (default: the solver chooses)")
     p.add_argument("--chunks", type=int, default=1, help="model chunks per stage v (interleaved)")
@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(module) is not None:  # sub-commands of packages being built
             importlib.import_module(module).add_parsers(sub)
 
-    sub.add_parser("solvers", help="list the solvers").set_defaults(handler=cmd_solvers)
+    so = sub.add_parser("solvers", help="list the solvers with what they search and the schedules they plan")
+    so.add_argument("--json", action="store_true")
+    so.set_defaults(handler=cmd_solvers)
     pr = sub.add_parser("presets", help="list device, cluster and model presets")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(handler=cmd_presets)
@@ -194,11 +196,23 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _solver_help() -> str:
+    """``--solver`` help from the solver registry (no solver module is imported)."""
+    import solvers
+
+    names = ", ".join(info.name + ("*" if info.searches_tensor_parallelism else "") for info in solvers.REGISTRY)
+    return f"pipeline solver (default even): {names}; * searches tensor parallelism; see 'paraplan solvers'"
+
+
 def cmd_solvers(args: argparse.Namespace) -> int:
     import solvers
 
-    for name in sorted(solvers.SOLVERS):
-        print(f"{name:16s} {solvers.DESCRIPTIONS.get(name, '')}")
+    if getattr(args, "json", False):
+        print(json.dumps([{"name": i.name, "description": i.description, "searches": list(i.searches),
+                           "schedules": list(i.schedules), "offload": i.offload} for i in solvers.REGISTRY], indent=2))
+        return 0
+    for info in solvers.REGISTRY:
+        print(f"{info.name:16s} {solvers.describe(info)}")
     return 0
 
 
