@@ -13,7 +13,7 @@ from cost_models.simulate import simulate
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Cluster, Device, LayerProfile, ModelProfile, PipelineProblem, RecomputeOption
 from solvers import get_solver
-from solvers._partition import partition_bounds, pipedream_fixed, recompute_frontier
+from solvers._partition import parametric_partition, partition_bounds, pipedream_fixed, recompute_frontier
 from solvers._stage_ilp_model import layer_types
 from solvers.merak import stage_fraction
 
@@ -74,6 +74,28 @@ def test_partition_dp_equals_brute_force() -> None:
         if math.isfinite(best):
             assert max(cost(bounds[q], bounds[q + 1], q) for q in range(parts)) == best
         assert (value, bounds) == _reference_partition(n, parts, cost)  # the same tie-break
+
+
+def test_parametric_partition_equals_brute_force() -> None:
+    """The long-chain search finds the DP's optimum when a range's cost moves one way with the part."""
+    rng = random.Random(1)
+    for case in range(300):
+        n, parts = rng.randint(3, 12), rng.randint(1, 4)
+        w = [rng.randint(1, 4) for _ in range(n)]
+        mem = [rng.randint(1, 5) for _ in range(n)]
+        trend = "increasing" if case % 2 else "decreasing"
+        cap = sorted((rng.randint(4, 16) for _ in range(parts)), reverse=trend == "increasing")
+        slow = sorted((rng.choice([1.0, 1.5, 2.0]) for _ in range(parts)), reverse=trend == "decreasing")
+
+        def cost(i: int, j: int, q: int) -> float:
+            return math.inf if sum(mem[i:j]) > cap[q] else sum(w[i:j]) * slow[q]
+
+        best, _ = _reference_partition(n, parts, cost)
+        got, cuts = parametric_partition(n, parts, cost, part_trend=trend)
+        assert got == best
+        if math.isfinite(best):
+            assert cuts[0] == 0 and cuts[-1] == n and all(a < b for a, b in zip(cuts, cuts[1:]))
+            assert max(cost(cuts[q], cuts[q + 1], q) for q in range(parts)) == best
 
 
 def test_recompute_frontier_is_the_pareto_set_of_all_assignments() -> None:
