@@ -281,6 +281,38 @@ def model_info(model: ModelSpec, *, global_batch_size: int = 1) -> dict[str, Any
     }
 
 
+def gavel_policies() -> tuple[Any, ...]:
+    """The Gavel policy registry (``solvers.gavel.REGISTRY``): name, description, capabilities."""
+    from solvers import gavel
+
+    return gavel.REGISTRY
+
+
+def gavel_policy(name: str) -> Any:
+    """One Gavel policy's registry entry.
+
+    Raises:
+        InvalidProblemError: unknown name; the message lists the valid names.
+    """
+    from solvers import gavel
+
+    return gavel.get_policy(name)
+
+
+def schedule(problem: Any, *, policy: str, options: Mapping[str, Any] | None = None) -> Any:
+    """One Gavel allocation of a ``ClusterProblem`` under a registered policy (``solvers.gavel.solve``)."""
+    from solvers import gavel
+
+    return gavel.solve(problem, policy=policy, options=options)
+
+
+def cluster_simulate(jobs: Any, **kwargs: Any) -> Any:
+    """Gavel's round-based cluster simulation of a job trace (``solvers.gavel.simulator.simulate``)."""
+    from solvers.gavel.simulator import simulate as simulate_cluster
+
+    return simulate_cluster(jobs, **kwargs)
+
+
 def save(obj: _Frozen, path: str | Path) -> Path:
     """Write any schema object as indented JSON."""
     out = Path(path)

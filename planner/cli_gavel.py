@@ -60,28 +60,27 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    import solvers.gavel as gavel
+    from planner import api
 
     workers = load_worker_types(args.cluster)
     problem = load_problem(args.jobs, workers, table=args.throughputs, with_pairs=args.space_sharing)
     with progress(f"solving {args.policy}"):
-        allocation = gavel.solve(problem, policy=args.policy, options=_options(args))
+        allocation = api.schedule(problem, policy=args.policy, options=_options(args))
     print(allocation.model_dump_json(indent=2) if args.json else allocation_table(allocation, problem))
     return 0
 
 
 def cmd_cluster_sim(args: argparse.Namespace) -> int:
-    from solvers.gavel import get_policy
-    from solvers.gavel.simulator import simulate
+    from planner import api
 
-    get_policy(args.policy)
+    api.gavel_policy(args.policy)
     workers = load_worker_types(args.cluster)
     jobs = _sim_jobs(args, workers)
     measure = _window(args.measure)
     bar = _Bar(len(jobs.jobs))
     # A live bar on a terminal; in logs, progress() prints one line when it starts and ends.
     with progress(f"simulating {len(jobs.jobs)} jobs under {args.policy}", delay_s=1.0 if not bar.tty else 1e9):
-        result = simulate(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
+        result = api.cluster_simulate(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
                           options=_options(args), seed=args.seed, measure=measure, on_round=bar.update)
     bar.close()
     if args.cdf:
@@ -94,13 +93,19 @@ def cmd_cluster_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from solvers.gavel import POLICIES
+    from planner import api
 
+    registry = api.gavel_policies()
     if args.json:
-        print(json.dumps({name: spec.description for name, spec in POLICIES.items()}, indent=2))
+        print(json.dumps({info.name: {"description": info.description, "objective": info.objective,
+                                      "heterogeneity_aware": info.heterogeneity_aware, "space_sharing": info.packed,
+                                      "partitioned_aggregate": info.aggregate, "backends": list(info.backends)}
+                          for info in registry}, indent=2))
     else:
-        for name in sorted(POLICIES):
-            print(f"{name:48s} {POLICIES[name].description}")
+        for info in sorted(registry, key=lambda i: i.name):
+            traits = ", ".join(t for t, on in (("heterogeneity-aware", info.heterogeneity_aware),
+                                                 ("space sharing", info.packed)) if on) or "heterogeneity-agnostic"
+            print(f"{info.name:48s} {info.description} [{traits}; objective: {info.objective}]")
     return 0
 
 
