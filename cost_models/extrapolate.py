@@ -28,7 +28,7 @@ from planner.schema import Bubble, Plan, SimResult, StageResult
 
 __all__ = ["MAX_SIMULATED_ACTIONS", "needs_extrapolation", "simulate_many"]
 
-MAX_SIMULATED_ACTIONS = 400_000
+MAX_SIMULATED_ACTIONS = 100_000
 """Plans with more compute actions (2 x virtual stages x microbatches) than this are extrapolated."""
 
 _REL_TOL = 1e-9

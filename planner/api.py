@@ -232,6 +232,10 @@ def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     return _cost_model("simulate").resource_timelines(plan)
 
 
+MAX_CSV_ACTIONS = 10_000_000
+"""Largest per-rank action CSV ``export`` writes (about 100 MB)."""
+
+
 def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     """The plan as Megatron-LM arguments or as torch's per-rank action CSV."""
     # By name: ``planner.export`` is this function in the package namespace, not the module.
@@ -240,6 +244,13 @@ def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     if fmt == "megatron":
         return megatron_args_text(plan)
     if fmt == "torch-csv":
+        num_actions = 2 * plan.degrees.pipeline * plan.degrees.virtual * plan.num_microbatches
+        if num_actions > MAX_CSV_ACTIONS:
+            raise InvalidProblemError(
+                f"num_microbatches={plan.num_microbatches}: the torch-csv export lists every action, "
+                f"{num_actions:,} here (at most {MAX_CSV_ACTIONS:,}); export with --format megatron, or plan "
+                "fewer, larger microbatches"
+            )
         return to_torch_csv(plan)
     raise InvalidProblemError(f"unknown export format {fmt!r}; choose from ['megatron', 'torch-csv']")
 
