@@ -3,8 +3,8 @@
 Each case runs in its own process (``python bench/scale.py --one ...``) so that its peak
 resident memory is its own (``os.wait4``); a case past the time limit is killed and shown as
 ``>LIMIT``. The model is GPT-1.7B's layer shape (hidden 2304) repeated to the given depth, on
-A100-80GB nodes of 8 GPUs. The last rows are the absurd counts of issue 14: 10^12 microbatches
-and a 10^18 global batch.
+A100-80GB nodes of 8 GPUs. The last rows are the absurd counts of issue 14 (10^12 microbatches,
+a 10^18 global batch) and GPT-1T's layer shape at 1,536 layers, which fits nowhere.
 
 Run: ``python bench/scale.py [--limit 60] [--layers 1536] [--gpus 64 4096] [--solvers even ptdp]``.
 """
@@ -31,19 +31,21 @@ SOLVER_ARGS: dict[str, dict[str, int]] = {
     "zero-offload": {},
 }
 ABSURD = [
-    ("even", 1536, 64, {"num_stages": 8, "num_microbatches": 10**12}),
+    ("even", 1536, 64, {"num_stages": 32, "num_microbatches": 10**12}),
     ("pipedream-2bw", 1536, 64, {"num_microbatches": 10**12}),
     ("even", 1536, 64, {"global_batch_size": 10**18}),
 ]
+INFEASIBLE = [("even", 1536, 64, {}), ("even", 1536, 4096, {})]
+"""GPT-1T's layer shape repeated to 1,536 layers (12T parameters): no plan fits."""
 
 
-def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int]) -> None:
+def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], shape: str = "gpt-1.7b") -> None:
     """Plan one case in this process and print its outcome (the parent times it)."""
     from cost_models import models
     from planner import api
     from planner.errors import PlannerError
 
-    config = models.model_preset("gpt-1.7b").model_copy(update={"num_layers": num_layers, "name": f"gpt-{num_layers}l"})
+    config = models.model_preset(shape).model_copy(update={"num_layers": num_layers, "name": f"gpt-{num_layers}l"})
     problem = api.make_problem(config, f"a100-80gb:{num_gpus // 8}", **extra)  # type: ignore[arg-type]
     try:
         plan = api.plan(problem, solver=solver)
@@ -53,9 +55,10 @@ def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int]) 
         print(f"{type(e).__name__.replace('Error', '').lower()}: {str(e)[:60]}")
 
 
-def measure(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], limit_s: float) -> tuple[str, str, str]:
+def measure(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], limit_s: float,
+            shape: str = "gpt-1.7b") -> tuple[str, str, str]:
     """(seconds, peak MiB, outcome) of one case in a child process."""
-    args = [sys.executable, __file__, "--one", solver, str(num_layers), str(num_gpus), repr(extra)]
+    args = [sys.executable, __file__, "--one", solver, str(num_layers), str(num_gpus), repr(extra), shape]
     start = time.perf_counter()
     child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     timer_expired = False
@@ -77,7 +80,7 @@ def measure(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=float, default=60.0, help="seconds before a case is killed")
     parser.add_argument("--layers", type=int, nargs="+", default=[1536])
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 4096])
@@ -85,16 +88,17 @@ def main() -> None:
     parser.add_argument("--no-absurd", action="store_true", help="skip the 10^12-microbatch rows")
     args = parser.parse_args()
     if args.one:
-        solver, layers, gpus, extra = args.one
-        run_one(solver, int(layers), int(gpus), eval(extra))  # noqa: S307 (our own repr of a dict of ints)
+        solver, layers, gpus, extra, shape = args.one
+        run_one(solver, int(layers), int(gpus), eval(extra), shape)  # noqa: S307 (our own repr of a dict of ints)
         return
-    print(f"{'solver':<14} {'layers':>6} {'GPUs':>5} {'extra':<32} {'time s':>7} {'peak MiB':>8}  outcome")
-    cases = [(s, n, g, SOLVER_ARGS[s]) for n in args.layers for g in args.gpus for s in args.solvers]
-    cases += [] if args.no_absurd else ABSURD
-    for solver, layers, gpus, extra in cases:
-        seconds, peak, outcome = measure(solver, layers, gpus, extra, args.limit)
+    print(f"{'solver':<14} {'shape':<9} {'layers':>6} {'GPUs':>5} {'extra':<32} {'time s':>7} {'peak MiB':>8}  outcome")
+    cases = [(s, n, g, SOLVER_ARGS[s], "gpt-1.7b") for n in args.layers for g in args.gpus for s in args.solvers]
+    if not args.no_absurd:
+        cases += [(*case, "gpt-1.7b") for case in ABSURD] + [(*case, "gpt-1t") for case in INFEASIBLE]
+    for solver, layers, gpus, extra, shape in cases:
+        seconds, peak, outcome = measure(solver, layers, gpus, extra, args.limit, shape)
         shown = ",".join(f"{k}={v:.0e}" if v >= 10**6 else f"{k}={v}" for k, v in extra.items())
-        print(f"{solver:<14} {layers:>6} {gpus:>5} {shown:<32} {seconds:>7} {peak:>8}  {outcome}", flush=True)
+        print(f"{solver:<14} {shape:<9} {layers:>6} {gpus:>5} {shown:<32} {seconds:>7} {peak:>8}  {outcome}", flush=True)
 
 
 if __name__ == "__main__":
