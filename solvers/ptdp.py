@@ -30,6 +30,7 @@ from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters, transf
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_model as model
+from solvers.budget import Budget
 from solvers.common import Layout, build_plan, format_bytes, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
 from solvers.options import parse_options
@@ -102,12 +103,19 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     scored.sort(key=lambda item: (not item[1].fits, item[1].iteration_s, _tie_key(item[0])))
     if not scored[0][1].fits:
         raise InfeasibleError(_memory_message(search, scored))
-    best, simulated = _simulate_best(search, opts, scored)
+    budget = Budget(None if problem.time_limit_s is None else start + problem.time_limit_s)
+    best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
     notes = _notes(search, opts, scored, simulated)
+    wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
+    status = "feasible"
+    if len(simulated) < wanted:
+        status = "time_limit"
+        notes = (*notes, f"time_limit_s={problem.time_limit_s} spent after simulating {len(simulated)} of the "
+                         f"{wanted} best closed-form configurations; the fastest simulated one is returned")
     return plan.model_copy(update={"solve_time_s": time.perf_counter() - start, "notes": notes,
-                                   "candidates": rows, "status": "feasible"})
+                                   "candidates": rows, "status": status})
 
 
 def _tie_key(c: model.Config) -> tuple[int, ...]:
@@ -309,14 +317,16 @@ def _plan_options(opts: Options) -> dict[str, Any]:
 Simulated = dict[model.Config, tuple[Plan, SimResult]]
 
 
-def _simulate_best(search: Search, opts: Options,
-                   scored: list[tuple[model.Config, model.Estimate]]) -> tuple[tuple[Plan, SimResult], Simulated]:
+def _simulate_best(search: Search, opts: Options, scored: list[tuple[model.Config, model.Estimate]], *,
+                   budget: Budget | None = None) -> tuple[tuple[Plan, SimResult], Simulated]:
     """Simulate the best ``num_simulated`` closed-form configurations that fit; go further down the
-    list while none of them fits in simulation."""
+    list while none of them fits in simulation. Once ``budget`` is spent, stop at the first
+    configuration that fits in simulation."""
     simulated: Simulated = {}
     best: tuple[Plan, SimResult] | None = None
     for c, est in scored:
-        if not est.fits or (len(simulated) >= opts.num_simulated and best is not None):
+        if not est.fits or (best is not None and (len(simulated) >= opts.num_simulated
+                                                  or (budget is not None and budget.spent()))):
             break
         plan, result = with_prediction(build_config_plan(search, opts, c))
         simulated[c] = (plan, result)

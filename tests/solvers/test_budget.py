@@ -38,3 +38,16 @@ def test_budget_shares_and_limits() -> None:
     assert Budget(None).limit_s(30.0) == 30.0 and not Budget(None).spent()
     spent = Budget(0.0)  # a deadline long past
     assert spent.spent() and spent.limit_s(30.0) == 0.05 and spent.share(3).left_s() == 0.0
+
+
+def test_ptdp_stops_simulating_candidates_when_the_budget_is_spent() -> None:
+    from planner import api
+    from solvers import ptdp
+
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:1", global_batch_size=64)
+    full = ptdp.solve(problem, options={"num_simulated": 4})
+    assert full.status == "feasible" and sum(1 for row in full.candidates if row["simulated"]) == 4
+    spent = ptdp.solve(problem.model_copy(update={"time_limit_s": 1e-9}), options={"num_simulated": 4})
+    assert spent.status == "time_limit" and any("spent after simulating 1 of the" in n for n in spent.notes)
+    assert spent.predicted.iteration_time_s >= full.predicted.iteration_time_s * (1 - 1e-12)  # type: ignore[union-attr]
+    assert sum(1 for row in spent.candidates if row["simulated"]) == 1
