@@ -324,6 +324,33 @@ def cluster_simulate(jobs: Any, **kwargs: Any) -> Any:
     return simulate_cluster(jobs, **kwargs)
 
 
+def fill_options(*, policy: str = "sjf", fill_fraction: float | None = None, free_memory_bytes: float | None = None,
+                 efficiency: float | None = None, paper_memory: bool = False) -> Any:
+    """PipeFill's options (``solvers.fill.simulate.FillOptions``); ``paper_memory`` uses the
+    paper's fixed free memory per bubble when none is given."""
+    from solvers.fill.bubbles import PAPER_FREE_MEMORY_BYTES, BubbleOptions
+    from solvers.fill.simulate import FillOptions
+
+    memory = free_memory_bytes or (PAPER_FREE_MEMORY_BYTES if paper_memory else None)
+    bubbles = BubbleOptions(free_memory_bytes=memory, **({"fill_fraction": fill_fraction} if fill_fraction is not None else {}))
+    return FillOptions(policy=policy, bubbles=bubbles, **({"efficiency": efficiency} if efficiency else {}))
+
+
+def fill(plan: Plan, fill_jobs: str, options: Any) -> Any:
+    """Fill a plan's pipeline bubbles with the given jobs (PipeFill, ``solvers.fill.simulate.fill_plan``)."""
+    from solvers.fill.jobs import parse_fill_jobs
+    from solvers.fill.simulate import fill_plan
+
+    return fill_plan(plan, parse_fill_jobs(fill_jobs), options)
+
+
+def fill_scale(*, num_gpus: tuple[int, ...], jobs: str, horizon_s: float, seed: int, options: Any) -> Any:
+    """PipeFill's scaling sweep (the paper's 40B job on growing clusters, ``solvers.fill.scale``)."""
+    from solvers.fill.scale import ScaleOptions, scale_sweep
+
+    return scale_sweep(ScaleOptions(num_gpus=num_gpus, jobs=jobs, horizon_s=horizon_s, seed=seed, fill=options))
+
+
 def save(obj: _Frozen, path: str | Path) -> Path:
     """Write any schema object as indented JSON."""
     out = Path(path)

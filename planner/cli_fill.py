@@ -34,13 +34,11 @@ def add_parsers(sub: Any) -> None:
 
 
 def _fill_options(args: argparse.Namespace, *, scale: bool) -> Any:
-    from solvers.fill.bubbles import PAPER_FREE_MEMORY_BYTES, BubbleOptions
-    from solvers.fill.simulate import FillOptions
+    from planner import api
 
-    memory = args.free_memory_gb * 1e9 if args.free_memory_gb else (PAPER_FREE_MEMORY_BYTES if scale else None)
-    kwargs = {"efficiency": args.fill_efficiency} if args.fill_efficiency else {}
-    return FillOptions(policy=args.policy, bubbles=BubbleOptions(fill_fraction=args.fill_fraction,
-                                                                 free_memory_bytes=memory), **kwargs)
+    return api.fill_options(policy=args.policy, fill_fraction=args.fill_fraction,
+                            free_memory_bytes=args.free_memory_gb * 1e9 if args.free_memory_gb else None,
+                            efficiency=args.fill_efficiency, paper_memory=scale)
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
@@ -51,17 +49,14 @@ def cmd_fill(args: argparse.Namespace) -> int:
         return _cmd_scale(args)
     if not args.plan or not args.fill_jobs:
         raise InvalidProblemError("paraplan fill needs PLAN.json and --fill-jobs F (or --scale)")
-    from solvers.fill.jobs import parse_fill_jobs
-    from solvers.fill.simulate import fill_plan
-
-    result = fill_plan(api.load_plan(args.plan), parse_fill_jobs(args.fill_jobs), _fill_options(args, scale=False))
+    result = api.fill(api.load_plan(args.plan), args.fill_jobs, _fill_options(args, scale=False))
     _emit(args, result, _fill_table(result))
     return 0
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
+    from planner import api
     from planner.errors import InvalidProblemError
-    from solvers.fill.scale import ScaleOptions, scale_sweep
 
     try:
         gpus = tuple(int(x) for x in args.gpus.split(",") if x.strip())
@@ -69,8 +64,8 @@ def _cmd_scale(args: argparse.Namespace) -> int:
         raise InvalidProblemError(f"--gpus {args.gpus!r} must be comma-separated integers, e.g. 1024,8192") from None
     if args.horizon_h <= 0:
         raise InvalidProblemError(f"--horizon-h={args.horizon_h} must be positive")
-    result = scale_sweep(ScaleOptions(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
-                                      seed=args.seed, fill=_fill_options(args, scale=True)))
+    result = api.fill_scale(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
+                            seed=args.seed, options=_fill_options(args, scale=True))
     if args.plot:
         plot_scale(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
