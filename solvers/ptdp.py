@@ -224,8 +224,22 @@ def _efficiency(search: Search, b: int) -> float:
 # --------------------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    """Divisors of n up to ``limit`` (default n), ascending; O(min(limit, sqrt n)) steps."""
+    limit = n if limit is None else min(n, limit)
+    small, large = [], []
+    k = 1
+    while k * k <= n and k <= limit:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n and n // k <= limit:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
+MAX_MICROBATCH_SIZE = 1 << 16
+"""Largest microbatch size the search tries (a bound that keeps --global-batch 10^18 finite)."""
 
 
 def tensor_degrees(search: Search, opts: Options) -> list[int]:
@@ -249,7 +263,7 @@ def microbatch_sizes(search: Search, opts: Options, per_replica: int) -> list[in
     """b that divides B / d; fixed by the option, a profile derived at b > 1, or the efficiency table."""
     fixed = opts.microbatch_size or (search.problem.model.microbatch_size
                                      if search.problem.model.microbatch_size > 1 else None)
-    sizes = [fixed] if fixed else (sorted(search.efficiencies) if search.efficiencies else _divisors(per_replica))
+    sizes = [fixed] if fixed else (sorted(search.efficiencies) if search.efficiencies else _divisors(per_replica, MAX_MICROBATCH_SIZE))
     return [b for b in sizes if per_replica % b == 0]
 
 

@@ -87,3 +87,26 @@ def test_adapipe_parametric_partition_finds_the_dp_optimum(monkeypatch: pytest.M
             continue
         # the same optimum (largest stage time); equally good partitions may differ
         assert fast["notes"][0] == slow["notes"][0]
+
+
+def test_ptdp_first_chunk_inflight_is_independent_of_long_runs() -> None:
+    from solvers._ptdp_model import first_chunk_inflight
+
+    def walk(p: int, v: int, m: int) -> int:  # the whole run, step by step
+        total = m * v
+        warmup = min(p - 1, m) if v == 1 else min(2 * (p - 1) + (v - 1) * p, total)
+        held = peak = 0
+        for k in range(total + warmup):
+            if k < total and (k % (p * v)) // p == 0:
+                held += 1
+                peak = max(peak, held)
+            j = k - warmup
+            if 0 <= j < total and v - 1 - (j % (p * v)) // p == 0:
+                held -= 1
+        return peak
+
+    for p in range(1, 7):
+        for v in range(1, 4):
+            for m in range(1, 40):
+                assert first_chunk_inflight(p, v, m) == walk(p, v, m), (p, v, m)
+    assert first_chunk_inflight(8, 2, 10**15) == first_chunk_inflight(8, 2, 8 * 1000)
