@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     so = sub.add_parser("solvers", help="list the solvers with what they search and the schedules they plan")
     so.add_argument("--json", action="store_true")
+    so.add_argument("--options", action="store_true", help="also list each solver's --option keys with types")
     so.set_defaults(handler=cmd_solvers)
     pr = sub.add_parser("presets", help="list device, cluster and model presets")
     pr.add_argument("--json", action="store_true")
@@ -209,10 +210,11 @@ def cmd_solvers(args: argparse.Namespace) -> int:
 
     if getattr(args, "json", False):
         print(json.dumps([{"name": i.name, "description": i.description, "searches": list(i.searches),
-                           "schedules": list(i.schedules), "offload": i.offload} for i in solvers.REGISTRY], indent=2))
+                           "schedules": list(i.schedules), "offload": i.offload, "options": i.option_fields()}
+                          for i in solvers.REGISTRY], indent=2))
         return 0
     for info in solvers.REGISTRY:
-        print(f"{info.name:16s} {solvers.describe(info)}")
+        print(f"{info.name:16s} {solvers.describe(info, options=args.options)}")
     return 0
 
 

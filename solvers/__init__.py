@@ -51,6 +51,16 @@ class SolverInfo:
         options: type = self.load().Options
         return options
 
+    def option_fields(self) -> dict[str, str]:
+        """Option name -> type and default, e.g. ``{"recompute": "str | None = None"}`` (imports the solver)."""
+        import dataclasses
+
+        out = {}
+        for f in dataclasses.fields(self.options_type()):
+            default = "" if f.default is dataclasses.MISSING else f" = {f.default!r}"
+            out[f.name] = f"{f.type}{default}"
+        return out
+
 
 REGISTRY: tuple[SolverInfo, ...] = (
     SolverInfo(
@@ -137,8 +147,13 @@ def solve(problem: PipelineProblem, *, solver: str = "even", options: Any = None
     return get_solver(solver)(problem, options=dict(options or {}))
 
 
-def describe(info: SolverInfo) -> str:
-    """One line for ``paraplan solvers``: description, what it searches, its schedules."""
+def describe(info: SolverInfo, *, options: bool = False) -> str:
+    """One line for ``paraplan solvers``: description, what it searches, its schedules (and,
+    with ``options``, its --option keys with types and defaults)."""
     searches = ", ".join(info.searches) or "nothing (fixed layout)"
     tp = "" if info.searches_tensor_parallelism else "; tensor parallelism fixed (t from --tensor-parallel)"
-    return f"{info.description}. Searches: {searches}{tp}. Schedules: {', '.join(info.schedules)}"
+    line = f"{info.description}. Searches: {searches}{tp}. Schedules: {', '.join(info.schedules)}"
+    if options:
+        fields = info.option_fields()
+        line += ". Options: " + ("; ".join(f"{k}: {v}" for k, v in fields.items()) if fields else "none")
+    return line

@@ -60,3 +60,9 @@ def test_importing_the_api_loads_no_solver_module_and_no_numpy() -> None:
             "or m.startswith('cost_models.') or m == 'numpy'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_solver_options_listed_with_types(capsys: pytest.CaptureFixture[str]) -> None:
+    assert solvers.solver_info("even").option_fields() == {"recompute": "str | None = None"}
+    assert cli.main(["solvers", "--options"]) == 0
+    assert "Options: recompute: str | None = None" in capsys.readouterr().out
