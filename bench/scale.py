@@ -6,7 +6,8 @@ resident memory is its own (``os.wait4``); a case past the time limit is killed 
 A100-80GB nodes of 8 GPUs. The last rows are the absurd counts of issue 14 (10^12 microbatches,
 a 10^18 global batch) and GPT-1T's layer shape at 1,536 layers, which fits nowhere.
 
-Run: ``python bench/scale.py [--limit 60] [--layers 1536] [--gpus 64 4096] [--solvers even ptdp]``.
+Run: ``python bench/scale.py [--limit 60] [--layers 1536] [--gpus 64 4096] [--solvers even ptdp]``;
+``--simulate`` prints the simulation time of one plan against its microbatch count instead.
 """
 
 from __future__ import annotations
@@ -78,6 +79,24 @@ def measure(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], 
     return f"{elapsed:.2f}", f"{peak_mib:.0f}", outcome or f"exit status {status}"
 
 
+def simulate_rows() -> None:
+    """Simulation time against the microbatch count: exact below the cap, extrapolated above."""
+    from cost_models import extrapolate, models
+    from planner import api
+
+    config = models.model_preset("gpt-1.7b").model_copy(update={"num_layers": 1536, "name": "gpt-1536l"})
+    print(f"\n{'simulate: p':>12} {'m':>14} {'actions':>16} {'mode':>13} {'time s':>7} {'iteration s':>14}")
+    for m in (256, 1024, 4096, 10**6, 10**12):
+        problem = api.make_problem(config, "a100-80gb:8", num_stages=32, num_microbatches=m)
+        plan = api.plan(problem, solver="even")
+        start = time.perf_counter()
+        result = api.simulate(plan)
+        elapsed = time.perf_counter() - start
+        mode = "extrapolated" if extrapolate.needs_extrapolation(plan) else "exact"
+        print(f"{32:>12} {m:>14} {extrapolate.num_actions(plan):>16,} {mode:>13} {elapsed:>7.2f} "
+              f"{result.iteration_time_s:>14.6g}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
@@ -86,10 +105,14 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 4096])
     parser.add_argument("--solvers", nargs="+", default=list(SOLVER_ARGS))
     parser.add_argument("--no-absurd", action="store_true", help="skip the 10^12-microbatch rows")
+    parser.add_argument("--simulate", action="store_true", help="only the simulation time against m")
     args = parser.parse_args()
     if args.one:
         solver, layers, gpus, extra, shape = args.one
         run_one(solver, int(layers), int(gpus), eval(extra), shape)  # noqa: S307 (our own repr of a dict of ints)
+        return
+    if args.simulate:
+        simulate_rows()
         return
     print(f"{'solver':<14} {'shape':<9} {'layers':>6} {'GPUs':>5} {'extra':<32} {'time s':>7} {'peak MiB':>8}  outcome")
     cases = [(s, n, g, SOLVER_ARGS[s], "gpt-1.7b") for n in args.layers for g in args.gpus for s in args.solvers]
