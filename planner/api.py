@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -192,16 +193,21 @@ def plan(
     Raises:
         InfeasibleError: nothing fits (and the fallback is off, does not apply or fails too).
     """
+    began = time.perf_counter()
     try:
         return solvers.solve(problem, solver=solver, options=options)
     except InfeasibleError as error:
         state, aggregate = _states_vs_gpu_memory(problem)
         if not offload_fallback or solver in OFFLOAD_SOLVERS or state <= aggregate:
             raise
+        left_s = None if problem.time_limit_s is None else problem.time_limit_s - (time.perf_counter() - began)
+        if left_s is not None and left_s <= 0:
+            raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) was not tried: time_limit_s="
+                                  f"{problem.time_limit_s} was spent") from None
         try:
-            # SPipe chooses the stages and places them on every GPU itself
+            # SPipe chooses the stages and places them on every GPU itself, within what is left of the budget
             free = problem.model_copy(update={"num_stages": None, "data_parallel": None, "num_chunks": 1,
-                                              "bpipe": False, "schedule": "1f1b"})
+                                              "bpipe": False, "schedule": "1f1b", "time_limit_s": left_s})
             fallback = solvers.solve(free, solver="spipe")
         except PlannerError as offload_error:
             raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) failed too: {offload_error}") from None

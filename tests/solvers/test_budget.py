@@ -51,3 +51,11 @@ def test_ptdp_stops_simulating_candidates_when_the_budget_is_spent() -> None:
     assert spent.status == "time_limit" and any("spent after simulating 1 of the" in n for n in spent.notes)
     assert spent.predicted.iteration_time_s >= full.predicted.iteration_time_s * (1 - 1e-12)  # type: ignore[union-attr]
     assert sum(1 for row in spent.candidates if row["simulated"]) == 1
+
+
+def test_the_offload_fallback_draws_on_the_same_budget() -> None:
+    from planner import api
+
+    problem = api.make_problem("gpt3-175b", "a100-80gb:1", num_microbatches=8, time_limit_s=1e-9)
+    with pytest.raises(InfeasibleError, match="fallback \\(solver spipe\\) was not tried: time_limit_s=1e-09 was spent"):
+        api.plan(problem, solver="even")
