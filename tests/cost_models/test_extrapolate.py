@@ -63,3 +63,16 @@ def test_timeline_of_a_trillion_microbatches_is_refused() -> None:
     plan = h.plan(h.uniform_layers(4, 1.0, 2.0), num_stages=4, num_microbatches=10**12)
     with pytest.raises(InvalidProblemError, match="num_microbatches=1000000000000"):
         sim.simulate(plan, include_events=True)
+
+
+def test_bpipe_plans_extrapolate_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner import api
+
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:1", bpipe=True, num_stages=4, num_microbatches=96)
+    plan = api.plan(problem, solver="even")
+    assert plan.bpipe is not None
+    exact = sim.simulate(plan, include_events=False)
+    monkeypatch.setattr(extrapolate, "MAX_SIMULATED_ACTIONS", 10)
+    approx = sim.simulate(plan, include_events=False)
+    assert approx.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-9)
+    assert [s.peak_memory_bytes for s in approx.stages] == pytest.approx([s.peak_memory_bytes for s in exact.stages])
