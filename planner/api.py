@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import solvers
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
+from planner.schema_cloud import Catalogue, CloudJob, CloudPlan, CloudProblem, PriceTrace, ReplayResult
 from planner.schema import (
     Cluster,
     ModelProfile,
@@ -373,3 +374,76 @@ def _read_json(path: Path, *, what: str) -> Any:
         ) from None
     except OSError as e:
         raise InvalidProblemError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from None
+
+
+# Cloud-pricing planner (dissertation ch. 6): the solver imports scipy only when called.
+
+
+def load_cloud_catalogue(spec: str | Path | Catalogue = "ch6-2020") -> Catalogue:
+    """An instance catalogue by bundled name (``ch6-2020``, ``public-2024``) or JSON path."""
+    from solvers.cloud.catalogue import load_catalogue
+
+    return load_catalogue(spec)
+
+
+def load_cloud_trace(path: str | Path, *, catalogue: str | Path | Catalogue = "ch6-2020") -> PriceTrace:
+    """A spot-price trace CSV, validated (time order, units, prices) against the catalogue."""
+    from solvers.cloud.traces import check_trace, load_trace
+
+    trace = load_trace(path)
+    check_trace(trace, load_cloud_catalogue(catalogue))
+    return trace
+
+
+def generate_cloud_trace(catalogue: str | Path | Catalogue = "ch6-2020", *, seed: int = 0,
+                         options: Any = None) -> PriceTrace:
+    """A seeded synthetic spot-price trace with the chapter's stated statistics."""
+    from solvers.cloud.traces import GeneratorOptions, generate_trace
+
+    return generate_trace(load_cloud_catalogue(catalogue), seed=seed, options=options or GeneratorOptions())
+
+
+def cloud_problem(jobs: Any, **fields: Any) -> CloudProblem:
+    """A validated CloudProblem from jobs (CloudJob objects or mappings) and problem fields (None = default)."""
+    data = {k: v for k, v in fields.items() if v is not None and v != {}}
+    return CloudProblem.from_dict({"jobs": [j.model_dump() if isinstance(j, CloudJob) else j for j in jobs], **data})
+
+
+def cloud_plan(problem: CloudProblem, *, catalogue: str | Path | Catalogue = "ch6-2020",
+               trace: str | Path | PriceTrace | None = None) -> CloudPlan:
+    """Solve a CloudProblem (max-throughput, min-cost with SLOs, or min-makespan under a budget).
+
+    With a trace, each instance type's spot price is its time-weighted mean there (cheapest zone).
+    """
+    import solvers.cloud as cloud
+    from solvers.cloud.chapter import mean_spot_prices
+
+    cat = load_cloud_catalogue(catalogue)
+    spot = None
+    if trace is not None:
+        spot = mean_spot_prices(trace if isinstance(trace, PriceTrace) else load_cloud_trace(trace, catalogue=cat))
+    return cloud.solve(problem, catalogue=cat, spot_prices=spot)
+
+
+def cloud_replay(job: CloudJob, *, strategy: str, catalogue: str | Path | Catalogue = "ch6-2020",
+                 trace: str | Path | PriceTrace | None = None, seed: int = 0, **options: Any) -> ReplayResult:
+    """Replay one job under one of the chapter's strategies over a trace (generated from ``seed`` if None)."""
+    from solvers.cloud.matrix import resolve_throughputs
+    from solvers.cloud.replay import market, replay
+
+    cat = load_cloud_catalogue(catalogue)
+    if trace is None:
+        trace = generate_cloud_trace(cat, seed=seed)
+    elif not isinstance(trace, PriceTrace):
+        trace = load_cloud_trace(trace, catalogue=cat)
+    (job,) = resolve_throughputs((job,), {i.accelerator for i in cat.instances})
+    return replay(job, market(trace, cat), cat, strategy=strategy, **options)
+
+
+def cloud_export(plan: CloudPlan, job_id: str, *, fmt: Literal["skypilot"] = "skypilot", **kwargs: Any) -> str:
+    """One job of a cloud plan as a SkyPilot task YAML."""
+    from planner.export_skypilot import skypilot_yaml
+
+    if fmt != "skypilot":
+        raise InvalidProblemError(f"unknown cloud export format {fmt!r}; choose from ['skypilot']")
+    return skypilot_yaml(plan, job_id, **kwargs)

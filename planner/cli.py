@@ -28,7 +28,7 @@ log = logging.getLogger("paraplan")
 
 # Modules adding sub-commands: each has ``add_parsers(sub)`` and imports heavy packages
 # (torch, cvxpy) only inside its handlers.
-_EXTENSION_MODULES = ("planner.cli_gavel", "planner.cli_runtime", "planner.cli_fill")
+_EXTENSION_MODULES = ("planner.cli_gavel", "planner.cli_runtime", "planner.cli_fill", "planner.cli_cloud")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

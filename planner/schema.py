@@ -601,7 +601,7 @@ class SimResult(_Frozen):
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every input and output format, by file name."""
-    from planner import schema_fill, schema_gavel  # they import this module: no top-level import
+    from planner import schema_cloud, schema_fill, schema_gavel  # they import this module: no top-level import
 
     return {
         "profile.schema.json": ModelProfile.model_json_schema(),
@@ -615,4 +615,10 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         "cluster-sim.schema.json": schema_gavel.ClusterSimResult.model_json_schema(),
         "fill-jobs.schema.json": schema_fill.FillJobsFile.model_json_schema(),
         "fill.schema.json": schema_fill.FillPlan.model_json_schema(),
+        "cloud-catalogue.schema.json": schema_cloud.Catalogue.model_json_schema(),
+        "cloud-jobs.schema.json": schema_cloud.CloudJobsFile.model_json_schema(),
+        "cloud-problem.schema.json": schema_cloud.CloudProblem.model_json_schema(),
+        "cloud-plan.schema.json": schema_cloud.CloudPlan.model_json_schema(),
+        "price-trace.schema.json": schema_cloud.PriceTrace.model_json_schema(),
+        "cloud-replay.schema.json": schema_cloud.ReplayResult.model_json_schema(),
     }

@@ -1,0 +1,92 @@
+"""The dissertation's ch. 6 numbers reproduced from its own tables (tolerances = accuracy reached).
+
+The two Table 6.1 cells the chapter's own speedups and GCP's list prices cannot give
+(Transformer V100: 3.3 / 5.51 = 0.60 stated 0.8; ResNet-50 V100: 9.6 / 5.51 = 1.74 stated 1.8)
+are asserted as the documented differences, not hidden.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import solvers.cloud as cloud
+from planner.schema_cloud import CloudJob, CloudProblem
+from solvers.cloud import chapter as ch
+from solvers.cloud.catalogue import load_catalogue
+from tests.solvers.cloud.helpers import generated_market
+
+CAT = load_catalogue("ch6-2020")
+MISMATCHES = {("Transformer", 1): 0.60, ("ResNet-50", 1): 1.74}
+
+
+def test_table_6_1_dollar_normalized_speedups() -> None:
+    for model, predicted in ch.table_6_1_predicted(CAT).items():
+        for k in range(2):
+            stated = ch.TABLE_6_1[model][1][k]
+            if (model, k) in MISMATCHES:
+                assert predicted[k] == pytest.approx(MISMATCHES[(model, k)], abs=0.005)
+            else:
+                assert predicted[k] == pytest.approx(stated, abs=0.05), (model, k)  # the table's one decimal
+
+
+def test_table_6_2_egress_fractions() -> None:
+    predicted = ch.table_6_2_predicted(CAT)
+    for model, (_, _, dataset_pct, model_pct) in ch.TABLE_6_2.items():
+        assert predicted[model][0] == pytest.approx(dataset_pct, abs=0.06)
+        assert predicted[model][1] == pytest.approx(model_pct, abs=0.0006)
+    # "hundreds of transfers per model before reaching even 10 % of compute cost"
+    assert all(100 <= 10 / pct < 10000 for _, pct in predicted.values())
+
+
+def test_table_6_3_from_a_generated_trace() -> None:
+    trace, _ = generated_market(0)
+    predicted = ch.table_6_3_predicted(CAT, trace)
+    for cloud_name, row in ch.TABLE_6_3.items():
+        for acc, stated in row.items():
+            if stated is None:
+                assert predicted[cloud_name][acc] is None
+            else:
+                assert predicted[cloud_name][acc] == pytest.approx(stated, rel=2e-3)
+
+
+def test_switching_example() -> None:
+    split = ch.switching_example(CAT)
+    assert (split["k80"], split["v100"]) == pytest.approx(ch.STATED_SWITCH_SPLIT, abs=1e-6)
+
+
+def test_up_to_3_5x_cheaper_than_the_baseline() -> None:
+    _, mk = generated_market(0)
+    res = ch.end_to_end(CAT, mk, starts_h=tuple(float(h) for h in range(0, 30 * 24, 48)))
+    best = max(r["dynamic"] for r in res.values())
+    assert best == pytest.approx(ch.STATED_END_TO_END, rel=0.12)  # seeds 0-4 give 3.21-3.67 (docs/cloud.md)
+    assert all(r["max_switches_used"] <= 3 for r in res.values())
+    # ResNet-50 is cheapest on the steadily priced V100: dynamic switching adds little there
+    assert res["ResNet-50"]["dynamic"] / res["ResNet-50"]["multi-cloud"] < 1.05
+    for r in res.values():  # each strategy widens the choice of the one before (dynamic: with moves)
+        assert r["multi-cloud"] >= r["multi-gpu"] - 1e-9
+
+
+def test_moving_jobs_gains_more_on_long_jobs() -> None:
+    _, mk = generated_market(1)
+    gains = ch.dynamic_gain(CAT, mk, durations_days=(0.5, 4.0), starts_h=tuple(float(h) for h in range(0, 30 * 24, 48)))
+    best_long = max(g[4.0] for g in gains.values())
+    best_short = max(g[0.5] for g in gains.values())
+    assert best_short < best_long
+    assert 1.2 <= best_long <= ch.STATED_DYNAMIC * 1.05  # stated: up to 1.4x with <= 3 switches
+
+
+def test_planner_derived_throughputs_feed_the_formulations() -> None:
+    """A job given as model + batch gets its steps/s on each accelerator from the pipeline planner."""
+    job = CloudJob(id="gpt", model="gpt-tiny", batch_size=8, num_steps=1e4)
+    plan = cloud.solve(CloudProblem(jobs=(job,), markets=("on-demand",), clouds=("gcp",), instances=(
+        "gcp/us-west1/n1-standard-4-k80x1", "gcp/us-west1/n1-standard-8-v100x1")), catalogue=CAT)
+    from solvers.gavel.throughputs import derive_throughputs
+
+    thr = derive_throughputs("gpt-tiny", 8, worker_types={"k80": 1, "v100": 1})
+    assert thr["v100"] > thr["k80"] > 0
+    # min-cost picks the option with the lowest price per step, computed from the derived throughputs
+    per_step = {"k80": 0.45 / thr["k80"], "v100": 2.48 / thr["v100"]}
+    cheaper = min(per_step, key=per_step.get)
+    (key,) = plan.jobs["gpt"].fractions
+    assert plan.options[key].accelerator == cheaper
+    assert plan.total_usd == pytest.approx(1e4 / 3600 * per_step[cheaper], rel=1e-6)
