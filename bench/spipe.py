@@ -3,9 +3,11 @@
 The paper's grid (L268, L287): models 10B/19B on 1 node, 30B/40B on 2, 52B/69B on 4, 88B/110B on
 8 nodes of 4 V100 32 GB; SEQ 1024 and 2048; microbatch size 2; global batch 16 x nodes; Mobius
 with 2 stages per GPU, SPipe with 2 forward and 6 backward stages per GPU. Every plan is timed by
-the offload simulator (``cost_models._sim_offload``). The cluster is SPipe's (Table 1): a PCIe
-Gen3 x16 link per GPU, no NVLink (GPU peer traffic over PCIe, taken as 10 GB/s), one 200 Gb/s
-HDR NIC per node shared by its 4 GPUs (6.25 GB/s each). The paper's geometric-mean speedups
+the engine's offload model (``cost_models.sim.offload``). The cluster is SPipe's (Table 1): a
+PCIe Gen3 x16 link per GPU, no NVLink (GPU peer traffic over PCIe, taken as 10 GB/s, and with
+``peer_over_host_link`` holding the host links it crosses, so peer copies and collectives queue
+with prefetches and gradient offloads; ``--no-pcie-contention`` gives them their own links), one
+200 Gb/s HDR NIC per node shared by its 4 GPUs (6.25 GB/s each). The paper's geometric-mean speedups
 (L289; reading B.9) are printed beside ours.
 
 Usage:
@@ -45,17 +47,18 @@ def spipe_cluster(num_nodes: int) -> Cluster:
     })
 
 
-def run(model: str, nodes: int, seq: int, *, batch: int, sweep: bool) -> dict[str, float]:
+def run(model: str, nodes: int, seq: int, *, batch: int, sweep: bool, peer_over_pcie: bool = True) -> dict[str, float]:
     """Iteration times of the three systems (plus the sweep's choice) for one grid point."""
     cfg = model_preset(model).model_copy(update={"seq_length": seq})
     problem = api.make_problem(cfg, spipe_cluster(nodes), microbatch_size=2, global_batch_size=batch)
+    host = {"peer_over_host_link": peer_over_pcie}
     runs = {
-        "spipe": ("spipe", {"forward_per_gpu": 2, "backward_per_gpu": 6, "microbatch_size": 2}),
-        "mobius": ("mobius", {"stages_per_gpu": 2, "microbatch_size": 2}),
-        "zero-offload": ("zero-offload", {"microbatch_size": 2}),
+        "spipe": ("spipe", {"forward_per_gpu": 2, "backward_per_gpu": 6, "microbatch_size": 2, **host}),
+        "mobius": ("mobius", {"stages_per_gpu": 2, "microbatch_size": 2, **host}),
+        "zero-offload": ("zero-offload", {"microbatch_size": 2, **host}),
     }
     if sweep:
-        runs["spipe-sweep"] = ("spipe", {"microbatch_size": 2})
+        runs["spipe-sweep"] = ("spipe", {"microbatch_size": 2, **host})
     plans, out = {}, {}
     for name, (solver, options) in runs.items():
         try:
@@ -64,8 +67,9 @@ def run(model: str, nodes: int, seq: int, *, batch: int, sweep: bool) -> dict[st
         except PlannerError:
             out[name] = math.nan  # out of GPU or CPU memory in our model
     if sweep and "spipe-sweep" in plans:
-        sec = plans["spipe-sweep"].options["offload"]
-        out["sweep_config"] = f"{sec['forward_stages_per_gpu']}/{sec['backward_stages_per_gpu']}"  # type: ignore[assignment]
+        sec = plans["spipe-sweep"].offload
+        assert sec is not None
+        out["sweep_config"] = f"{sec.forward_stages_per_gpu}/{sec.backward_stages_per_gpu}"  # type: ignore[assignment]
     return out
 
 
@@ -74,6 +78,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also run the spipe sweep at every point")
     parser.add_argument("--fig15", action="store_true", help="19B, SEQ 1024, uBS 2, MBS 8 (Fig. 15 setting)")
     parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048])
+    parser.add_argument("--no-pcie-contention", action="store_true",
+                        help="give GPU peer copies their own links (as before the shared-link engine)")
     args = parser.parse_args()
     points = [("spipe-19b", 1, 1024, 8)] if args.fig15 else [
         (m, n, s, 16 * n) for m, n in GRID for s in args.seqs]
@@ -83,7 +89,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.sweep else ""))
     start = time.perf_counter()
     for model, nodes, seq, batch in points:
-        t = run(model, nodes, seq, batch=batch, sweep=args.sweep)
+        t = run(model, nodes, seq, batch=batch, sweep=args.sweep, peer_over_pcie=not args.no_pcie_contention)
         for k in ratios:
             if not math.isnan(t[k] / t["spipe"]):
                 ratios[k].append(t[k] / t["spipe"])

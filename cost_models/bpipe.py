@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from cost_models._sim_costs import _replica_rank, pipeline_costs
+from cost_models.sim.costs import _replica_rank, pipeline_costs
 from cost_models.schedules import build_actions
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Action, Plan

@@ -67,6 +67,10 @@ class HostSpec:
     cpu_optimizer_params_per_s: float = DEFAULT_CPU_OPTIMIZER_PARAMS_PER_S
     """CPU Adam throughput of one node, all cores together (measured by a profiler, or the default)."""
     cpu_memory_bytes: float = DEFAULT_CPU_MEMORY_BYTES
+    peer_over_host_link: bool = False
+    """GPU peer copies and collectives inside a node travel over the host links (no NVLink, as in
+    SPipe's Table 1 cluster): they then hold the sender's device-to-host and the receiver's
+    host-to-device link and queue with parameter prefetches and gradient offloads."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the plan's ``options['offload']['host']``)."""

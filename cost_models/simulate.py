@@ -1,46 +1,45 @@
-"""The one schedule simulator: time a plan's per-rank action lists (architecture.md, simulator).
+"""The one simulator's entry point: time a plan on the one engine (architecture.md, simulator).
 
-``simulate(plan)`` derives per-virtual-stage costs from the plan (``pipeline_costs``), builds
-the schedule's per-rank action lists (``cost_models.schedules``, or the plan's own for
-``custom``) and runs them dependency-driven (``cost_models._sim_engine``). Solvers that try
-many candidates call ``simulate_costs`` with a ``PipelineCosts`` directly.
+``simulate(plan)`` picks the model from the plan's types and runs it on the discrete-event
+engine of ``cost_models.sim`` (docs/simulator.md has the full statement):
 
-Model (docs/simulator.md has the full statement and the closed forms it reproduces):
-- virtual stage k is chunk k // p of rank k % p (Megatron placement, dissertation L3594-3600);
-- F = F_k, B = R_k + B_k (recompute runs inside the backward), I = R_k + B_k - W_k, W = W_k;
-- point-to-point transfers take latency + bytes / bandwidth and delay the consumer only;
-- the data-parallel gradient all-reduce is a ring, 2 (d-1)/d x gradient bytes / bandwidth plus
-  2 (d-1) latencies (PipeDream's 2(m-1)/m |w| traffic, dissertation L1168-1180), run by each rank
-  after its last compute;
-- stages replicated differently from ``degrees.data`` run PipeDream's 1F1B-RR with weight
-  stashing and no flush (``cost_models._sim_rr``), reported as a steady state like 2BW;
-- plans with ``bpipe`` set also run BPipe's activation evictions and loads between paired
-  stages as timed link transfers (``cost_models._sim_bpipe``, seed 004);
-- 2BW (no flush) reports the steady state per batch: batches run back to back in 1F1B order
-  and the iteration is the time between the completions of two consecutive batches past the
-  pipeline fill.
-Closed forms it reproduces: fill-drain (p-1)/(m+p-1) for GPipe and 1F1B (dissertation L3512-3588),
-interleaved (p-1)/(v m) of the ideal time (L3590-3652), PipeFill's per-stage bubbles (seed
-pipefill, L180), 1F1B in-flight min(p-s, m) (BPipe, L66-75), ZB-H1/H2 (Qi et al. 2023, Table 2).
+- plans with ``offload`` (SPipe, Mobius, ZeRO-Offload): GPU streams, host links and CPU
+  optimizer steps (``cost_models.sim.offload``);
+- plans with ``bpipe``: the schedule plus BPipe's evictions and loads on the pair links
+  (``cost_models.sim.bpipe``);
+- stages replicated differently from ``degrees.data``: PipeDream's 1F1B-RR with weight
+  stashing and no flush, reported as a steady state like 2BW (``cost_models.sim.rr``);
+- ``2bw``: the steady state per batch of batches run back to back in 1F1B order;
+- every other schedule: one flushed iteration of the per-rank action lists
+  (``cost_models.sim.pipeline``; ``custom`` runs ``plan.actions``).
+
+Per-virtual-stage costs come from ``pipeline_costs`` (virtual stage k is chunk k // p of rank
+k % p, Megatron's placement); point-to-point transfers take latency + bytes / bandwidth on the
+link of their direction, one at a time; the data-parallel all-reduce is a ring after each
+rank's last compute. Solvers that try many candidates call ``simulate_costs`` with a
+``PipelineCosts`` directly.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
-from cost_models import _sim_bpipe as bpipe_sim
-from cost_models import _sim_engine as engine
-from cost_models import _sim_report as report
-from cost_models import _sim_rr as rr
 from cost_models import extrapolate
-from cost_models._sim_costs import PipelineCosts, allreduce_link, bottleneck_s, pipeline_costs
+from cost_models.sim import bpipe as bpipe_sim
+from cost_models.sim import engine as sim_engine
+from cost_models.sim import pipeline as engine
+from cost_models.sim import report, rr
+from cost_models.sim.costs import PipelineCosts, allreduce_link, bottleneck_s, durations, pipeline_costs
 from cost_models.schedules import build_actions, validate_actions
 from planner.errors import InvalidProblemError
 from planner.schema import Action, Plan, Predicted, SimResult
 
 __all__ = [
     "PipelineCosts",
+    "link_timelines",
+    "memory_timelines",
     "resource_timelines",
     "allreduce_link",
     "check_pipeline_ranks",
@@ -56,12 +55,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
+def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool = True) -> SimResult:
     """Simulate one training iteration of a plan (one data-parallel pipeline replica).
 
     Args:
         plan: the plan; its schedule picks the action lists (``custom`` uses ``plan.actions``).
         include_events: build the per-action timeline (``SimResult.events``).
+        include_bubbles: list each rank's idle intervals (``StageResult.bubbles``); solvers that
+            only rank candidates by time and memory skip them (offloaded, BPipe and 1F1B-RR
+            plans always have them).
 
     Plans of more than ``extrapolate.MAX_SIMULATED_ACTIONS`` actions on a built-in schedule are
     simulated at three smaller microbatch counts and extrapolated exactly along the periodic
@@ -77,18 +79,18 @@ def simulate(plan: Plan, *, include_events: bool = True) -> SimResult:
     """
     if extrapolate.needs_extrapolation(plan):
         return extrapolate.simulate_many(plan, _simulate_exact, include_events=include_events)
-    return _simulate_exact(plan, include_events=include_events)
+    return _simulate_exact(plan, include_events=include_events, include_bubbles=include_bubbles)
 
 
-def _simulate_exact(plan: Plan, *, include_events: bool = False) -> SimResult:
+def _simulate_exact(plan: Plan, *, include_events: bool = False, include_bubbles: bool = True) -> SimResult:
     """Every action of the plan's iteration through the engine (``simulate`` without extrapolation)."""
     if plan.bpipe is not None:
         return bpipe_sim.simulate_bpipe(plan, include_events=include_events)  # evictions and loads
-    if "offload" in plan.options:
+    if plan.offload is not None:
         # SPipe / Mobius / ZeRO-Offload plans: host transfers and CPU optimizer steps as resources.
-        from cost_models import _sim_offload
+        from cost_models.sim import offload as offload_sim  # loaded on first use: few plans need it
 
-        return _sim_offload.simulate_offload(plan, include_events=include_events).sim
+        return offload_sim.simulate_offload(plan, include_events=include_events).sim
     costs = pipeline_costs(plan)
     samples = float(plan.global_batch_size)
     if rr.is_round_robin(plan):
@@ -100,7 +102,8 @@ def _simulate_exact(plan: Plan, *, include_events: bool = False) -> SimResult:
                 f"schedule '2bw' runs one chunk per stage; degrees.virtual={plan.degrees.virtual}, use 1"
             )
         return simulate_2bw(
-            costs, num_microbatches=plan.num_microbatches, samples_per_iteration=samples, include_events=include_events
+            costs, num_microbatches=plan.num_microbatches, samples_per_iteration=samples, include_events=include_events,
+            include_bubbles=include_bubbles,
         )
     return simulate_costs(
         costs,
@@ -108,6 +111,7 @@ def _simulate_exact(plan: Plan, *, include_events: bool = False) -> SimResult:
         num_microbatches=plan.num_microbatches,
         samples_per_iteration=samples,
         include_events=include_events,
+        include_bubbles=include_bubbles,
         validate=plan.schedule == "custom",
     )
 
@@ -129,7 +133,7 @@ def check_pipeline_ranks(plan: Plan) -> None:
         InvalidProblemError: stages are replicated differently from ``degrees.data``, or the plan
             is an offloaded (SPipe-style) pipeline.
     """
-    if "offload" in plan.options:
+    if plan.offload is not None:
         raise InvalidProblemError(
             f"the plan is a GPU/CPU offloaded pipeline (solver {plan.solver!r}): its forward and backward stages "
             "have no per-pipeline-rank action lists and no torch.distributed.pipelining or Megatron-LM "
@@ -157,12 +161,7 @@ def plan_actions(plan: Plan) -> tuple[tuple[Action, ...], ...]:
         return tuple(tuple(Action.parse(text) for text in rank) for rank in plan.actions)
     if plan.actions is not None:
         log.warning("plan.actions is ignored: schedule %r builds its own order (use 'custom')", plan.schedule)
-    return build_actions(
-        plan.schedule,
-        num_stages=plan.degrees.pipeline,
-        num_chunks=plan.degrees.virtual,
-        num_microbatches=plan.num_microbatches,
-    )
+    return _built_in(plan.schedule, plan.degrees.pipeline, plan.degrees.virtual, plan.num_microbatches)
 
 
 def simulate_costs(
@@ -172,6 +171,7 @@ def simulate_costs(
     num_microbatches: int,
     samples_per_iteration: float | None = None,
     include_events: bool = True,
+    include_bubbles: bool = True,
     validate: bool = True,
 ) -> SimResult:
     """Simulate one flushed iteration of per-rank action lists on given costs.
@@ -197,6 +197,7 @@ def simulate_costs(
         capacity_bytes=costs.memory_capacity_bytes,
         samples_per_iteration=float(num_microbatches if samples_per_iteration is None else samples_per_iteration),
         include_events=include_events,
+        include_bubbles=include_bubbles,
     )
 
 
@@ -206,6 +207,7 @@ def simulate_2bw(
     num_microbatches: int,
     samples_per_iteration: float | None = None,
     include_events: bool = True,
+    include_bubbles: bool = True,
 ) -> SimResult:
     """Steady-state time per batch of PipeDream-2BW (1F1B order, no flush between batches).
 
@@ -222,7 +224,7 @@ def simulate_2bw(
     m = num_microbatches
     fill = -(-costs.num_ranks // m)
     total = (2 * fill + 1) * m
-    actions = build_actions("1f1b", num_stages=costs.num_ranks, num_microbatches=total)
+    actions = _built_in("1f1b", costs.num_ranks, 1, total)
     trace = _run(costs, actions, total, validate=False)
     return report.steady_result(
         trace,
@@ -234,6 +236,7 @@ def simulate_2bw(
         capacity_bytes=costs.memory_capacity_bytes,
         samples_per_iteration=float(m if samples_per_iteration is None else samples_per_iteration),
         include_events=include_events,
+        include_bubbles=include_bubbles,
     )
 
 
@@ -246,27 +249,31 @@ def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, v
     else:
         # Built-in lists are checked by their own tests; a count mismatch would be our bug.
         assert sum(len(rank) for rank in actions) in (2 * num_stages * m, 3 * num_stages * m)
-    weight = costs.backward_weight_s
-    if weight is None:
-        split = next((a for rank in actions for a in rank if a.kind in "IW"), None)
-        if split is not None:
-            raise InvalidProblemError(
-                f"action {split} splits the backward into I and W but the weight-gradient time is "
-                "unknown; give backward_weight_s for every layer of the profile, or use B actions"
-            )
-        weight = (0.0,) * num_stages
-    rec, bwd = costs.recompute_s, costs.backward_s
-    durations = engine.Durations(
-        forward_s=costs.forward_s,
-        backward_s=[rec[k] + bwd[k] for k in range(num_stages)],
-        input_s=[rec[k] + bwd[k] - weight[k] for k in range(num_stages)],
-        weight_s=weight,
-        activation_bytes=costs.activation_bytes,
-        send_forward_s=costs.send_forward_s,
-        send_backward_s=costs.send_backward_s,
-    )
+    durs = durations(costs, actions)
+    ops = _compiled(actions, num_ranks, num_stages)
+    built = engine.build(ops, num_microbatches=m, durations=durs, shared=True, trusted=not validate)
+    return engine.finish(built, sim_engine.run(built.graph))
+
+
+_COMPILED: dict[int, tuple[object, list[list[tuple[int, int, int]]]]] = {}
+
+
+def _compiled(actions: Sequence[Sequence[Action]], num_ranks: int, num_stages: int) -> list[list[tuple[int, int, int]]]:
+    """Engine ops of action lists, kept for the last few list objects (solvers reuse one schedule)."""
+    hit = _COMPILED.get(id(actions))
+    if hit is not None and hit[0] is actions and len(hit[1]) == num_ranks:
+        return hit[1]
     ops = engine.compile_actions(actions, stage_rank=[k % num_ranks for k in range(num_stages)])
-    return engine.run(ops, num_microbatches=m, durations=durations)
+    if len(_COMPILED) >= 4:
+        _COMPILED.pop(next(iter(_COMPILED)))
+    _COMPILED[id(actions)] = (actions, ops)
+    return ops
+
+
+@functools.lru_cache(maxsize=4)
+def _built_in(schedule: str, num_stages: int, num_chunks: int, num_microbatches: int) -> tuple[tuple[Action, ...], ...]:
+    """A built-in schedule's action lists, built once per shape (they are immutable)."""
+    return build_actions(schedule, num_stages=num_stages, num_chunks=num_chunks, num_microbatches=num_microbatches)
 
 
 def predicted(plan: Plan, sim: SimResult) -> Predicted:
@@ -287,6 +294,66 @@ def _plan_bottleneck_s(plan: Plan) -> float:
     return bottleneck_s(costs)
 
 
+def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, float]]]:
+    """Every point-to-point transfer of a plan per directed link: label -> (kind, stage, microbatch, start, end).
+
+    Kinds: SF activation, SB gradient, EV / LD BPipe eviction / load, A / C offloaded activation
+    / checkpoint. Flushed plans only: 2BW and PipeDream's 1F1B-RR report a steady-state window
+    whose transfers are not kept (empty).
+    """
+    if plan.offload is not None:
+        from cost_models.sim import offload as offload_sim
+
+        events = offload_sim.simulate_offload(plan, include_events=True).links
+    elif plan.bpipe is not None:
+        events = bpipe_sim.run_bpipe(plan, include_events=False).links
+    elif rr.is_round_robin(plan) or plan.schedule == "2bw":
+        return {}
+    else:
+        costs = pipeline_costs(plan)
+        actions = plan_actions(plan)
+        if plan.schedule == "custom":
+            validate_actions(actions, num_virtual_stages=costs.num_virtual_stages, num_microbatches=plan.num_microbatches)
+        p = costs.num_ranks
+        ops = engine.compile_actions(actions, stage_rank=[k % p for k in range(costs.num_virtual_stages)])
+        built = engine.build(ops, num_microbatches=plan.num_microbatches, durations=durations(costs, actions))
+        events = engine.link_events(built, sim_engine.run(built.graph))
+    rows: dict[str, list[tuple[str, int, int, float, float]]] = {}
+    for label, kind, stage, microbatch, start, end in events:
+        rows.setdefault(label, []).append((kind, stage, microbatch, start, end))
+    return dict(sorted(rows.items()))
+
+
+def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, float]]]:
+    """Per pipeline rank, the memory in use over time as (time, bytes) steps from ``sim.events``.
+
+    Static bytes plus the activations held: (k, i) from the start of F(k, i) to the end of its
+    B (or W when the backward is split), as the simulator counts them. Flushed plans without
+    BPipe or offload only (their sets move between ranks or live on the host): empty otherwise.
+    """
+    if plan.offload is not None or plan.bpipe is not None or rr.is_round_robin(plan) or plan.schedule == "2bw":
+        return {}
+    costs = pipeline_costs(plan)
+    split = any(e.kind == "W" for e in sim.events)
+    deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(costs.num_ranks)}
+    for e in sim.events:
+        if e.kind == "F":
+            deltas[e.rank].append((e.start_s, costs.activation_bytes[e.stage]))
+        elif e.kind == ("W" if split else "B"):
+            deltas[e.rank].append((e.end_s, -costs.activation_bytes[e.stage]))
+    out: dict[int, list[tuple[float, float]]] = {}
+    for r, changes in deltas.items():
+        held, steps = costs.static_bytes[r], [(0.0, costs.static_bytes[r])]
+        for time, delta in sorted(changes, key=lambda c: (c[0], c[1])):  # frees first at equal times
+            held += delta
+            if steps[-1][0] == time:
+                steps[-1] = (time, held)
+            else:
+                steps.append((time, held))
+        out[r] = steps
+    return out
+
+
 def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     """Rows of the timeline picture beside the ranks: label -> (kind, start, end) intervals.
 
@@ -294,10 +361,10 @@ def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     optimizer step). BPipe plans: each pair's link (EV evict, LD load). Other plans: none.
     """
     rows: dict[str, list[tuple[str, float, float]]] = {}
-    if "offload" in plan.options:
-        from cost_models import _sim_offload
+    if plan.offload is not None:
+        from cost_models.sim import offload as offload_sim
 
-        result = _sim_offload.simulate_offload(plan, include_events=True)
+        result = offload_sim.simulate_offload(plan, include_events=True)
         for event in (*result.transfers, *result.cpu):
             rows.setdefault(event.resource, []).append((event.kind, event.start_s, event.end_s))
     elif plan.bpipe is not None:

@@ -243,6 +243,25 @@ MAX_CSV_ACTIONS = 10_000_000
 """Largest per-rank action CSV ``export`` writes (about 100 MB)."""
 
 
+def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, float]]]:
+    """Memory in use per stage over time (``cost_models.simulate.memory_timelines``)."""
+    return _simulate.memory_timelines(plan, sim)
+
+
+def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, float]]]:
+    """Every point-to-point transfer per directed link (``cost_models.simulate.link_timelines``)."""
+    return _simulate.link_timelines(plan)
+
+
+def trace(plan: Plan, sim: SimResult | None = None) -> dict[str, Any]:
+    """The plan's simulated iteration as a Chrome/Perfetto trace document (``planner.trace``)."""
+    from planner.trace import chrome_trace
+
+    if sim is None or not sim.events:
+        sim = simulate(plan, include_events=True)
+    return chrome_trace(plan, sim, links=link_timelines(plan), resources=resource_timelines(plan))
+
+
 def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     """The plan as Megatron-LM arguments or as torch's per-rank action CSV."""
     # By name: ``planner.export`` is this function in the package namespace, not the module.

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("plan")
     s.add_argument("--timeline", help="draw the timeline to a .png or .svg file")
     s.add_argument("--events", action="store_true", help="include every timeline event in --json")
+    s.add_argument("--trace", help="write a Chrome/Perfetto trace (.json): a track per stage stream and link")
+    s.add_argument("--window", default="auto",
+                   help="timeline part to draw: auto (large plans: first and last 4 microbatches), all, or START:END in seconds")
     s.add_argument("--json", action="store_true")
     s.set_defaults(handler=cmd_simulate)
 
@@ -157,19 +160,39 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     plan = api.load_plan(args.plan)
     with progress("simulating"):
-        result = api.simulate(plan, include_events=bool(args.timeline or args.events))
+        result = api.simulate(plan, include_events=bool(args.timeline or args.events or args.trace))
+    if args.trace:
+        from planner.trace import write_trace
+
+        with progress("writing the trace"):
+            write_trace(api.trace(plan, result), args.trace)
+        print(f"wrote {args.trace} (open it in ui.perfetto.dev)", file=sys.stderr)
     if args.timeline:
         from planner.timeline import draw_timeline
 
+        from planner.trace import stage_labels
+
+        rows = stage_labels(plan) if plan.offload is None else None  # offloaded results have a row per GPU
         with progress("drawing the timeline"):
-            draw_timeline(result, args.timeline, title=report.plan_title(plan),
-                          resources=api.resource_timelines(plan))
+            draw_timeline(result, args.timeline, title=report.plan_title(plan), resources=api.resource_timelines(plan),
+                          row_labels=rows, window=_window(args.window), memory=api.memory_timelines(plan, result))
         print(f"wrote {args.timeline}", file=sys.stderr)
     if args.json:
         print(result.to_json(include_events=args.events, indent=2))
     else:
         print(report.sim_table(plan, result))
     return 0
+
+
+def _window(text: str) -> str | tuple[float, float]:
+    """--window: auto, all, or START:END seconds (exit 2 with the fix otherwise)."""
+    if text in ("auto", "all"):
+        return text
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise InvalidProblemError(f"--window {text!r} is not auto, all or START:END in seconds (e.g. 0:2.5)") from None
+    return (lo, hi)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

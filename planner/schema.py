@@ -454,6 +454,57 @@ class BPipeSpec(_Frozen):
     target_inflight: PositiveInt
 
 
+class OffloadHost(_Frozen):
+    """Host side of an offloaded plan, per node (``cost_models.offload.HostSpec`` has the defaults)."""
+
+    host_link_bytes_per_s: PositiveFloat
+    """Peak bandwidth of one host-device link (PCIe), per direction."""
+    gpus_per_host_link: PositiveInt
+    """GPUs sharing one host link behind a PCIe switch."""
+    pinned: bool
+    pinned_efficiency: Annotated[float, Field(gt=0, le=1)]
+    """Fraction of the link's peak that pinned-memory copies reach."""
+    cpu_optimizer_params_per_s: PositiveFloat
+    """CPU Adam throughput of one node, all cores together."""
+    cpu_memory_bytes: PositiveFloat
+    peer_over_host_link: bool = False
+    """GPU peer copies and collectives inside a node travel over the host links (no NVLink)."""
+
+
+class OffloadSpec(_Frozen):
+    """How an offloaded (GPU/CPU) plan runs: SPipe, Mobius or ZeRO-Offload (docs/solver-spipe.md).
+
+    The forward stages are the plan's virtual stages (forward stage i on GPU i mod G); the
+    backward stages are layer ranges in model order with one GPU each.
+    """
+
+    mode: Literal["pipeline", "zero-offload"]
+    """``pipeline``: SPipe / Mobius stage pipelines; ``zero-offload``: ZeRO-3 with CPU offload."""
+    placement: Literal["coupled", "decoupled"] | None = None
+    """Backward stage placement: on the forward stage's GPU (Mobius) or SPipe's decoupled rule."""
+    forward_stages_per_gpu: PositiveInt | None = None
+    backward_stages_per_gpu: PositiveInt | None = None
+    backward_stages: tuple[tuple[NonNegativeInt, NonNegativeInt], ...] = ()
+    """Layer ranges [first, last) of the backward stages in model order (mode ``pipeline``)."""
+    backward_gpus: tuple[NonNegativeInt, ...] = ()
+    """GPU of each backward stage (mode ``pipeline``)."""
+    async_optimizer: bool = False
+    """Step each stage's optimizer on the CPU as soon as its gradients arrive (SPipe); else after all."""
+    prefetch: bool = True
+    """Double-buffered parameter prefetch (the next stage's copy overlaps the current one)."""
+    recompute: str = "full"
+    host: OffloadHost
+
+    @model_validator(mode="after")
+    def _check(self) -> OffloadSpec:
+        if self.mode == "pipeline" and (not self.backward_stages or len(self.backward_gpus) != len(self.backward_stages)):
+            raise ValueError(
+                f"offload mode 'pipeline' needs backward_stages and one backward_gpus entry per stage; got "
+                f"{len(self.backward_stages)} stages and {len(self.backward_gpus)} GPUs"
+            )
+        return self
+
+
 class Predicted(_Frozen):
     iteration_time_s: NonNegativeFloat
     throughput_samples_per_s: NonNegativeFloat
@@ -483,6 +534,9 @@ class Plan(_Frozen):
     global_batch_size: PositiveInt
     stages: tuple[Stage, ...] = Field(min_length=1)
     bpipe: BPipeSpec | None = None
+    offload: OffloadSpec | None = None
+    """Set for GPU/CPU offloaded plans (solvers spipe, mobius, zero-offload); the simulator and the
+    runtime run such plans as offloaded pipelines."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """Data-parallel sharding: 0 replicated (DDP), 1 optimizer states sharded (Megatron's
     distributed optimizer), 2 optimizer states and gradients, 3 parameters too (FSDP)."""
@@ -496,9 +550,22 @@ class Plan(_Frozen):
     """The solver's ranked alternatives (a sweep or search table), best first: one flat row of
     scalars per configuration, the same keys in every row; empty for solvers that have none."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_offload(cls, data: Any) -> Any:
+        # Plan files written before Plan.offload kept it in options['offload']: read it from there.
+        if isinstance(data, dict) and data.get("offload") is None:
+            options = data.get("options")
+            if isinstance(options, dict) and isinstance(options.get("offload"), dict):
+                data = {**data, "offload": options["offload"],
+                        "options": {k: v for k, v in options.items() if k != "offload"}}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> Plan:
         p, v = self.degrees.pipeline, self.degrees.virtual
+        if self.offload is not None and self.bpipe is not None:
+            raise ValueError("a plan sets either 'offload' or 'bpipe', not both; remove one")
         if any("replicas" not in stage.model_fields_set for stage in self.stages):
             # Frozen model: set the default replication (degrees.data) once, during validation.
             object.__setattr__(self, "stages", tuple(

@@ -60,7 +60,7 @@ class Visit:
 
 @dataclass(frozen=True, slots=True)
 class OffloadLayout:
-    """What the runtime needs of an offloaded plan (``plan.options['offload']``)."""
+    """What the runtime needs of an offloaded plan (``plan.offload``)."""
 
     forward_stages: tuple[tuple[int, int], ...]
     forward_gpus: tuple[int, ...]
@@ -93,18 +93,18 @@ def offload_layout(plan: Plan) -> OffloadLayout:
     """Read and check the stage split of an offloaded plan.
 
     Raises:
-        InvalidProblemError: no ``options['offload']``, a recompute mode other than ``full``, or
+        InvalidProblemError: no ``plan.offload``, a recompute mode other than ``full``, or
             backward stages that do not tile the model's layers in order.
     """
-    section = plan.options.get("offload")
-    if not isinstance(section, dict):
+    if plan.offload is None:
         raise InvalidProblemError(
-            f"plan of solver {plan.solver!r} has no options['offload'] section; the offload runtime runs "
+            f"plan of solver {plan.solver!r} has no 'offload' section; the offload runtime runs "
             "plans of the spipe, mobius and zero-offload solvers"
         )
+    section = plan.offload.model_dump()
     if section.get("recompute", "full") != "full":
         raise InvalidProblemError(
-            f"options.offload.recompute={section.get('recompute')!r}: the offload runtime keeps only layer "
+            f"offload.recompute={section.get('recompute')!r}: the offload runtime keeps only layer "
             "inputs between forward and backward, so it runs recompute 'full' only; re-plan with it"
         )
     num_layers = plan.model.num_layers
@@ -119,11 +119,11 @@ def offload_layout(plan: Plan) -> OffloadLayout:
     gpus = tuple(int(x) for x in section["backward_gpus"])
     if [b[0] for b in backward] != [0, *[b[1] for b in backward[:-1]]] or backward[-1][1] != num_layers:
         raise InvalidProblemError(
-            f"options.offload.backward_stages={[list(b) for b in backward]} must tile layers [0, {num_layers}) in order"
+            f"offload.backward_stages={[list(b) for b in backward]} must tile layers [0, {num_layers}) in order"
         )
     if len(gpus) != len(backward) or any(not 0 <= x < g for x in gpus):
         raise InvalidProblemError(
-            f"options.offload.backward_gpus={list(gpus)} must give one GPU in [0, {g}) per backward stage"
+            f"offload.backward_gpus={list(gpus)} must give one GPU in [0, {g}) per backward stage"
         )
     return OffloadLayout(forward, tuple(i % g for i in range(len(forward))), backward, gpus, m,
                          bool(section.get("async_optimizer", False)))

@@ -3,7 +3,7 @@
 How a Plan says an offloaded pipeline (docs/solver-spipe.md): the forward stages are the plan's
 virtual stages (chunk c of stage x is forward stage c G + x, on GPU x: the placement rule
 ``i mod G`` of seed 003 L96-105 coincides with Megatron's), schedule ``gpipe`` (AFAB), and
-``options['offload']`` holds what the schema cannot say: ``mode``, ``placement``,
+``Plan.offload`` (``planner.schema.OffloadSpec``) holds the rest: ``mode``, ``placement``,
 ``forward_stages_per_gpu``, ``backward_stages_per_gpu``, ``backward_stages`` (layer ranges in
 model order), ``backward_gpus``, ``async_optimizer``, ``prefetch``, ``recompute`` and ``host``.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cost_models import offload, transformer
-from cost_models._sim_offload import OffloadResult, simulate_offload
+from cost_models.sim.offload import OffloadResult, simulate_offload
 from planner.errors import InfeasibleError
-from planner.schema import Chunk, Degrees, ModelProfile, PipelineProblem, Plan, Predicted, Stage
+from planner.schema import Chunk, Degrees, ModelProfile, OffloadHost, OffloadSpec, PipelineProblem, Plan, Predicted, Stage
 from solvers.common import reject_fixed_shape
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -92,8 +92,9 @@ def build_plan(problem: PipelineProblem, model: ModelProfile, cfg: OffloadConfig
                    "backward_stages": [list(r) for r in backward],
                    "backward_gpus": [rule(n, g) for n in range(len(backward))]}
         batch = cfg.microbatch_size * cfg.num_microbatches
-    section.update(async_optimizer=cfg.async_optimizer, prefetch=True, recompute=cfg.recompute, host=host.to_dict())
-    return Plan(solver=solver, options={"offload": section}, model=model, cluster=problem.cluster,
+    section.update(async_optimizer=cfg.async_optimizer, prefetch=True, recompute=cfg.recompute,
+                   host=OffloadHost(**host.to_dict()))
+    return Plan(solver=solver, offload=OffloadSpec(**section), model=model, cluster=problem.cluster,
                 transformer=problem.transformer, degrees=degrees, schedule="gpipe",
                 microbatch_size=cfg.microbatch_size, num_microbatches=cfg.num_microbatches,
                 global_batch_size=batch, stages=stages)
@@ -193,3 +194,5 @@ class HostOptions:
     cpu_optimizer_params_per_s: float | None = None
     cpu_memory_bytes: float | None = None
     pinned: bool | None = None
+    peer_over_host_link: bool | None = None
+    """GPU peer copies and collectives use the host links (no NVLink; default False)."""

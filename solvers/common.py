@@ -190,8 +190,8 @@ def _recompute_spec(strategies: Sequence[str], first: int, last: int) -> dict[st
 
 
 def with_prediction(plan: Plan) -> tuple[Plan, SimResult]:
-    """The plan with ``predicted`` filled in by the one simulator, and the simulation."""
-    result = sim.simulate(plan, include_events=False)
+    """The plan with ``predicted`` filled in by the one simulator, and the simulation (without bubbles)."""
+    result = sim.simulate(plan, include_events=False, include_bubbles=False)
     return plan.model_copy(update={"predicted": sim.predicted(plan, result)}), result
 
 

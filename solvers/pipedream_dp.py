@@ -293,7 +293,7 @@ def build_plan(
     PipeDream keeps in flight, four times over). Equal replication r is r parallel pipelines
     (``degrees.data`` = r, dissertation Sec. 3.2.3), simulated as 1F1B with a flush per iteration;
     unequal replication sets ``degrees.data`` = 1 and the simulator runs PipeDream's 1F1B-RR with
-    weight stashing and no flush (``cost_models._sim_rr``). ``predicted`` comes from the
+    weight stashing and no flush (``cost_models.sim.rr``). ``predicted`` comes from the
     simulator, except ``bottleneck_s``, which is the DP's objective.
 
     Raises:

@@ -8,7 +8,7 @@ forward i -> GPU i mod G, backward n = d i + k -> GPU (G - 1 - n) mod G (reading
 each stage's optimizer on the CPU as soon as its gradients arrive (L206-212). The paper picks
 its configuration by hand (2 forward and 6 backward stages per GPU, L279); this solver sweeps
 forward stages per GPU, backward stages per forward stage, microbatch size and count, simulates
-every candidate with ``cost_models._sim_offload`` and keeps the fastest that fits GPU and CPU
+every candidate with ``cost_models.sim.offload`` and keeps the fastest that fits GPU and CPU
 memory. Recompute is full and per layer: the decoupled mode requires it (artifact arguments.py,
 reading B.3), so it is not a sweep dimension.
 """
@@ -40,7 +40,8 @@ class Options(common.HostOptions):
 
 def host_from(problem: PipelineProblem, opts: Any) -> offload.HostSpec:
     """The host spec: the cluster's link bandwidth and the defaults, overridden by the options."""
-    keys = ("host_link_bytes_per_s", "gpus_per_host_link", "cpu_optimizer_params_per_s", "cpu_memory_bytes", "pinned")
+    keys = ("host_link_bytes_per_s", "gpus_per_host_link", "cpu_optimizer_params_per_s", "cpu_memory_bytes", "pinned",
+            "peer_over_host_link")
     given = {k: getattr(opts, k) for k in keys if getattr(opts, k) is not None}
     return offload.host_spec(problem.cluster, {"host": given})
 

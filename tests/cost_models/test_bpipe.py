@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cost_models import bpipe
-from cost_models._sim_bpipe import run_bpipe
+from cost_models.sim.bpipe import run_bpipe
 from cost_models.schedules import build_actions
 from cost_models.simulate import simulate
 from planner.errors import InfeasibleError, InvalidProblemError

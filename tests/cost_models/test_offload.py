@@ -3,13 +3,15 @@ the placement rule's figure facts, and timelines computed by hand."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cost_models import offload
-from cost_models._sim_offload import simulate_offload
+from cost_models.sim.offload import simulate_offload
 from planner import api
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import Cluster, LayerProfile, ModelProfile, PipelineProblem, RecomputeOption
+from planner.schema import Cluster, LayerProfile, ModelProfile, PipelineProblem, Plan, RecomputeOption
 from solvers import _spipe_common as common
 
 TIB = 2**40
@@ -39,8 +41,7 @@ def _plan(model: ModelProfile, cluster: Cluster, *, v: int, d: int, decoupled: b
                                microbatch_size=1, num_microbatches=m, async_optimizer=async_opt)
     plan = common.build_plan(problem, model, cfg, spec, solver="spipe")
     if not prefetch:
-        section = dict(plan.options["offload"], prefetch=False)
-        plan = plan.model_copy(update={"options": {"offload": section}})
+        plan = plan.model_copy(update={"offload": plan.offload.model_copy(update={"prefetch": False})})
     return plan
 
 
@@ -177,5 +178,14 @@ def test_cpu_memory_bounds_of_table_2():
 def test_plan_without_offload_section_is_rejected():
     problem = PipelineProblem(model=_toy(4, 1.0, 2.0), cluster=_cluster(2))
     plan = api.plan(problem, solver="even")
-    with pytest.raises(InvalidProblemError, match="no options\\['offload'\\]"):
+    with pytest.raises(InvalidProblemError, match="no 'offload' section"):
         simulate_offload(plan)
+
+
+def test_plans_with_the_old_options_offload_section_still_load():
+    plan = _hand_plan(async_opt=True)
+    data = json.loads(plan.to_json())
+    data["options"] = {"offload": data.pop("offload")}  # as plan files were written before Plan.offload
+    old = Plan.from_dict(data)
+    assert old.offload == plan.offload and "offload" not in old.options
+    assert simulate_offload(old).sim.iteration_time_s == simulate_offload(plan).sim.iteration_time_s

@@ -216,7 +216,7 @@ def test_result_is_schema_valid_and_round_trips() -> None:
 
 
 def test_allreduce_ring_across_nodes_uses_one_nic_per_replica_on_a_node() -> None:
-    from cost_models._sim_costs import pipeline_costs
+    from cost_models.sim.costs import pipeline_costs
     from tests.cost_models.sim_helpers import cluster as make_cluster
     from tests.cost_models.sim_helpers import plan as make_plan
     from tests.cost_models.sim_helpers import uniform_layers

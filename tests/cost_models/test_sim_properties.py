@@ -60,7 +60,7 @@ def _duration(costs: PipelineCosts, kind: str, k: int) -> float:
 
 
 def _ready(costs: PipelineCosts, end: dict[tuple[str, int, int], float], kind: str, k: int, i: int) -> float:
-    """When an action's inputs are available (module docstring of cost_models._sim_engine)."""
+    """When an action's inputs are available (module docstring of cost_models.sim.pipeline)."""
     last = costs.num_virtual_stages - 1
     if kind == "F":
         return end[("F", k - 1, i)] + costs.send_forward_s[k - 1] if k else 0.0

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from cost_models._sim_costs import pipeline_costs
-from cost_models._sim_rr import is_round_robin, rr_bottleneck_s, warmup_inputs
+from cost_models.sim.costs import pipeline_costs
+from cost_models.sim.rr import is_round_robin, rr_bottleneck_s, warmup_inputs
 from cost_models.simulate import plan_actions, simulate
 from planner.errors import InvalidProblemError
 from planner.export import to_megatron_args, to_torch_csv

@@ -103,7 +103,7 @@ def test_65k_events_render_in_seconds(tmp_path: Path) -> None:
     sim = _sim_result("1f1b", 16, 2048)
     assert len(sim.events) == 65_536
     start = time.perf_counter()
-    out = draw_timeline(sim, tmp_path / "huge.png")
+    out = draw_timeline(sim, tmp_path / "huge.png", window="all")
     assert time.perf_counter() - start < 20.0
     data = out.read_bytes()
     assert data[:8] == _PNG_MAGIC
@@ -127,3 +127,49 @@ def test_resource_rows_of_offloaded_and_bpipe_plans(tmp_path) -> None:
     assert list(rows) == ["link 0<->3"] and {k for k, _, _ in rows["link 0<->3"]} == {"EV", "LD"}
     plain = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32))
     assert api.resource_timelines(plain) == {}
+
+
+def test_large_plans_are_drawn_as_fill_and_drain_windows(tmp_path: Path) -> None:
+    from planner.timeline import AUTO_MICROBATCHES, _windows
+
+    sim = _sim_result("interleaved-1f1b", 8, 768, v=6)  # the README plan's shape: 768 microbatches x 6 chunks
+    (head, tail) = _windows(sim, "auto", sim.iteration_time_s)
+    assert head[0] == 0.0 and head[1] < tail[0] < tail[1] == sim.iteration_time_s
+    # Every event of the first and last k microbatches' forwards / backwards is inside a window.
+    k = AUTO_MICROBATCHES
+    assert all(e.end_s <= head[1] for e in sim.events if e.kind == "F" and e.microbatch < k)
+    assert all(e.start_s >= tail[0] for e in sim.events if e.kind == "B" and e.microbatch >= 768 - k)
+    # Individual operations stay readable: at most a few hundred per rank and window.
+    for lo, hi in (head, tail):
+        per_rank = [sum(1 for e in sim.events if e.rank == r and e.end_s > lo and e.start_s < hi) for r in range(8)]
+        assert 0 < max(per_rank) <= 300
+    out = draw_timeline(sim, tmp_path / "readme.svg", row_labels=[f"stage {x} (ranks {16 * x}-{16 * x + 15})"
+                                                                   for x in range(8)])
+    text = out.read_text()
+    assert "stage 1 (ranks 16-31)" in text and "shown" in text and "idle" in text
+    assert _windows(sim, "all", 10.0) == [(0.0, 10.0)] and _windows(sim, (1.0, 2.0), 10.0) == [(1.0, 2.0)]
+    with pytest.raises(InvalidProblemError, match="window"):
+        _windows(sim, (3.0, 2.0), 10.0)
+
+
+def test_small_plans_are_drawn_whole_with_a_memory_panel(tmp_path: Path) -> None:
+    from planner.timeline import _windows
+
+    sim = _sim_result("1f1b", 4, 8)
+    assert _windows(sim, "auto", sim.iteration_time_s) == [(0.0, sim.iteration_time_s)]
+    memory = {r: [(0.0, 2**30), (1.0 + r, 2 * 2**30), (20.0, 2**30)] for r in range(4)}
+    text = draw_timeline(sim, tmp_path / "m.svg", memory=memory).read_text()
+    assert "memory (GiB)" in text
+
+
+def test_memory_timeline_of_a_plan_by_hand() -> None:
+    from cost_models.simulate import memory_timelines, simulate
+    from tests.cost_models.sim_helpers import plan, uniform_layers
+
+    # GPipe, 2 stages x 1 layer, F = 1, B = 2, 10 activation bytes and 5 static bytes per layer.
+    # Rank 1 runs F0 [1, 2], F1 [2, 3], B0 [3, 5], B1 [5, 7]; rank 0 F0 [0, 1], F1 [1, 2], B0 [5, 7], B1 [7, 9].
+    p = plan(uniform_layers(2, 1.0, 2.0, activation_bytes=10.0, static_bytes=5.0), num_stages=2,
+             num_microbatches=2, schedule="gpipe")
+    steps = memory_timelines(p, simulate(p))
+    assert steps[0] == [(0.0, 15.0), (1.0, 25.0), (7.0, 15.0), (9.0, 5.0)]
+    assert steps[1] == [(0.0, 5.0), (1.0, 15.0), (2.0, 25.0), (5.0, 15.0), (7.0, 5.0)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import solvers
-from cost_models._sim_offload import simulate_offload
+from cost_models.sim.offload import simulate_offload
 from planner import api
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Cluster
@@ -28,13 +28,13 @@ def _rows(plan, fwd, bwd):
 
 
 def test_sweep_finds_the_papers_class_or_better(spipe_plan):
-    section = spipe_plan.options["offload"]
+    section = spipe_plan.offload
     paper = _rows(spipe_plan, 2, 6)
     assert paper and paper[0]["fits"]  # the hand-picked 2/6 (L279) is in the table
     assert spipe_plan.predicted.iteration_time_s <= paper[0]["iteration_time_s"] + 1e-9
     # Same class: several forward stages per GPU and more backward than forward stages.
-    assert section["forward_stages_per_gpu"] >= 2
-    assert section["backward_stages_per_gpu"] > section["forward_stages_per_gpu"]
+    assert section.forward_stages_per_gpu >= 2
+    assert section.backward_stages_per_gpu > section.forward_stages_per_gpu
     # Finer backward stages hide more of the CPU optimizer (L345-352): 2/6 beats 2/2.
     assert paper[0]["cpu_exposed_s"] < _rows(spipe_plan, 2, 2)[0]["cpu_exposed_s"]
 
@@ -56,14 +56,14 @@ def test_spipe_beats_the_baselines_in_the_same_simulator(paper_problem, spipe_pl
     assert spipe_plan.predicted.iteration_time_s < mobius.predicted.iteration_time_s
     assert spipe_plan.predicted.iteration_time_s < zero.predicted.iteration_time_s
     # Mobius's placement is coupled and its optimizer synchronous (Fig. 2, Fig. 3).
-    section = mobius.options["offload"]
-    assert section["placement"] == "coupled" and section["async_optimizer"] is False
-    assert section["backward_gpus"] == [n % 4 for n in range(8)]
+    section = mobius.offload
+    assert section.placement == "coupled" and section.async_optimizer is False
+    assert section.backward_gpus == tuple(n % 4 for n in range(8))
 
 
 def test_placement_in_the_plan_follows_the_rule(spipe_plan):
-    section = spipe_plan.options["offload"]
-    assert section["backward_gpus"] == [(4 - 1 - n) % 4 for n in range(len(section["backward_stages"]))]
+    section = spipe_plan.offload
+    assert section.backward_gpus == tuple((4 - 1 - n) % 4 for n in range(len(section.backward_stages)))
     # Forward stage c G + x is chunk c of stage x, on GPU x.
     assert [s.ranks for s in spipe_plan.stages] == [(0,), (1,), (2,), (3,)]
 
@@ -84,7 +84,7 @@ def test_no_host_link_is_invalid():
         solvers.solve(problem, solver="spipe")
     plan = solvers.solve(problem, solver="spipe", options={"host_link_bytes_per_s": 15.75e9,
                                                            "forward_per_gpu": 2, "backward_per_gpu": 6})
-    assert plan.options["offload"]["backward_stages_per_gpu"] == 6
+    assert plan.offload.backward_stages_per_gpu == 6
 
 
 def test_bad_options_are_invalid(paper_problem):

@@ -27,11 +27,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.sim.pipeline import Durations
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
-from planner.schema import Cluster, Plan
+from planner.schema import Action, Cluster, Plan
 
-__all__ = ["PipelineCosts", "allreduce_link", "bottleneck_s", "pipeline_costs"]
+__all__ = ["PipelineCosts", "allreduce_link", "bottleneck_s", "durations", "pipeline_costs"]
 
 
 
@@ -192,7 +193,7 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         params = math.fsum(layer.param_bytes for layer in own)
         extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
         static.append(math.fsum(layer.static_bytes for layer in own) + extra)
-        d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (_sim_rr)
+        d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (cost_models.sim.rr)
         if d > 1 and params > 0:
             bandwidth, latency = _ring_link(plan, x, d)
             allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
@@ -233,3 +234,32 @@ def _replica_rank(plan: Plan, stage_index: int, replica: int) -> int:
     if len(ranks) > replica * t:
         return ranks[replica * t]
     return stage_index * d * t + replica * t
+
+
+def durations(costs: PipelineCosts, actions: Sequence[Sequence[Action]]) -> Durations:
+    """What each action kind costs per virtual stage: B = R + B, I = R + B - W, W.
+
+    Raises:
+        InvalidProblemError: the lists split a backward into I and W but the weight-gradient
+            time is unknown.
+    """
+    num_stages = costs.num_virtual_stages
+    weight = costs.backward_weight_s
+    if weight is None:
+        split = next((a for rank in actions for a in rank if a.kind in "IW"), None)
+        if split is not None:
+            raise InvalidProblemError(
+                f"action {split} splits the backward into I and W but the weight-gradient time is "
+                "unknown; give backward_weight_s for every layer of the profile, or use B actions"
+            )
+        weight = (0.0,) * num_stages
+    rec, bwd = costs.recompute_s, costs.backward_s
+    return Durations(
+        forward_s=costs.forward_s,
+        backward_s=[rec[k] + bwd[k] for k in range(num_stages)],
+        input_s=[rec[k] + bwd[k] - weight[k] for k in range(num_stages)],
+        weight_s=weight,
+        activation_bytes=costs.activation_bytes,
+        send_forward_s=costs.send_forward_s,
+        send_backward_s=costs.send_backward_s,
+    )

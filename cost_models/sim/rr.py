@@ -15,23 +15,22 @@ every stage its own replication factor r_s, dissertation L1184-1190) runs this w
   per input, so its time per input is max(F + R + B, all-reduce), the same max(.) as the DP's
   T^k (L1237-1245): the simulator stretches the backward to that;
 - there is no flush: the iteration is the steady-state time of n = num_microbatches x r_0
-  inputs, measured like PipeDream-2BW's (``_sim_report.steady_result``) on a run of 2 f + 1
+  inputs, measured like PipeDream-2BW's (``report.steady_result``) on a run of 2 f + 1
   iterations back to back, f = ceil(workers / n) iterations to fill the pipeline.
 
 The result has one ``StageResult`` per stage: replica 0's busy and idle time and bubbles, the
 largest peak memory and in-flight count of the stage's replicas; ``bubble_fraction`` counts
-every worker; timeline events are replica 0's. Links are not a shared resource (as elsewhere in
-the simulator), so a plan whose bottleneck is a boundary transfer simulates faster than the DP's
-objective, which charges each boundary 2 a_s / B (L1261-1267).
+every worker; timeline events are replica 0's. Each worker pair has its own link per direction
+(``cost_models.sim.pipeline``), shared by the inputs that cross it one after another.
 """
 
 from __future__ import annotations
 
 import math
 
-from cost_models import _sim_engine as engine
-from cost_models import _sim_report as report
-from cost_models._sim_costs import PipelineCosts
+from cost_models.sim import pipeline as engine
+from cost_models.sim import report
+from cost_models.sim.costs import PipelineCosts
 from planner.schema import Plan, SimResult, StageResult
 
 FILL_FACTOR = 2
@@ -76,7 +75,7 @@ def simulate_rr(plan: Plan, costs: PipelineCosts, *, include_events: bool = True
         activation_bytes=costs.activation_bytes, send_forward_s=costs.send_forward_s,
         send_backward_s=costs.send_backward_s,
     )
-    trace = engine.run(ops, num_microbatches=total, durations=durations)
+    trace = engine.run(ops, num_microbatches=total, durations=durations, trusted=True)  # built here: F before B
     layers = plan.model.layers
     weights = [math.fsum(layers[i].param_bytes for i in range(*stage.chunks[0].layers)) for stage in plan.stages]
     static = [costs.static_bytes[s] + max(0, trace.peak_inflight[w] - 1) * weights[s] for w, s in enumerate(owner)]

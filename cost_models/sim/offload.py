@@ -1,15 +1,17 @@
 """Simulator of offloaded training: GPU streams next to host links and CPU optimizer timelines.
 
-Implements the event model of reading shared/design/stage-ilp-spipe-bpipe.md B.6 [REC] for SPipe
-(seed 003) and its baselines. Every operation runs on one resource, non-preemptively; a resource
-serves the ready operation that can start first (ties: the one created first):
+The event model of SPipe (Sec. 3-4) and its baselines, as a graph for the one engine
+(``cost_models.sim.engine``). Every operation runs on one stream or shared resource,
+non-preemptively; a resource serves the ready operation that can start first (ties: the one
+created first):
 
 - ``gpu g``: the compute stream; F and B (recompute included) in the plan's fixed order;
 - ``h2d`` / ``d2h`` of each host link: parameter prefetch p_i and gradient offload g_i; GPUs behind
   one PCIe switch share a link, and each GPU's copies keep their stream order (seed 003 L224);
 - ``cpu`` of each node: optimizer steps o_i (threads sharing the cores, L233);
-- point-to-point activations, gradients and checkpoints take latency + bytes / bandwidth and
-  delay only their consumer, as in the main simulator.
+- ``link src dst``: point-to-point activations, gradients and checkpoints between two GPUs take
+  latency + bytes / bandwidth on the link of that direction, one at a time (a checkpoint and
+  an activation bound for the same GPU queue behind each other), as in the pipeline model.
 
 Dependencies (B.6): f_i^j after f_{i-1}^j and p_i; b_n^j after b_{n+1}^j, its checkpoint c_n^j
 (the input of backward stage n, sent as soon as f_i^j finishes, L186-188) and p_n; p of a GPU's v-th stage after its (v-2)-th
@@ -20,16 +22,15 @@ synchronous overflow check of Fig. 3, L115-127). The iteration ends with the las
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from cost_models import offload
+from cost_models.sim import engine
 from planner.errors import InvalidProblemError
-from planner.schema import Bubble, Plan, SimResult, StageResult, TimelineEvent
+from planner.schema import Bubble, OffloadSpec, Plan, SimResult, StageResult, TimelineEvent
 
 _EPS = 1e-12
 
@@ -60,65 +61,32 @@ class OffloadResult:
     cpu_memory_bytes: tuple[float, ...]
     """Model states per node."""
     fits_cpu_memory: bool
+    links: tuple[tuple[str, str, int, int, float, float], ...] = ()
+    """GPU peer transfers: (``"link a->b"``, kind A / C, stage, microbatch, start, end)."""
 
 
 @dataclass(slots=True)
 class _Graph:
-    """Operations with a duration, a resource, a stream (order kept) and dependencies."""
+    """The engine graph with a label per operation: (kind, gpu, ...) as the builders give it."""
 
-    duration: list[float] = field(default_factory=list)
-    resource: list[Hashable | None] = field(default_factory=list)
-    deps: list[list[int]] = field(default_factory=list)
+    graph: engine.Graph = field(default_factory=engine.Graph)
     meta: list[tuple[Any, ...]] = field(default_factory=list)
-    _last: dict[Hashable, int] = field(default_factory=dict)
 
     def add(self, duration: float, meta: tuple[Any, ...], *, resource: Hashable | None = None,
-            stream: Hashable | None = None, deps: Sequence[int] = ()) -> int:
-        op = len(self.duration)
-        preds = [d for d in deps if d >= 0]
-        if stream is not None:
-            if stream in self._last:
-                preds.append(self._last[stream])
-            self._last[stream] = op
-        self.duration.append(duration)
-        self.resource.append(resource)
-        self.deps.append(preds)
+            also: Sequence[Hashable] = (), stream: Hashable | None = None, deps: Sequence[int] = ()) -> int:
         self.meta.append(meta)
-        return op
+        return self.graph.add(duration, deps=deps, resource=resource, also=also, stream=stream)
+
+    def resource_name(self, op: int) -> Hashable | None:
+        rid = self.graph.resource[op]
+        return None if rid < 0 else self.graph.resource_names[rid]
 
 
 def _schedule(graph: _Graph) -> tuple[list[float], list[float]]:
-    """Start and end times: list scheduling, starts popped in nondecreasing order."""
-    n = len(graph.duration)
-    children: list[list[int]] = [[] for _ in range(n)]
-    waiting = [len(d) for d in graph.deps]
-    for op, preds in enumerate(graph.deps):
-        for p in preds:
-            children[p].append(op)
-    ready = [0.0] * n
-    start, end = [math.nan] * n, [math.nan] * n
-    free: dict[Hashable, float] = defaultdict(float)
-    heap = [(0.0, op) for op in range(n) if waiting[op] == 0]
-    heapq.heapify(heap)
-    done = 0
-    while heap:
-        est, op = heapq.heappop(heap)
-        res = graph.resource[op]
-        begin = max(ready[op], free[res]) if res is not None else ready[op]
-        if begin > est + _EPS:
-            heapq.heappush(heap, (begin, op))  # the resource was taken meanwhile
-            continue
-        start[op], end[op] = begin, begin + graph.duration[op]
-        if res is not None:
-            free[res] = end[op]
-        done += 1
-        for child in children[op]:
-            ready[child] = max(ready[child], end[op])
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                heapq.heappush(heap, (ready[child], child))
-    assert done == n, "offload graph has a cycle"
-    return start, end
+    """Start and end times from the engine."""
+    timed = engine.run(graph.graph)
+    assert timed.done, "offload graph has a cycle"
+    return timed.start_s, timed.end_s
 
 
 # ------------------------------------------------------------------------------------------
@@ -140,40 +108,39 @@ class _Setup:
     recompute: str
 
 
-def offload_options(plan: Plan) -> dict[str, Any]:
-    """The plan's ``options['offload']`` section.
+def offload_spec(plan: Plan) -> OffloadSpec:
+    """The plan's ``offload`` section.
 
     Raises:
         InvalidProblemError: the plan has none.
     """
-    section = plan.options.get("offload")
-    if not isinstance(section, dict):
+    if plan.offload is None:
         raise InvalidProblemError(
-            f"plan of solver {plan.solver!r} has no options['offload'] section; only plans of the "
+            f"plan of solver {plan.solver!r} has no 'offload' section; only plans of the "
             "spipe, mobius and zero-offload solvers can be simulated as offloaded pipelines"
         )
-    return section
+    return plan.offload
 
 
 def _setup(plan: Plan) -> _Setup:
-    opts = offload_options(plan)
-    host = offload.host_spec(plan.cluster, {"host": opts.get("host") or {}})
+    spec = offload_spec(plan)
+    host = offload.host_spec(plan.cluster, {"host": spec.host.model_dump()})
     g = plan.cluster.num_devices
     forward = tuple(c.layers for c in plan.virtual_stages())
-    if opts.get("mode") == "zero-offload":
+    if spec.mode == "zero-offload":
         per_layer = tuple((i, i + 1) for i in range(plan.model.num_layers))
         forward, backward, fgpus, bgpus = per_layer, per_layer, (0,) * len(per_layer), (0,) * len(per_layer)
     else:
-        backward = tuple(tuple(r) for r in opts["backward_stages"])  # type: ignore[misc]
+        backward = tuple((int(a), int(b)) for a, b in spec.backward_stages)
         fgpus = tuple(offload.forward_gpu(i, g) for i in range(len(forward)))
-        bgpus = tuple(int(x) for x in opts["backward_gpus"])
+        bgpus = tuple(spec.backward_gpus)
         if len(bgpus) != len(backward) or any(not 0 <= x < g for x in bgpus):
             raise InvalidProblemError(
-                f"options.offload.backward_gpus={list(bgpus)} must give one GPU in [0, {g}) per backward stage"
+                f"offload.backward_gpus={list(bgpus)} must give one GPU in [0, {g}) per backward stage"
             )
     return _Setup(plan=plan, host=host, forward=forward, forward_gpus=fgpus, backward=backward,
-                  backward_gpus=bgpus, num_gpus=g, async_optimizer=bool(opts.get("async_optimizer", False)),
-                  prefetch=bool(opts.get("prefetch", True)), recompute=str(opts.get("recompute", "full")))
+                  backward_gpus=bgpus, num_gpus=g, async_optimizer=spec.async_optimizer,
+                  prefetch=spec.prefetch, recompute=spec.recompute)
 
 
 def _range_times(s: _Setup, layers: tuple[int, int]) -> tuple[float, float]:
@@ -194,6 +161,22 @@ def _link(s: _Setup, gpu: int, direction: str) -> tuple[str, int, int]:
     node = s.plan.cluster.node_of(gpu)
     local = gpu - node * s.plan.cluster.devices_per_node
     return direction, node, offload.host_link_of(local, s.host)
+
+
+def _peer(s: _Setup, src: int, dst: int) -> dict[str, Any]:
+    """Resources of a GPU peer copy: its own directed link, or both host links (``peer_over_host_link``)."""
+    cluster = s.plan.cluster
+    if s.host.peer_over_host_link and cluster.node_of(src) == cluster.node_of(dst):
+        return {"resource": _link(s, src, "d2h"), "also": (_link(s, dst, "h2d"),)}
+    return {"resource": ("link", src, dst)}
+
+
+def _collective(s: _Setup, graph: _Graph, gpu: int, meta: tuple[Any, ...], num_bytes: float, dep: int) -> int:
+    """All-gather / reduce-scatter over the host links of a GPU (``peer_over_host_link``); else -1."""
+    if not s.host.peer_over_host_link or s.num_gpus == 1:
+        return -1
+    return graph.add(_collective_s(s, num_bytes), meta, deps=[dep], resource=_link(s, gpu, "h2d"),
+                     also=(_link(s, gpu, "d2h"),))
 
 
 def _fp16_bytes(s: _Setup, layers: tuple[int, int]) -> float:
@@ -220,8 +203,9 @@ def _build_pipeline(s: _Setup) -> tuple[_Graph, list[int]]:
         fwd, _ = _range_times(s, layers)
         hop = _p2p_s(s, s.forward_gpus[i - 1], gpu, model.layers[layers[0] - 1].output_bytes) if i else 0.0
         for j in range(m):
-            dep = graph.add(hop, ("A",), deps=[prev[j]]) if hop else prev[j]
-            prev[j] = graph.add(fwd, ("F", gpu, i, j), resource=("gpu", gpu), stream=("gpu", gpu), deps=[p, dep])
+            src = s.forward_gpus[i - 1] if i else gpu
+            dep = graph.add(hop, ("A", src, i, j), deps=[prev[j]], **_peer(s, src, gpu)) if hop else prev[j]
+            prev[j] = graph.add(fwd, ("F", gpu, i, j), stream=("gpu", gpu), deps=[p, dep])
         visits[gpu].append(prev[m - 1])
     return _add_backward(s, graph, visits)
 
@@ -248,9 +232,10 @@ def _add_backward(s: _Setup, graph: _Graph, visits: dict[int, list[int]]) -> tup
             hop = _p2p_s(s, s.backward_gpus[n + 1], gpu, model.layers[layers[1] - 1].output_bytes)
         buffer_gate = grad_ops[gpu][-2] if len(grad_ops[gpu]) >= 2 else -1
         for j in range(m):
-            ck = graph.add(ckpt_s, ("C",), deps=[fops[(i, j)]]) if ckpt_s else fops[(i, j)]
-            dep = graph.add(hop, ("A",), deps=[prev[j]]) if hop else prev[j]
-            prev[j] = graph.add(bwd, ("B", gpu, n, j), resource=("gpu", gpu), stream=("gpu", gpu),
+            src_f, src_b = s.forward_gpus[i], s.backward_gpus[min(n + 1, len(s.backward) - 1)]
+            ck = graph.add(ckpt_s, ("C", src_f, n, j), deps=[fops[(i, j)]], **_peer(s, src_f, gpu)) if ckpt_s else fops[(i, j)]
+            dep = graph.add(hop, ("A", src_b, n, j), deps=[prev[j]], **_peer(s, src_b, gpu)) if hop else prev[j]
+            prev[j] = graph.add(bwd, ("B", gpu, n, j), stream=("gpu", gpu),
                                 deps=[p, ck, dep, buffer_gate if j == 0 else -1])
         visits[gpu].append(prev[m - 1])
         g_op = graph.add(offload.transfer_time_s(_fp16_bytes(s, layers), s.host), ("G", gpu, "B", n),
@@ -292,19 +277,23 @@ def _build_zero(s: _Setup) -> tuple[_Graph, list[int]]:
         for j in range(m):
             for kind, order in (("F", s.forward), ("B", tuple(reversed(s.forward)))):
                 for layers in order:
-                    gather = _collective_s(s, _fp16_bytes(s, layers))
+                    shared = s.host.peer_over_host_link
+                    gather = 0.0 if shared else _collective_s(s, _fp16_bytes(s, layers))
                     p = _prefetch(s, graph, gpu, kind, layers[0], layers, visits, scale=1 / g, extra_s=gather)
+                    if shared:
+                        p = _collective(s, graph, gpu, ("AG", gpu, kind, layers[0]), _fp16_bytes(s, layers), p)
                     fwd, bwd = _range_times(s, layers)
-                    prev = graph.add(fwd if kind == "F" else bwd, (kind, gpu, layers[0], j), resource=("gpu", gpu),
-                                     stream=("gpu", gpu), deps=[p, prev])
+                    prev = graph.add(fwd if kind == "F" else bwd, (kind, gpu, layers[0], j), stream=("gpu", gpu), deps=[p, prev])
                     visits.append(prev)
                     if kind == "B":
                         last_b[layers[0]] = prev
         for layers in reversed(s.forward):
             nbytes = _fp16_bytes(s, layers)
-            dur = _collective_s(s, nbytes) + offload.transfer_time_s(nbytes / g, s.host)
+            shared = s.host.peer_over_host_link
+            dep = _collective(s, graph, gpu, ("RS", gpu, "B", layers[0]), nbytes, last_b[layers[0]]) if shared else -1
+            dur = (0.0 if shared else _collective_s(s, nbytes)) + offload.transfer_time_s(nbytes / g, s.host)
             offloads.append(graph.add(dur, ("G", gpu, "B", layers[0]), resource=_link(s, gpu, "d2h"),
-                                      stream=("d2h", gpu), deps=[last_b[layers[0]]]))
+                                      stream=("d2h", gpu), deps=[last_b[layers[0]], dep]))
     barrier = graph.add(0.0, ("S",), deps=offloads)
     total = offload.range_num_params(s.plan.model, (0, s.plan.model.num_layers))
     for node in range(s.plan.cluster.num_nodes):
@@ -322,7 +311,7 @@ def _memory(s: _Setup) -> tuple[list[float], list[float]]:
     """Peak GPU memory per GPU (``offload.gpu_memory_bytes``: one checkpoint per backward stage and
     microbatch, the same bytes the checkpoint transfers carry) and model-state bytes per node."""
     model, cluster = s.plan.model, s.plan.cluster
-    if offload_options(s.plan).get("mode") == "zero-offload":
+    if offload_spec(s.plan).mode == "zero-offload":
         peak = offload.gpu_memory_bytes(model, forward_layers=s.forward, backward_layers=s.forward, num_microbatches=1)
         per_node = offload.cpu_state_bytes(offload.range_num_params(model, (0, model.num_layers))) / cluster.num_nodes
         return [peak] * s.num_gpus, [per_node] * cluster.num_nodes
@@ -339,7 +328,7 @@ def _memory(s: _Setup) -> tuple[list[float], list[float]]:
 def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResult:
     """Simulate one iteration of an offloaded plan (spipe, mobius or zero-offload).
 
-    The plan's ``options['offload']`` gives ``mode`` (``pipeline`` or ``zero-offload``),
+    The plan's ``offload`` (``planner.schema.OffloadSpec``) gives ``mode`` (``pipeline`` or ``zero-offload``),
     ``backward_stages`` (layer ranges in model order), ``backward_gpus``, ``async_optimizer``,
     ``prefetch``, ``recompute`` and ``host`` (``offload.HostSpec`` fields); the forward stages
     are the plan's virtual stages, forward stage i on GPU i mod G.
@@ -357,7 +346,7 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
             bandwidth.
     """
     s = _setup(plan)
-    zero = offload_options(plan).get("mode") == "zero-offload"
+    zero = offload_spec(plan).mode == "zero-offload"
     graph, offloads = _build_zero(s) if zero else _build_pipeline(s)
     if not zero:
         _add_optimizer(s, graph, offloads)
@@ -368,9 +357,11 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
     gpu_mem, cpu_mem = _memory(s)
     sim = _sim_result(s, graph, start, end, iteration, gpu_mem, include_events)
     transfers, cpu = _resource_events(graph, start, end) if include_events else ((), ())
+    links = _link_events(graph, start, end) if include_events else ()
     return OffloadResult(sim=sim, transfers=transfers, cpu=cpu, gpu_makespan_s=makespan,
                          cpu_exposed_s=iteration - makespan, gpu_memory_bytes=tuple(gpu_mem),
-                         cpu_memory_bytes=tuple(cpu_mem), fits_cpu_memory=max(cpu_mem) <= s.host.cpu_memory_bytes)
+                         cpu_memory_bytes=tuple(cpu_mem), fits_cpu_memory=max(cpu_mem) <= s.host.cpu_memory_bytes,
+                         links=links)
 
 
 def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], iteration: float,
@@ -405,11 +396,26 @@ def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], 
     )
 
 
+def _link_events(graph: _Graph, start: list[float], end: list[float]) -> tuple[tuple[str, str, int, int, float, float], ...]:
+    out = []
+    for op, meta in enumerate(graph.meta):
+        if meta[0] in ("A", "C"):
+            label = f"link {meta[1]}->{_gpu_of(graph, op)}"
+            out.append((label, meta[0], meta[2], meta[3], start[op], end[op]))
+    return tuple(out)
+
+
+def _gpu_of(graph: _Graph, op: int) -> int:
+    """The GPU a peer transfer delivers to: the GPU of the operation that waits for it."""
+    child = graph.graph.children[op][0]
+    return int(graph.meta[child][1])
+
+
 def _resource_events(graph: _Graph, start: list[float], end: list[float]) -> tuple[tuple[ResourceEvent, ...], ...]:
     transfers, cpu = [], []
     for op, meta in enumerate(graph.meta):
         if meta[0] in ("P", "G", "O"):
-            res = graph.resource[op]
+            res = graph.resource_name(op)
             name = ":".join(str(x) for x in res) if isinstance(res, tuple) else str(res)
             event = ResourceEvent(name, meta[1], meta[0], meta[3] if isinstance(meta[3], int) else -1, start[op], end[op])
             (cpu if meta[0] == "O" else transfers).append(event)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from cost_models._sim_engine import KIND_NAME, Trace
+from cost_models.sim.pipeline import KIND_NAME, Trace
 from planner.schema import Bubble, SimResult, StageResult, TimelineEvent
 
 _TOLERANCE = 1e-10
@@ -32,6 +32,7 @@ def flush_result(
     capacity_bytes: float,
     samples_per_iteration: float,
     include_events: bool,
+    include_bubbles: bool = True,
 ) -> SimResult:
     """One iteration ending with a flush: iteration = max over ranks of last end + all-reduce."""
     num_ranks = len(trace.ops)
@@ -50,7 +51,7 @@ def flush_result(
             window_end=iteration,
             static=static_bytes[r],
             capacity=capacity_bytes,
-        )
+        ) if include_bubbles else []
         stages.append(_stage(r, busy, iteration, trace, static_bytes[r], bubbles))
     events: list[TimelineEvent] = []
     if include_events:
@@ -72,6 +73,7 @@ def steady_result(
     capacity_bytes: float,
     samples_per_iteration: float,
     include_events: bool,
+    include_bubbles: bool = True,
 ) -> SimResult:
     """Steady state per batch of a flush-free run (PipeDream-2BW).
 
@@ -98,7 +100,7 @@ def steady_result(
         bubbles = _bubbles(
             starts, ends, held, initial_held=initial, window_end=iteration, static=static_bytes[r],
             capacity=capacity_bytes,
-        )
+        ) if include_bubbles else []
         stages.append(_stage(r, busy, iteration, trace, static_bytes[r], bubbles))
     events: list[TimelineEvent] = []
     if include_events:

@@ -1,0 +1,127 @@
+"""Chrome/Perfetto trace export (planner.trace, ``paraplan simulate --trace``)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from planner import api
+from planner.cli import main
+from planner.trace import stage_rank_ranges
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32))
+
+
+def _slices(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+def test_trace_has_a_track_per_stage_stream_and_link(plain) -> None:
+    sim = api.simulate(plain, include_events=True)
+    doc = api.trace(plain, sim)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    processes = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    # 8 GPUs, 4 stages, data 2: stage x runs on ranks 2x, 2x + 1.
+    assert [processes[x + 1] for x in range(4)] == [f"stage {x} (ranks {2 * x}-{2 * x + 1})" for x in range(4)]
+    links = sorted(name for (pid, _), name in names.items() if processes[pid] == "links")
+    assert links == sorted(f"link {a}->{b}" for a, b in ((0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)))
+    slices = _slices(doc)
+    assert all((e["pid"], e["tid"]) in names and e["ts"] >= 0 and e["dur"] >= 0 for e in slices)
+    compute = [e for e in slices if e["cat"] == "compute"]
+    assert len(compute) == sum(1 for e in sim.events if e.kind != "AR")
+    # One activation and one gradient transfer per stage boundary and microbatch.
+    m = plain.num_microbatches
+    assert sum(1 for e in slices if e["cat"] == "transfer") == 2 * 3 * m
+    end_us = max(e["ts"] + e["dur"] for e in slices)
+    assert end_us == pytest.approx(sim.iteration_time_s * 1e6)
+
+
+def test_transfers_follow_their_producer(plain) -> None:
+    doc = api.trace(plain)
+    slices = _slices(doc)
+    forward = {(e["pid"] - 1, e["args"]["microbatch"]): e for e in slices if e["cat"] == "compute" and e["name"][0] == "F"}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    for e in slices:
+        if e["cat"] == "transfer" and e["name"].startswith("SF"):
+            src, dst = map(int, names[(e["pid"], e["tid"])].split()[1].split("->"))
+            producer, consumer = forward[(src, e["args"]["microbatch"])], forward[(dst, e["args"]["microbatch"])]
+            assert e["ts"] >= producer["ts"] + producer["dur"] - 2e-3  # ns rounding
+            assert consumer["ts"] >= e["ts"] + e["dur"] - 2e-3
+
+
+def test_offloaded_and_bpipe_plans_show_host_rows_and_pair_links() -> None:
+    spipe = api.plan(api.make_problem("spipe-10b", "v100:1x2", global_batch_size=8), solver="spipe")
+    doc = api.trace(spipe)
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert {"h2d:0:0", "d2h:0:0", "cpu:0", "link 0->1", "link 1->0"} <= names
+    assert {e["name"] for e in _slices(doc) if e["cat"] == "host"} == {"P", "G", "O"}
+    named = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert all((e["pid"], e["tid"]) in named for e in _slices(doc))
+    processes = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert {"GPU 0", "GPU 1", "links", "host"} <= processes
+    bpipe = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32, bpipe=True))
+    kinds = {e["name"][:2] for e in _slices(api.trace(bpipe)) if e["cat"] == "transfer"}
+    assert kinds == {"SF", "SB", "EV", "LD"}
+
+
+def test_cli_writes_the_trace(plain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = tmp_path / "plan.json"
+    api.save(plain, plan_path)
+    out = tmp_path / "t" / "trace.json"
+    assert main(["simulate", str(plan_path), "--trace", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(_slices(doc)) > 0 and "wrote" in capsys.readouterr().err
+
+
+def test_rank_ranges_follow_explicit_ranks(plain) -> None:
+    assert stage_rank_ranges(plain) == ["0-1", "2-3", "4-5", "6-7"]
+    odd = plain.model_copy(update={"stages": tuple(s.model_copy(update={"ranks": (x, x + 4)})
+                                                   for x, s in enumerate(plain.stages))})
+    assert stage_rank_ranges(odd) == ["0,4", "1,5", "2,6", "3,7"]
+
+
+def _trace_processor_binary() -> str | None:
+    """Perfetto's trace_processor_shell: $PERFETTO_TRACE_PROCESSOR, or the perfetto package's cache."""
+    given = os.environ.get("PERFETTO_TRACE_PROCESSOR")
+    if given:
+        return given
+    cached = sorted(glob.glob(os.path.expanduser("~/.local/share/perfetto/prebuilts/trace_processor_shell*")))
+    return next((path for path in cached if not path.endswith(".tmp") and os.access(path, os.X_OK)), None)
+
+
+def test_perfettos_trace_processor_loads_the_trace(plain, tmp_path: Path) -> None:
+    # The perfetto package (PyPI) drives trace_processor_shell, a native binary it downloads on first
+    # use from Google's artifact storage; without it (offline machines) this test skips.
+    tp_module = pytest.importorskip("perfetto.trace_processor")
+    binary = _trace_processor_binary()
+    if binary is None:
+        pytest.skip("no trace_processor_shell binary (set PERFETTO_TRACE_PROCESSOR, or let perfetto download it)")
+    from planner.trace import write_trace
+
+    sim = api.simulate(plain, include_events=True)
+    path = write_trace(api.trace(plain, sim), tmp_path / "trace.json")
+    config = tp_module.TraceProcessorConfig(bin_path=binary)
+    with tp_module.TraceProcessor(trace=str(path), config=config) as tp:
+        count = next(iter(tp.query("select count(*) as n from slice"))).n
+        threads = {row.name for row in tp.query("select name from thread")}
+    assert count == len(_slices(api.trace(plain, sim)))
+    assert {"compute", "link 0->1"} <= threads
+
+
+def test_cli_timeline_window_and_labels(plain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = tmp_path / "plan.json"
+    api.save(plain, plan_path)
+    out = tmp_path / "t.svg"
+    assert main(["simulate", str(plan_path), "--timeline", str(out), "--window", "0:0.05"]) == 0
+    text = out.read_text()
+    assert "stage 3 (ranks 6-7)" in text and "memory (GiB)" in text
+    for bad in ("3:1", "abc"):
+        assert main(["simulate", str(plan_path), "--timeline", str(out), "--window", bad]) == 2
+        assert "window" in capsys.readouterr().err
