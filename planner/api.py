@@ -245,12 +245,12 @@ MAX_CSV_ACTIONS = 10_000_000
 
 def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, float]]]:
     """Memory in use per stage over time (``cost_models.simulate.memory_timelines``)."""
-    return _simulate.memory_timelines(plan, sim)
+    return _cost_model("simulate").memory_timelines(plan, sim)
 
 
 def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, float]]]:
     """Every point-to-point transfer per directed link (``cost_models.simulate.link_timelines``)."""
-    return _simulate.link_timelines(plan)
+    return _cost_model("simulate").link_timelines(plan)
 
 
 def trace(plan: Plan, sim: SimResult | None = None) -> dict[str, Any]:

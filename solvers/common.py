@@ -208,7 +208,7 @@ def memory_lower_bound_bytes(plan: Plan) -> float:
     Plans whose memory this does not bound (BPipe moves activations, custom orders, offload)
     get 0.
     """
-    if plan.bpipe is not None or plan.schedule == "custom" or "offload" in plan.options:
+    if plan.bpipe is not None or plan.schedule == "custom" or plan.offload is not None:
         return 0.0
     costs = sim.pipeline_costs(plan)
     p, m = plan.degrees.pipeline, plan.num_microbatches
