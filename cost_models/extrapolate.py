@@ -68,8 +68,8 @@ def simulate_many(plan: Plan, simulate: SimulateFn, *, include_events: bool = Fa
     base = max(2 * p, 8)
     for _ in range(_ATTEMPTS):
         m_a = base + (m - base) % step
-        if m_a + 2 * step >= m:
-            return simulate(plan)  # too few microbatches to save anything
+        if 3 * (m_a + step) >= m:
+            return simulate(plan)  # the three runs would simulate as many microbatches as the plan
         runs = [simulate(_with_microbatches(plan, m_a + j * step)) for j in range(3)]
         result = _extrapolate(plan, runs, m_a, step)
         if result is not None:

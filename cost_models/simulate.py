@@ -78,7 +78,8 @@ def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool =
             or deadlocks, or the schedule needs weight-gradient times the profile lacks.
     """
     if extrapolate.needs_extrapolation(plan):
-        return extrapolate.simulate_many(plan, _simulate_exact, include_events=include_events)
+        exact = functools.partial(_simulate_exact, include_bubbles=include_bubbles)
+        return extrapolate.simulate_many(plan, exact, include_events=include_events)
     return _simulate_exact(plan, include_events=include_events, include_bubbles=include_bubbles)
 
 

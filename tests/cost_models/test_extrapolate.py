@@ -31,7 +31,7 @@ def test_extrapolation_equals_full_simulation(
 ) -> None:
     rng = random.Random(seed)
     p = rng.choice([2, 3, 4])
-    m = p * rng.randint(30, 40) + (0 if chunks > 1 else rng.randint(0, p - 1))
+    m = p * rng.randint(80, 100) + (0 if chunks > 1 else rng.randint(0, p - 1))
     cluster = h.cluster(intra_bytes_per_s=rng.uniform(1, 4), intra_latency_s=0.01, devices_per_node=8)
     plan = h.plan(_random_layers(rng, p * chunks * 2), num_stages=p, num_chunks=chunks, num_microbatches=m,
                   schedule=schedule, data_parallel=2, the_cluster=cluster)
