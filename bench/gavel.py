@@ -4,26 +4,35 @@ Usage::
 
     PYTHONPATH=. python bench/gavel.py scale [--max-jobs 4096] [--policies a,b] [--space-sharing]
     PYTHONPATH=. python bench/gavel.py sim [--jobs 300] [--rate 3.0] [--seeds 0,1,2]
+    PYTHONPATH=. python bench/gavel.py traces [--cluster v100:4,p100:4,k80:4] [--round 360]
+    PYTHONPATH=. python bench/gavel.py ray [--repeats 3] [--round 1.0]   (needs ray)
+    PYTHONPATH=. python bench/gavel.py chapter [--jobs 5000] [--rate 5.6] [--seeds 0] [--mechanism gavel]
 
 ``scale`` prints (best of 3, imports warmed up first), per policy and job count (64 to 4096; cluster of equal V100/P100/K80
 counts growing with the jobs, as in the chapter's Fig. 5.14), the full LP's solve time, the
 partitioned solve time with k = jobs/256 sub-problems (at least 2), and the partitioned
 objective relative to the full one. Full solves above ``--max-full`` jobs are skipped.
 ``sim`` runs each policy family agnostic and heterogeneity-aware on the same Poisson traces
-and prints the average JCT (the chapter's Figs. 5.9-5.11 comparison).
+and prints the average JCT (the chapter's Figs. 5.9-5.11 comparison). ``traces`` runs every
+bundled Gavel trace (the physical-cluster traces) under each policy and prints the average
+JCT and makespan per (trace, policy), with the agnostic/aware JCT ratio per family. ``ray``
+runs five real training jobs on a local Ray head (``paraplan cluster-run``'s engine) and prints
+each job's measured JCT over the simulator's. ``chapter`` runs LAS agnostic and aware at
+the setting of the chapter's Fig. 5.8 (continuous-single, 36 of each type, jobs 4000-5000).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 
 import solvers.gavel as gavel
 from planner.schema_gavel import ClusterProblem, JobPair, JobsFile
 from solvers.gavel.simulator import simulate
-from solvers.gavel.throughputs import load_table
+from solvers.gavel.throughputs import load_table, read_trace
 from solvers.gavel.workload import generate_jobs
 
 SCALE_POLICIES = ("max_min_fairness_perf", "min_total_duration_perf", "fifo_perf", "finish_time_fairness_perf")
@@ -111,6 +120,64 @@ def run_sim(args: argparse.Namespace) -> None:
                   f"{np.mean([r.makespan_s for r in runs]) / 3600:11.1f} {np.mean([r.avg_ftf for r in runs]):8.2f}", flush=True)
 
 
+TRACE_POLICIES = ("max_min_fairness", "max_min_fairness_perf", "fifo", "fifo_perf", "finish_time_fairness",
+                  "finish_time_fairness_perf", "min_total_duration", "min_total_duration_perf")
+TRACES = ("artifact_evaluation", "debug", "debug_v2", "medium_test", "small_test")
+
+
+def trace_path(name: str) -> str:
+    return str(Path(gavel.__file__).parent / "data" / "traces" / f"{name}.trace")
+
+
+def run_traces(args: argparse.Namespace) -> None:
+    workers = {t: int(n) for t, n in (part.split(":") for part in args.cluster.split(","))}
+    print(f"cluster {workers}, {args.round:.0f} s rounds, {args.mechanism} mechanism; avg JCT and makespan in hours")
+    print(f"{'trace':20s} {'policy':28s} {'avg JCT h':>10} {'makespan h':>11} {'rounds':>7}")
+    for name in args.traces.split(","):
+        jobs = read_trace(trace_path(name), worker_types=workers)
+        jct: dict[str, float] = {}
+        for policy in args.policies.split(","):
+            r = simulate(jobs, worker_types=workers, policy=policy, round_s=args.round, mechanism=args.mechanism, seed=0)
+            jct[policy] = r.avg_jct_s
+            print(f"{name:20s} {policy:28s} {r.avg_jct_s / 3600:10.4f} {r.makespan_s / 3600:11.4f} {r.num_rounds:7d}",
+                  flush=True)
+        gains = [f"{p}: {jct[p] / jct[p + '_perf']:.3f}" for p in jct if p + "_perf" in jct]
+        print(f"{name:20s} agnostic/aware avg JCT  " + ", ".join(gains), flush=True)
+
+
+def run_chapter(args: argparse.Namespace) -> None:
+    workers = {"v100": 36, "p100": 36, "k80": 36}
+    lo = args.jobs * 4 // 5
+    print(f"{args.jobs} one-GPU jobs at {args.rate} jobs/h on {workers}, {args.mechanism} mechanism, "
+          f"average JCT of jobs {lo}-{args.jobs}")
+    for seed in (int(x) for x in args.seeds.split(",")):
+        jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers)
+        jct = [simulate(jobs, worker_types=workers, policy=p, seed=seed, measure=(lo, args.jobs),
+                        mechanism=args.mechanism).avg_jct_s / 3600 for p in ("max_min_fairness", "max_min_fairness_perf")]
+        print(f"seed {seed}: max_min_fairness {jct[0]:.2f} h, max_min_fairness_perf {jct[1]:.2f} h, "
+              f"agnostic/aware {jct[0] / jct[1]:.2f}x", flush=True)
+
+
+RAY_JOBS = [("a", 40.0, 20.0, 60, 0.0), ("b", 30.0, 24.0, 90, 0.0), ("c", 50.0, 10.0, 80, 0.0),
+            ("d", 20.0, 18.0, 30, 1.5), ("e", 40.0, 30.0, 40, 2.5)]
+
+
+def run_ray(args: argparse.Namespace) -> None:
+    from planner.cluster_run import run_on_ray
+
+    jobs = JobsFile.model_validate({"jobs": [
+        {"id": i, "throughputs": {"v100": v, "p100": p}, "num_steps": n, "arrival_time_s": t * args.round}
+        for i, v, p, n, t in RAY_JOBS]})
+    print(f"5 jobs on v100:1,p100:1, max_min_fairness_perf, {args.round:g} s rounds: measured / simulated JCT")
+    for rep in range(args.repeats):
+        mechanism = ("gavel", "paper")[rep % 2]
+        r = run_on_ray(jobs, worker_types={"v100": 1, "p100": 1}, policy="max_min_fairness_perf", round_s=args.round,
+                       mechanism=mechanism)
+        ratios = [j.jct_s / j.sim_jct_s for j in r.jobs]
+        print(f"run {rep} ({mechanism}): avg JCT {r.avg_jct_s / r.sim_avg_jct_s:.3f}, per job {min(ratios):.3f}-{max(ratios):.3f}, "
+              f"{r.num_rounds} rounds, {r.num_preemptions} preemptions", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -125,8 +192,22 @@ def main() -> None:
     m.add_argument("--per-type", type=int, default=12)
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--multi-gpu", action="store_true")
+    t = sub.add_parser("traces")
+    t.add_argument("--cluster", default="v100:4,p100:4,k80:4")
+    t.add_argument("--round", type=float, default=360.0)
+    t.add_argument("--traces", default=",".join(TRACES))
+    t.add_argument("--policies", default=",".join(TRACE_POLICIES))
+    t.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
+    y = sub.add_parser("ray")
+    y.add_argument("--repeats", type=int, default=3)
+    y.add_argument("--round", type=float, default=1.0)
+    c = sub.add_parser("chapter")
+    c.add_argument("--jobs", type=int, default=5000)
+    c.add_argument("--rate", type=float, default=5.6)
+    c.add_argument("--seeds", default="0")
+    c.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
     args = parser.parse_args()
-    run_scale(args) if args.what == "scale" else run_sim(args)
+    {"scale": run_scale, "sim": run_sim, "traces": run_traces, "ray": run_ray, "chapter": run_chapter}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Measured versus predicted: the runtime bridge on this machine (CPU, gloo).
 
-For the bundled ``gpt-tiny`` model: profile it (``runtime_bridge.profile``), plan with the
+For a bundled-model config (default ``gpt-tiny``; ``--model docs/examples/llama-tiny.json``): profile it (``runtime_bridge.profile``), plan with the
 measured profile and with the analytic one (``cost_models.transformer`` on the nominal ``cpu``
 device), run each plan for a few steps under torchrun, and print step time measured / predicted.
 The one-stage row is the issue's closing-the-loop figure: the profile's per-layer times summed
@@ -8,8 +8,8 @@ over the microbatches against the measured step time of a one-stage run. Because
 be shared, that loop (profile, plan, run, back to back so that both see the same load) is also
 repeated ``--loops`` times and the ratios and their median are printed.
 
-Run: ``PYTHONPATH=. python bench/runtime.py [--steps N] [--loops K] [--json]`` (about a minute
-on 2 cores).
+Run: ``PYTHONPATH=. python bench/runtime.py [--model M] [--steps N] [--loops K] [--loops-only] [--json]``
+(about a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import json
 import statistics
 import sys
 
-from cost_models.models import model_preset
 from planner import api
-from runtime_bridge.launch import Job, LaunchOptions, launch, summarize
+from runtime_bridge.launch import RunJob, LaunchOptions, launch, summarize
 from runtime_bridge.profile import profile_model
 
 _CASES = (  # (ranks, schedule, stages, microbatch count)
@@ -42,14 +41,16 @@ def _plans(model: object, ranks: int, microbatch_size: int | None) -> list:
     ]
 
 
-def _loop_ratios(cfg: object, loops: int, steps: int) -> list[float]:
-    """measured / predicted of the one-stage GPipe case, profile -> plan -> run back to back."""
+def _loop_ratios(cfg: object, loops: int, steps: int, clock: str = "wall") -> list[float]:
+    """measured / predicted of the one-stage GPipe case, profile -> plan -> run back to back;
+    ``clock="cpu"``: the profile in process CPU time against the run's CPU time per step."""
     ratios = []
     for _ in range(loops):
-        profile = profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)
+        profile = profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4, clock=clock)
         (plan,) = _plans(profile, 1, None)
-        job = Job(plan=plan, config=cfg, steps=steps)
-        ratios.append(summarize(job, launch([job], LaunchOptions())[0])["ratio"]["step_time"])
+        job = RunJob(plan=plan, config=cfg, steps=steps)
+        ratio = summarize(job, launch([job], LaunchOptions())[0])["ratio"]
+        ratios.append(ratio["step_cpu_time" if clock == "cpu" else "step_time"])
     return ratios
 
 
@@ -58,21 +59,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--loops", type=int, default=5, help="closing-the-loop repeats (one-stage GPipe)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", default="gpt-tiny",
+                        help="preset or transformer JSON (docs/examples/llama-tiny.json, mixtral-tiny.json)")
+    parser.add_argument("--loops-only", action="store_true", help="only the closing-the-loop repeats")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="closing-the-loop clock: cpu compares process CPU times (a shared, loaded host)")
     args = parser.parse_args(argv)
-    cfg = model_preset("gpt-tiny")
-    profile = profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)  # every case has m = 4
-    rows = []
-    for source, model in (("profiled", profile), ("analytic", cfg)):
+    cfg = api.load_model(args.model)
+    rows: list[dict] = []
+    sources = () if args.loops_only else (
+        ("profiled", profile_model(cfg, microbatch_size=2, repeats=20, num_microbatches=4)),  # every case has m = 4
+        ("analytic", cfg))
+    for source, model in sources:
         for ranks in (1, 2):
             plans = _plans(model, ranks, None if source == "profiled" else 2)
-            jobs = [Job(plan=plan, config=cfg, steps=args.steps) for plan in plans]
+            jobs = [RunJob(plan=plan, config=cfg, steps=args.steps) for plan in plans]
             for job, records in zip(jobs, launch(jobs, LaunchOptions()) or []):
                 report = summarize(job, records)
                 rows.append({"costs": source, "ranks": ranks, "schedule": job.plan.schedule,
                              "measured_s": report["step_time_s"],
                              "predicted_s": report["predicted"]["iteration_time_s"],
                              "ratio": report["ratio"]["step_time"], "tokens_per_s": report["tokens_per_s"]})
-    loops = _loop_ratios(cfg, args.loops, args.steps)
+    loops = _loop_ratios(cfg, args.loops, args.steps, args.clock)
     if args.json:
         print(json.dumps({"rows": rows, "loop_ratios": loops}, indent=2))
         return 0
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['costs']:9s} {r['ranks']:5d} {r['schedule']:17s} {r['measured_s']:11.4g} "
               f"{r['predicted_s']:12.4g} {r['ratio']:6.3f}")
     if loops:
-        print(f"closing the loop (1 rank, gpipe), {len(loops)} x profile + run: ratios "
+        print(f"closing the loop (1 rank, gpipe, {args.clock} clock), {len(loops)} x profile + run: ratios "
               f"{', '.join(f'{x:.3f}' for x in loops)}; median {statistics.median(loops):.3f}")
     return 0
 

@@ -41,15 +41,37 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--multi-gpu", action="store_true", help="scale factors 1/2/4/8 (continuous-multiple)")
     c.add_argument("--round", type=float, default=360.0, help="round length in seconds (default 360)")
+    c.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel",
+                   help="round mechanism: Gavel's simulator code (gavel, default) or the chapter's Algorithm 2 (paper)")
     c.add_argument("--measure", help="FIRST:LAST job indices the averages cover (steady state)")
     c.add_argument("--cdf", help="draw the CDF of completion times to a .png or .svg file")
     _common_flags(c)
     c.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     c.set_defaults(handler=cmd_cluster_sim)
 
+    _add_cluster_run(sub)
+
     p = sub.add_parser("policies", help="list the Gavel policies")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_policies)
+
+
+def _add_cluster_run(sub: Any) -> None:
+    r = sub.add_parser("cluster-run", help="run jobs for real on a Ray cluster with Gavel's rounds; compare with cluster-sim")
+    r.add_argument("--engine", choices=("ray",), default="ray", help="the engine that runs the jobs (ray)")
+    r.add_argument("--cluster", required=True, help="accelerator counts, e.g. v100:1,p100:1 (Ray custom resources)")
+    r.add_argument("--policy", required=True)
+    r.add_argument("--trace", required=True, help="jobs JSON or Gavel .trace with arrival times")
+    r.add_argument("--round", type=float, default=1.0, help="round length in wall-clock seconds (default 1)")
+    r.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel",
+                   help="round mechanism, as cluster-sim's (default gavel)")
+    r.add_argument("--time-scale", type=float, default=1.0,
+                   help="divide the trace's times by K and multiply throughputs by K (360: a 6-minute round in 1 s)")
+    r.add_argument("--checkpoint-dir", help="where job checkpoints go (default: a temporary folder)")
+    r.add_argument("--address", help="join a running Ray cluster (it must offer one custom resource per type)")
+    r.add_argument("--throughputs", help="a Gavel throughput table JSON (default: the bundled simulation table)")
+    r.add_argument("--json", action="store_true", help="print the result JSON on stdout")
+    r.set_defaults(handler=cmd_cluster_run, space_sharing=False)
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
@@ -81,7 +103,8 @@ def cmd_cluster_sim(args: argparse.Namespace) -> int:
     # A live bar on a terminal; in logs, progress() prints one line when it starts and ends.
     with progress(f"simulating {len(jobs.jobs)} jobs under {args.policy}", delay_s=1.0 if not bar.tty else 1e9):
         result = api.cluster_simulate(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
-                          options=_options(args), seed=args.seed, measure=measure, on_round=bar.update)
+                                      options=_options(args), seed=args.seed, measure=measure, on_round=bar.update,
+                                      mechanism=args.mechanism)
     bar.close()
     if args.cdf:
         from solvers.gavel.plots import draw_jct_cdf
@@ -90,6 +113,41 @@ def cmd_cluster_sim(args: argparse.Namespace) -> int:
         print(f"wrote {args.cdf}", file=sys.stderr)
     print(result.model_dump_json(indent=2) if args.json else sim_table(result))
     return 0
+
+
+def cmd_cluster_run(args: argparse.Namespace) -> int:
+    from planner import api
+    from planner.cluster_run import import_ray, run_on_ray
+
+    api.gavel_policy(args.policy)
+    if args.round <= 0 or args.time_scale <= 0:
+        raise InvalidProblemError(f"--round {args.round} and --time-scale {args.time_scale} must be positive")
+    import_ray()
+    workers = load_worker_types(args.cluster)
+    args.jobs = None
+    jobs = scale_time(_sim_jobs(args, workers), args.time_scale)
+    with progress(f"running {len(jobs.jobs)} jobs on Ray under {args.policy}", delay_s=1.0):
+        result = run_on_ray(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
+                            checkpoint_dir=args.checkpoint_dir, address=args.address, mechanism=args.mechanism)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+        return 0
+    print(f"policy {result.policy} on {result.engine} ({result.mechanism} mechanism): {result.num_jobs} jobs, "
+          f"{result.num_rounds} rounds of {result.round_s:g} s, {result.num_preemptions} preemptions")
+    print(f"average JCT {result.avg_jct_s:.3f} s measured, {result.sim_avg_jct_s:.3f} s simulated; "
+          f"makespan {result.makespan_s:.3f} s measured, {result.sim_makespan_s:.3f} s simulated")
+    for j in result.jobs:
+        print(f"  {j.id:>8s}  JCT {j.jct_s:8.3f} s  sim {j.sim_jct_s:8.3f} s  leases {j.num_leases:3d}  loss {j.final_loss:.4g}")
+    return 0
+
+
+def scale_time(jobs: JobsFile, k: float) -> JobsFile:
+    """Times divided by k, throughputs multiplied by k: the same schedule, k times faster."""
+    if k == 1.0:
+        return jobs
+    return jobs.model_copy(update={"jobs": tuple(j.model_copy(update={
+        "arrival_time_s": j.arrival_time_s / k, "slo_s": None if j.slo_s is None else j.slo_s / k,
+        "throughputs": {t: v * k for t, v in (j.throughputs or {}).items()}}) for j in jobs.jobs)})
 
 
 def cmd_policies(args: argparse.Namespace) -> int:

@@ -19,12 +19,13 @@ _GIB = 2.0**30
 
 def add_parsers(sub: Any) -> None:
     """Add ``run`` and ``profile`` to the ``paraplan`` sub-command parser."""
-    r = sub.add_parser("run", help="execute a plan with torch.distributed.pipelining (torchrun)")
+    r = sub.add_parser("run", help="execute a plan under torchrun: pipeline (torch.distributed.pipelining) x "
+                                   "data (DDP/FSDP2) x tensor/sequence parallel (DTensor)")
     r.add_argument("plan")
     r.add_argument("--steps", type=int, default=3, help="training steps (the first is not timed)")
     r.add_argument("--check", action="store_true", help="compare losses and gradients with one process")
     r.add_argument("--json", action="store_true")
-    r.add_argument("--model", help="transformer to build (default: the plan's, or the preset named like it)")
+    r.add_argument("--model", help="transformer to build: a preset, a transformer JSON or anything `paraplan plan --model` reads (default: the plan's, or the preset named like it)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--executor", choices=["auto", "builtin", "actions"], default="auto",
                    help="torch's schedule class, or the plan's own action list (default: class if any)")
@@ -34,7 +35,9 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--nnodes", type=int, default=1)
     r.add_argument("--node-rank", type=int, default=0)
     r.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (several nodes)")
-    r.add_argument("--rdzv-id", default="paraplan")
+    r.add_argument("--rdzv-id", default="paraplan", help="rendezvous id, the same on every node of one run")
+    r.add_argument("--rdzv-backend", default="c10d", help="torchrun rendezvous backend (several nodes)")
+    r.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, e.g. join_timeout=600 (several nodes)")
     r.add_argument("--fill", metavar="JOB",
                    help="PipeFill: run a fill job in each rank's bubbles (preset tiny-mlp, tiny-mlp-recv, or a JSON "
                         "file of fill-job fields); the plan also runs without it to compare losses and step time")
@@ -49,6 +52,9 @@ def add_parsers(sub: Any) -> None:
                    help="microbatches per step the per-step work (optimizer, zero_grad) is spread over")
     p.add_argument("--optimizer-bytes-per-param", type=float, default=0.0,
                    help="optimizer state in static_bytes (0: the bridge's SGD; 8: fp32 Adam)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall: elapsed time (default); cpu: process CPU time, not inflated by other jobs on a shared "
+                        "CPU host (compare with run's step_cpu_time_s)")
     p.add_argument("-o", "--output", help="write the profile JSON here (default: stdout)")
     p.set_defaults(handler=cmd_profile)
 
@@ -75,11 +81,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     options = LaunchOptions(device=args.device, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                            timeout_s=args.timeout)
+                            rdzv_backend=args.rdzv_backend, rdzv_conf=args.rdzv_conf, timeout_s=args.timeout)
     report = run_plan(plan, model=cfg, steps=args.steps, check=args.check, seed=args.seed,
                       executor=args.executor, options=options, fill=fill)
     if report is None:
-        print(f"node {args.node_rank}: ranks finished; node 0 prints the report", file=sys.stderr)
+        print(f"node {args.node_rank}: its ranks finished; the node holding global rank 0 prints the report",
+              file=sys.stderr)
         return 0
     print(json.dumps(report, indent=2) if args.json else run_table(report))
     return 1 if report.get("check_passed") is False else 0
@@ -89,8 +96,9 @@ def run_table(report: dict[str, Any]) -> str:
     """Measured beside predicted, one line per quantity."""
     plan, pred, ratio = report["plan"], report.get("predicted"), report.get("ratio", {})
     d = plan["degrees"]
-    lines = [f"{plan['model']}: {plan['schedule']} p={d['pipeline']} d={d['data']} v={d['virtual']} "
-             f"m={plan['num_microbatches']} b={plan['microbatch_size']}, {report['steps']} steps",
+    extras = (f" zero={plan['zero_stage']}" if plan.get("zero_stage") else "") + (" sp" if plan.get("sequence_parallel") else "")
+    lines = [f"{plan['model']}: {plan['schedule']} p={d['pipeline']} d={d['data']} t={d['tensor']} v={d['virtual']} "
+             f"m={plan['num_microbatches']} b={plan['microbatch_size']}{extras}, {report['steps']} steps",
              f"{'':18s} {'measured':>12s} {'predicted':>12s} {'ratio':>8s}"]
 
     def row(name: str, measured: float, predicted: float | None, r: float | None, fmt: str) -> None:
@@ -142,7 +150,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     profile = profile_model(cfg, device=args.device, microbatch_size=args.microbatch_size, repeats=args.repeats,
                             optimizer_bytes_per_param=args.optimizer_bytes_per_param,
-                            num_microbatches=args.num_microbatches)
+                            num_microbatches=args.num_microbatches, clock=args.clock)
     text = profile.model_dump_json(indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")

@@ -225,3 +225,41 @@ class ClusterSimResult(_Frozen):
     measured_jobs: tuple[str, ...] = ()
     """Jobs the averages are over (all, or the steady-state window asked for)."""
     jobs: tuple[JobResult, ...] = ()
+
+
+class RunJobResult(_Frozen):
+    """One job of a real run (``paraplan cluster-run``) beside the simulator's prediction."""
+
+    id: str
+    arrival_s: NonNegativeFloat
+    completion_s: NonNegativeFloat
+    jct_s: NonNegativeFloat
+    """Measured: wall-clock from arrival to the end of its last lease (checkpoint saved)."""
+    sim_jct_s: NonNegativeFloat
+    """The cluster simulator's JCT for the same job, trace, policy and round length."""
+    num_steps: PositiveFloat
+    steps_done: NonNegativeFloat
+    num_leases: NonNegativeInt
+    """Rounds the job ran in; each ends with a checkpoint, and the next resumes from it."""
+    num_processes: NonNegativeInt
+    """Distinct worker processes that ran its leases."""
+    final_loss: float
+    """Training loss of its last step (the model is real; the loss falls)."""
+
+
+class ClusterRunResult(_Frozen):
+    """Output of ``paraplan cluster-run``: measured completion times and the simulator's."""
+
+    engine: str
+    mechanism: str
+    """The round mechanism, ``gavel`` or ``paper`` (as ``cluster-sim --mechanism``)."""
+    policy: str
+    round_s: PositiveFloat
+    num_jobs: NonNegativeInt
+    num_rounds: NonNegativeInt
+    num_preemptions: NonNegativeInt
+    avg_jct_s: NonNegativeFloat
+    sim_avg_jct_s: NonNegativeFloat
+    makespan_s: NonNegativeFloat
+    sim_makespan_s: NonNegativeFloat
+    jobs: tuple[RunJobResult, ...] = ()

@@ -5,11 +5,13 @@ The only package of paraplan that imports torch (architecture.md, dependency dir
 works without torch; import the submodules you need:
 
 - ``validate``: plan against model and launch, before anything starts (no torch);
-- ``model``: the bundled GPT-style decoder; ``stages``: a rank's chunks from a plan, for the
-  bundled model or a user's ordered list of blocks;
+- ``model``: the bundled decoder built from a ``TransformerConfig`` (GPT, Llama, Mixtral-style
+  MoE); ``stages``: a rank's chunks from a plan, for the bundled model or a user's ordered list
+  of blocks; ``parallel``: the (pipeline, data, tensor) device mesh, tensor and sequence
+  parallelism (DTensor styles) and data parallelism (DDP or FSDP2 by the plan's ZeRO stage);
 - ``torch_pp``: the adapter over torch's schedule classes and its custom-schedule runtime;
-- ``launch``: torchrun launch and the measured-versus-predicted report; ``check``: the
-  single-process reference; ``worker``: the per-rank program;
+- ``launch``: torchrun launch, per-step progress on stderr; ``report``: measured versus
+  predicted; ``check``: the single-process reference; ``worker``: the per-rank program;
 - ``profile``: per-layer costs measured on CPU or CUDA, written as a layer profile;
 - ``fill``: PipeFill's bubble instruction, a fill job run in a rank's idle waits (docs/pipefill.md);
 - ``offload``: SPipe / Mobius / ZeRO-Offload training with CPU-resident master weights and

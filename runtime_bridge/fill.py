@@ -26,7 +26,7 @@ Inside a bubble the fill job runs whole SGD steps while the running estimate of 
 fits the remaining budget (at most ``max_steps_per_bubble``): cooperative switching, as in the
 paper (no preemption). The fill job is a small MLP regression of a fixed random teacher on the
 main job's device, with its own parameters and random generator, so the main job's numbers are
-untouched. torch is imported only when a runner is attached: ``FillJob`` and ``bubble_points``
+untouched. torch is imported only when a runner is attached: ``FillTask`` and ``bubble_points``
 work without it (the CLI parses ``--fill`` before anything starts).
 """
 
@@ -48,7 +48,7 @@ from planner.schema import Plan
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "LOSS_WINDOW", "PRESETS", "BubblePoint", "FillJob", "FillRunner", "bubble_points", "compare_with_baseline",
+    "LOSS_WINDOW", "PRESETS", "BubblePoint", "FillTask", "FillRunner", "bubble_points", "compare_with_baseline",
     "load_fill_job", "summarize_fill",
 ]
 
@@ -60,7 +60,7 @@ Trigger = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FillJob:
+class FillTask:
     """The fill job and where and for how long it may run."""
 
     name: str = "tiny-mlp"
@@ -83,7 +83,7 @@ class FillJob:
     max_steps_per_bubble: int = 8
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FillJob:
+    def from_dict(cls, data: dict[str, Any]) -> FillTask:
         """Build and validate from JSON fields.
 
         Raises:
@@ -118,14 +118,14 @@ class FillJob:
             raise InvalidProblemError(f"fill job: fill_fraction={self.fill_fraction} must be in (0, 1]; paper: 0.68")
 
 
-PRESETS: dict[str, FillJob] = {
-    "tiny-mlp": FillJob(),
-    "tiny-mlp-recv": FillJob(name="tiny-mlp-recv", points="recv", budget_s=0.002),
+PRESETS: dict[str, FillTask] = {
+    "tiny-mlp": FillTask(),
+    "tiny-mlp-recv": FillTask(name="tiny-mlp-recv", points="recv", budget_s=0.002),
 }
 
 
-def load_fill_job(text: str) -> FillJob:
-    """``--fill``: a preset name or a JSON file of ``FillJob`` fields.
+def load_fill_job(text: str) -> FillTask:
+    """``--fill``: a preset name or a JSON file of ``FillTask`` fields.
 
     Raises:
         InvalidProblemError: neither a preset nor a readable JSON object.
@@ -141,7 +141,7 @@ def load_fill_job(text: str) -> FillJob:
         raise InvalidProblemError(f"--fill {text!r}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise InvalidProblemError(f"--fill {text!r}: expected a JSON object of fill-job fields")
-    return FillJob.from_dict(data)
+    return FillTask.from_dict(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +198,7 @@ _COMPUTE = (("forward_one_chunk", "F"), ("backward_one_chunk", "B"), ("backward_
 class FillRunner:
     """A rank's fill job and its bubble instruction (see the module docstring)."""
 
-    def __init__(self, job: FillJob, plan: Plan, pipeline_rank: int, device: Any) -> None:
+    def __init__(self, job: FillTask, plan: Plan, pipeline_rank: int, device: Any) -> None:
         import torch
 
         self.job, self._torch, self._device = job, torch, device
@@ -366,7 +366,7 @@ class FillRunner:
                 "losses": list(s.losses)}
 
 
-def _build_mlp(job: FillJob, device: Any) -> tuple[Any, list[tuple[Any, Any]]]:
+def _build_mlp(job: FillTask, device: Any) -> tuple[Any, list[tuple[Any, Any]]]:
     """Student MLP and a fixed data set labelled by a random teacher MLP, from the job's seed only."""
     import torch
     from torch import nn
@@ -393,7 +393,7 @@ LOSS_WINDOW = 3
 """``first_loss`` / ``last_loss``: means of this many first and last fill steps (batch noise)."""
 
 
-def summarize_fill(job: FillJob, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize_fill(job: FillTask, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Fill work over all ranks: steps, samples, loss trend per rank (None: no step), time used
     against budget."""
     k = LOSS_WINDOW

@@ -1,13 +1,15 @@
 """Launch plans with torchrun and report measured against predicted.
 
-``run_plan`` checks the plan against the model (``validate.check_plan``: refused before any
-process starts), writes the job file, starts ``python -m torch.distributed.run`` (single node:
-``--standalone``; several nodes: c10d rendezvous flags passed through), gloo on CPU and NCCL on
-CUDA, with a process-group timeout in every rank and a wall-clock limit on the whole launch, so
-that a broken plan or a dead rank ends the run within seconds with the failing rank's message
-(shared/design/ecosystem.md Sec. 3.5). Rank 0's gathered records become the report: step time,
-tokens/s, MFU and per-rank peak memory beside the plan's ``predicted`` numbers, with ratios, and
-with ``check=True`` the ``max_loss_diff`` / ``max_grad_diff`` against single-process training.
+``run_plan`` checks the plan against the model (``validate.check_plan``, and custom or
+zero-bubble action lists lowered with torch's rules: refused before any process starts), writes
+the job file, starts ``python -m torch.distributed.run`` (single node: ``--standalone``; several
+nodes: the rendezvous flags passed through), gloo on CPU and NCCL on CUDA, with a process-group
+timeout in every rank and a wall-clock limit on the whole launch, so that a broken plan or a dead
+rank ends the run within seconds with the failing rank's message (exit 3). While it runs, the
+last rank's per-step lines (loss, step time, tokens/s) are relayed to stderr. Rank 0's gathered
+records become the report (``report.summarize``): step time, tokens/s, MFU and per-rank peak
+memory beside the plan's ``predicted`` numbers, with ratios, and with ``check=True`` the
+``max_loss_diff`` / ``max_grad_diff`` against single-process training.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,22 +26,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cost_models import transformer
-from planner.errors import InvalidProblemError, PlannerError
-from planner.report import mfu as report_mfu
+from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Plan, TransformerConfig
-from runtime_bridge.fill import FillJob, compare_with_baseline, summarize_fill
+from runtime_bridge.fill import FillTask, compare_with_baseline
+from runtime_bridge.report import summarize
 from runtime_bridge.validate import check_plan, num_ranks, resolve_config
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Job", "LaunchOptions", "RunFailedError", "launch", "run_plan", "summarize"]
+__all__ = ["LaunchOptions", "RunJob", "check_actions", "RunFailedError", "launch", "run_plan", "summarize"]
 
 
-class RunFailedError(PlannerError):
-    """A launched run failed or timed out (CLI exit code 1); the message names the rank."""
-
-    exit_code = 1
+class RunFailedError(InfeasibleError):
+    """A launched run failed or timed out: the plan could not run on these processes (CLI exit
+    code 3); the message names the failing ranks and their first error line."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,21 +54,29 @@ class LaunchOptions:
     rdzv_endpoint: str | None = None
     """host:port of the c10d rendezvous (several nodes)."""
     rdzv_id: str = "paraplan"
+    rdzv_backend: str = "c10d"
+    rdzv_conf: str | None = None
+    """torchrun's ``--rdzv-conf`` (e.g. ``join_timeout=600``)."""
     timeout_s: float = 30.0
     """Process-group timeout: a collective or receive waiting longer fails the rank."""
     launch_timeout_s: float | None = None
-    """Wall-clock limit of the whole launch; default 120 s + timeout_s."""
+    """Wall-clock limit of the whole launch; default 120 s of start-up plus ``timeout_s`` per step
+    and per job (a step that waits longer than the timeout would fail anyway). It also bounds a
+    rank stuck in a collective of a tensor- or data-parallel subgroup, whose timeout is torch's
+    default for new groups rather than ``timeout_s``."""
     num_threads: int = 1
     """torch threads per rank (several ranks share one host's cores)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Job:
+class RunJob:
     """One plan to run inside a launch."""
 
     plan: Plan
     config: TransformerConfig
     steps: int = 3
+    name: str = ""
+    """Shown in the per-step progress lines."""
     check: bool = False
     seed: int = 0
     lr: float = 0.05
@@ -78,7 +85,7 @@ class Job:
     fail_rank: int | None = None
     """Fault injection for tests: this rank exits abruptly at step ``fail_step``."""
     fail_step: int = 0
-    fill: FillJob | None = None
+    fill: FillTask | None = None
     """PipeFill's bubble instruction: run this fill job in each rank's bubbles (``runtime_bridge.fill``)."""
 
 
@@ -90,8 +97,10 @@ def _torchrun_command(world_size: int, options: LaunchOptions, spec_path: Path, 
         cmd.append("--standalone")
     else:
         cmd += ["--nnodes", str(options.nnodes), "--node-rank", str(options.node_rank),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(options.rdzv_endpoint),
+                "--rdzv-backend", options.rdzv_backend, "--rdzv-endpoint", str(options.rdzv_endpoint),
                 "--rdzv-id", options.rdzv_id]
+        if options.rdzv_conf:
+            cmd += ["--rdzv-conf", options.rdzv_conf]
     return cmd + ["-m", "runtime_bridge.worker", str(spec_path), str(out_dir)]
 
 
@@ -103,7 +112,7 @@ def _worker_env(options: LaunchOptions) -> dict[str, str]:
     return env
 
 
-def launch(jobs: Sequence[Job], options: LaunchOptions = LaunchOptions()) -> list[list[dict[str, Any]]] | None:
+def launch(jobs: Sequence[RunJob], options: LaunchOptions = LaunchOptions()) -> list[list[dict[str, Any]]] | None:
     """Run several jobs in one torchrun launch (one process group).
 
     Args:
@@ -125,27 +134,57 @@ def launch(jobs: Sequence[Job], options: LaunchOptions = LaunchOptions()) -> lis
                 "jobs": [_job_dict(job) for job in jobs]}
         (out_dir / "jobs.json").write_text(json.dumps(spec))
         cmd = _torchrun_command(world_size, options, out_dir / "jobs.json", out_dir)
-        limit_s = options.launch_timeout_s or 120.0 + options.timeout_s
+        limit_s = options.launch_timeout_s or 120.0 + options.timeout_s * sum(job.steps + 1 for job in jobs)
         log.info("launching: %s", " ".join(cmd))
+        nproc = options.nproc_per_node or world_size // options.nnodes
+        print(f"starting {nproc} ranks on this node with torchrun ({'NCCL' if options.device == 'cuda' else 'gloo'})...",
+              file=sys.stderr, flush=True)
         start = time.perf_counter()
-        with open(out_dir / "torchrun.log", "w") as logfile:
-            try:
-                proc = subprocess.run(cmd, env=_worker_env(options), stdout=logfile, stderr=subprocess.STDOUT,
-                                      timeout=limit_s, check=False)
-            except subprocess.TimeoutExpired:
-                raise RunFailedError(_failure_text(out_dir, f"the launch passed its {limit_s:.0f} s limit")) from None
-        log.info("torchrun finished in %.1f s with exit status %d", time.perf_counter() - start, proc.returncode)
-        if proc.returncode != 0:
-            raise RunFailedError(_failure_text(out_dir, f"torchrun exited with status {proc.returncode}"))
-        if options.node_rank != 0:
-            return None
+        returncode = _run_relaying_progress(cmd, options, out_dir, limit_s)
+        log.info("torchrun finished in %.1f s with exit status %d", time.perf_counter() - start, returncode)
+        if returncode != 0:
+            raise RunFailedError(_failure_text(out_dir, f"torchrun exited with status {returncode}"))
+        if not (out_dir / "results.pt").exists():
+            return None  # global rank 0 ran on another node (the rendezvous assigns ranks to nodes)
         import torch
 
         per_rank = torch.load(out_dir / "results.pt", weights_only=False)
     return [[per_rank[r][j] for r in range(world_size)] for j in range(len(jobs))]
 
 
-def _job_dict(job: Job) -> dict[str, Any]:
+def _run_relaying_progress(cmd: list[str], options: LaunchOptions, out_dir: Path, limit_s: float) -> int:
+    """Run torchrun (its output to a log file) and copy the ranks' per-step lines to stderr as
+    they come (``progress.log``, written by the last rank); kill it past ``limit_s``."""
+    progress, relayed = out_dir / "progress.log", 0
+    deadline = time.monotonic() + limit_s
+    with open(out_dir / "torchrun.log", "w") as logfile:
+        proc = subprocess.Popen(cmd, env=_worker_env(options), stdout=logfile, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            relayed = _relay(progress, relayed)
+            if returncode is not None:
+                return returncode
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise RunFailedError(_failure_text(out_dir, f"the launch passed its {limit_s:.0f} s limit"))
+
+
+def _relay(path: Path, done: int) -> int:
+    """Print the lines of ``path`` after the first ``done`` ones on stderr; returns the new count."""
+    if not path.exists():
+        return done
+    lines = path.read_text().splitlines()
+    complete = lines if path.read_text().endswith("\n") else lines[:-1]
+    for line in complete[done:]:
+        print(line, file=sys.stderr, flush=True)
+    return max(done, len(complete))
+
+
+def _job_dict(job: RunJob) -> dict[str, Any]:
     data = asdict(job)
     data["plan"] = job.plan.model_dump(mode="json")
     data["config"] = job.config.model_dump(mode="json")
@@ -176,9 +215,9 @@ def run_plan(
     seed: int = 0,
     executor: str = "auto",
     options: LaunchOptions = LaunchOptions(),
-    fill: FillJob | None = None,
+    fill: FillTask | None = None,
 ) -> dict[str, Any] | None:
-    """Execute a plan on the bundled GPT model and report measured against predicted.
+    """Execute a plan on the bundled decoder (GPT, Llama or Mixtral style) and report measured against predicted.
 
     Args:
         plan: the plan (its transformer, or ``model``, or the preset named like its profile).
@@ -192,7 +231,7 @@ def run_plan(
             it first, and the report's ``fill`` adds ``max_main_loss_diff`` and ``main_job_slowdown``.
 
     Returns:
-        The report (see ``summarize``); None on nodes other than node 0.
+        The report (see ``report.summarize``); None on the nodes that do not hold global rank 0.
 
     Raises:
         InvalidProblemError: the plan does not match the model or the launch (nothing started).
@@ -203,12 +242,19 @@ def run_plan(
     check_plan(plan, cfg, world_size=world)
     if steps < 1:
         raise InvalidProblemError(f"--steps={steps} must be at least 1")
-    job = Job(plan=plan, config=cfg, steps=steps, check=check, seed=seed, executor=executor, fill=fill)
+    if options.nnodes > 1 and not options.rdzv_endpoint:
+        raise InvalidProblemError(
+            f"--nnodes={options.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node; HOST runs the "
+            "rendezvous store)"
+        )
+    check_actions(plan, executor)
+    job = RunJob(plan=plan, config=cfg, steps=steps, check=check, seed=seed, executor=executor, fill=fill,
+                 name=cfg.name)
     if fill is None:
         results = launch([job], options)
         return None if results is None else summarize(job, results[0])
     fill.validate()
-    baseline = Job(plan=plan, config=cfg, steps=steps, seed=seed, executor=executor)
+    baseline = RunJob(plan=plan, config=cfg, steps=steps, seed=seed, executor=executor, name=f"{cfg.name} without fill")
     results = launch([baseline, job], options)
     if results is None:
         return None
@@ -217,57 +263,14 @@ def run_plan(
     return report
 
 
-def _mfu(plan: Plan, cfg: TransformerConfig, step_s: float) -> float | None:
-    """Model FLOPs utilisation as the planner reports it (``planner.report.mfu``: the layers'
-    FLOPs), else from the transformer's FLOPs per iteration (PTD-P Eq. 4.2 without recompute)."""
-    util = report_mfu(plan, step_s)
-    if util is not None or plan.cluster.device is None or step_s <= 0:
-        return util
-    flops = transformer.flops_per_iteration(cfg, global_batch_size=plan.global_batch_size, recompute=False)
-    return flops / (step_s * num_ranks(plan) * plan.cluster.device.peak_flops)
 
 
-def summarize(job: Job, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Measured numbers beside the plan's predictions, with measured / predicted ratios."""
-    plan, cfg = job.plan, job.config
-    per_step = [max(rec["step_times_s"][s] for rec in records) for s in range(job.steps)]
-    timed = per_step[1:] if len(per_step) > 1 else per_step  # step 0 infers shapes
-    step_s = statistics.median(timed)
-    tokens = plan.global_batch_size * cfg.seq_length
-    last = [rec for rec in records if rec["losses"] and rec["losses"][0]]
-    report: dict[str, Any] = {
-        "plan": {"solver": plan.solver, "schedule": plan.schedule, "degrees": plan.degrees.model_dump(),
-                 "num_microbatches": plan.num_microbatches, "microbatch_size": plan.microbatch_size,
-                 "global_batch_size": plan.global_batch_size, "model": cfg.name},
-        "steps": job.steps, "step_times_s": per_step, "step_time_s": step_s,
-        "tokens_per_s": tokens / step_s, "mfu": _mfu(plan, cfg, step_s),
-        "peak_memory_bytes": [rec["peak_memory_bytes"] for rec in records],
-        "rank_stage": [rec["stage"] for rec in records],
-        "memory_kind": records[0]["memory_kind"],
-        "loss": [statistics.fmean(x for rec in last for x in rec["losses"][s]) for s in range(job.steps)],
-    }
-    predicted = plan.predicted
-    if predicted is not None:
-        report["predicted"] = {
-            "iteration_time_s": predicted.iteration_time_s,
-            "tokens_per_s": predicted.throughput_samples_per_s * cfg.seq_length,
-            "peak_memory_bytes": list(predicted.peak_memory_bytes),
-            "mfu": _mfu(plan, cfg, predicted.iteration_time_s),
-        }
-        report["ratio"] = {
-            "step_time": step_s / predicted.iteration_time_s if predicted.iteration_time_s else None,
-            # A CPU process's peak RSS includes the interpreter and torch: no ratio for it.
-            "peak_memory": [rec["peak_memory_bytes"] / predicted.peak_memory_bytes[rec["stage"]]
-                            if predicted.peak_memory_bytes[rec["stage"]] and rec["memory_kind"] != "cpu_peak_rss"
-                            else None for rec in records],
-        }
-    if job.check:
-        from runtime_bridge.check import TOLERANCE, compare, reference_run
+def check_actions(plan: Plan, executor: str = "auto") -> None:
+    """Before launch: a plan that runs as an action list (``custom``, the zero-bubble schedules,
+    or ``executor="actions"``) is lowered with torch's own rules (``torch_pp.lower_offline``:
+    validation, stage placement, send/receive insertion) so that a malformed or deadlocking list
+    exits 2 here instead of hanging the ranks."""
+    from runtime_bridge.torch_pp import executor_for, lower_offline
 
-        ref_losses, ref_grads = reference_run(plan, cfg, steps=job.steps, seed=job.seed, lr=job.lr)
-        diffs = compare(plan, records, ref_losses, ref_grads)
-        report.update(diffs)
-        report["check_passed"] = max(diffs.values()) <= TOLERANCE
-    if job.fill is not None:
-        report["fill"] = summarize_fill(job.fill, [rec["fill"] for rec in records])
-    return report
+    if executor_for(plan, executor) == "actions":  # type: ignore[arg-type]
+        lower_offline(plan)

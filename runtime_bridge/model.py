@@ -1,10 +1,26 @@
-"""The bundled GPT-style decoder the runtime bridge executes: embedding, N blocks, norm + LM head.
+"""The decoder the runtime bridge executes: embedding, N blocks, final norm + LM head.
 
-The layer structure is the one ``cost_models.transformer.transformer_profile`` describes (layer 0
-the embedding, layers 1..N the decoder blocks, layer N+1 the final norm and LM head, whose loss the
-pipeline schedule applies), so a plan for a transformer config maps one to one onto these
-modules. Every ``TransformerConfig`` option is honoured: gelu or swiglu MLP, layernorm or rmsnorm,
-biases, learned or rotary positions (RoPE, Su et al. arXiv:2104.09864), grouped-query attention.
+Built from a ``planner.schema.TransformerConfig`` with seeded random weights, so any preset,
+transformer JSON or Hugging Face ``config.json`` read into a config runs as is. The layer
+structure is the one ``cost_models.transformer.transformer_profile`` describes (layer 0 the
+embedding, layers 1..N the decoder blocks, layer N+1 the final norm and LM head, whose loss the
+pipeline schedule applies), so a plan's layer ``i`` is the model's layer ``i``.
+
+Every config option is honoured, which covers the GPT family and the Llama family:
+
+- attention: separate Q, K, V and output projections (so tensor parallelism can split heads),
+  grouped-query attention (``num_kv_heads``), rotary positions (RoPE, Su et al.,
+  arXiv:2104.09864) with ``rope_theta`` or learned positions;
+- MLP: GELU or SwiGLU (Shazeer, arXiv:2002.05202); norms: LayerNorm or RMSNorm with ``norm_eps``;
+- mixture of experts (``num_experts``, ``experts_per_token``, ``moe_ffn_hidden_size``,
+  ``num_shared_experts``, ``first_dense_layers``): a Mixtral-style block (Jiang et al., *Mixtral
+  of Experts*, arXiv:2401.04088, Sec. 2.1): a linear router, softmax over the top-k logits,
+  the token's output the weighted sum of its k experts' SwiGLU/GELU FFNs, plus shared experts.
+  Dropless: every token reaches its k experts (``capacity_factor`` is not applied); no auxiliary
+  load-balancing loss.
+
+Parameter names follow torchtitan's Llama (``attention.wq``, ``feed_forward.w1``...), which is
+what ``runtime_bridge.parallel`` applies torch's tensor-parallel styles to.
 
 Activation recomputation follows Korthikanti et al. (arXiv:2205.05198) Sec. 5, as the cost model
 counts it: ``selective`` recomputes only the attention core (softmax(QK^T)V), keeping Q, K, V;
@@ -27,12 +43,14 @@ from torch.utils.checkpoint import checkpoint
 from planner.schema import TransformerConfig
 
 __all__ = [
-    "Block", "Embedding", "Head", "build_layer", "init_layer", "lm_loss", "model_dtype", "num_model_layers",
-    "sample_batch",
+    "Block", "Embedding", "Head", "MoE", "build_layer", "init_layer", "is_moe_layer", "lm_loss", "model_dtype",
+    "num_model_layers", "sample_batch",
 ]
 
 INIT_STD = 0.02
 """GPT-2's initialisation scale for weights and embeddings."""
+DEFAULT_NORM_EPS = 1e-5
+DEFAULT_ROPE_THETA = 10000.0
 
 
 def num_model_layers(cfg: TransformerConfig) -> int:
@@ -40,10 +58,16 @@ def num_model_layers(cfg: TransformerConfig) -> int:
     return cfg.num_layers + 2
 
 
+def is_moe_layer(cfg: TransformerConfig, index: int) -> bool:
+    """Whether model layer ``index`` (1..N a block) has a mixture-of-experts FFN."""
+    return cfg.num_experts is not None and 1 <= index <= cfg.num_layers and index - 1 >= cfg.first_dense_layers
+
+
 def _norm(cfg: TransformerConfig) -> nn.Module:
+    eps = cfg.norm_eps or DEFAULT_NORM_EPS
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.hidden_size, eps=1e-5)
-    return nn.LayerNorm(cfg.hidden_size, eps=1e-5, bias=cfg.bias)
+        return nn.RMSNorm(cfg.hidden_size, eps=eps)
+    return nn.LayerNorm(cfg.hidden_size, eps=eps, bias=cfg.bias)
 
 
 class Embedding(nn.Module):
@@ -63,11 +87,28 @@ class Embedding(nn.Module):
         return x
 
 
-def _rope(x: torch.Tensor) -> torch.Tensor:
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's RoPE frequency scaling (``rope_type: llama3``): long wavelengths divided by
+    ``factor``, short ones kept, a smooth blend between (Llama 3 herd paper, arXiv:2407.21783, and
+    the released configs' ``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``)."""
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    context = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * torch.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= context / high) & (wavelen <= context / low)
+    return torch.where(medium, blended, scaled)
+
+
+def _rope(x: torch.Tensor, theta: float, scaling: dict | None = None) -> torch.Tensor:
     """Rotary position embedding of (batch, heads, seq, head_dim), computed on the fly so that
     meta-device construction leaves no uninitialised buffer behind."""
     seq, dim = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        inv_freq = _llama3_scaled(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -82,71 +123,110 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def head_dim(cfg: TransformerConfig) -> int:
+    """Per-head width: the config's ``head_dim`` when it has one (Qwen3), else hidden / heads."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_heads
+
+
 class Attention(nn.Module):
-    """Causal self-attention with one fused QKV projection."""
+    """Causal self-attention. Head counts come from the projections' (local) widths, so the same
+    code runs whole or with heads split by tensor parallelism. Optional: biases on Q, K, V only
+    (``qkv_bias``, Qwen2), RMSNorm on each head's queries and keys (``qk_norm``, Qwen3)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.kv_heads
-        self.head_dim = cfg.hidden_size // cfg.num_heads
-        self.rope = cfg.position_embedding == "rope"
-        kv_dim = self.num_kv_heads * self.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, cfg.hidden_size + 2 * kv_dim, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.head_dim = head_dim(cfg)
+        self.rope_theta = (cfg.rope_theta or DEFAULT_ROPE_THETA) if cfg.position_embedding == "rope" else None
+        self.rope_scaling = getattr(cfg, "rope_scaling", None)
+        q_dim, kv_dim = cfg.num_heads * self.head_dim, cfg.kv_heads * self.head_dim
+        qkv_bias = cfg.bias or bool(getattr(cfg, "qkv_bias", False))
+        self.wq = nn.Linear(cfg.hidden_size, q_dim, bias=qkv_bias)
+        self.wk = nn.Linear(cfg.hidden_size, kv_dim, bias=qkv_bias)
+        self.wv = nn.Linear(cfg.hidden_size, kv_dim, bias=qkv_bias)
+        self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.bias)
+        qk_norm = bool(getattr(cfg, "qk_norm", False))
+        eps = cfg.norm_eps or DEFAULT_NORM_EPS
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
         self.selective_recompute = False
         """Recompute the attention core in the backward (Korthikanti's selective recompute)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, hidden = x.shape
-        kv_dim = self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split((hidden, kv_dim, kv_dim), dim=-1)
-        q = q.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if self.rope:
-            q, k = _rope(q), _rope(k)
+        batch, seq = x.shape[0], x.shape[1]
+        q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope_theta is not None:
+            q, k = _rope(q, self.rope_theta, self.rope_scaling), _rope(k, self.rope_theta, self.rope_scaling)
         if self.selective_recompute and torch.is_grad_enabled():
             out = checkpoint(attention_core, q, k, v, use_reentrant=False)
         else:
             out = attention_core(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(batch, seq, hidden))
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
-class MLP(nn.Module):
-    """gelu: W2 gelu(W1 x); swiglu: W3 (silu(Wg x) * Wu x)."""
+class FeedForward(nn.Module):
+    """gelu: w2 gelu(w1 x); swiglu: w2 (silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: TransformerConfig, ffn_size: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden_size, ffn_size, bias=cfg.bias)
+        self.w3 = nn.Linear(cfg.hidden_size, ffn_size, bias=cfg.bias) if cfg.mlp == "swiglu" else None
+        self.w2 = nn.Linear(ffn_size, cfg.hidden_size, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class MoE(nn.Module):
+    """Mixtral's sparse MoE block: top-k of a linear router's logits, softmax over those k, the
+    weighted sum of the chosen experts' FFNs (plus always-on shared experts). Every expert runs
+    on its (possibly empty) token set each step, so every parameter gets a gradient."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.swiglu = cfg.mlp == "swiglu"
-        self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias)
-        self.gate = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=cfg.bias) if self.swiglu else None
-        self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=cfg.bias)
+        assert cfg.num_experts is not None and cfg.experts_per_token is not None
+        self.top_k = cfg.experts_per_token
+        ffn = cfg.moe_ffn_hidden_size or cfg.ffn_size
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(cfg, ffn) for _ in range(cfg.num_experts))
+        self.shared = FeedForward(cfg, ffn * cfg.num_shared_experts) if cfg.num_shared_experts else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate is not None:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x)))
+        flat = x.reshape(-1, x.shape[-1])
+        logits, chosen = torch.topk(self.router(flat), self.top_k, dim=-1)
+        weights = torch.softmax(logits.float(), dim=-1).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            out = out.index_add(0, token, expert(flat[token]) * weights[token, slot, None])
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view_as(x)
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(x))."""
+    """Pre-norm decoder block: x + attention(norm(x)), then + feed_forward(norm(x))."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, *, moe: bool = False) -> None:
         super().__init__()
-        self.norm1, self.attn = _norm(cfg), Attention(cfg)
-        self.norm2, self.mlp = _norm(cfg), MLP(cfg)
+        self.attention_norm, self.attention = _norm(cfg), Attention(cfg)
+        self.ffn_norm = _norm(cfg)
+        self.feed_forward = MoE(cfg) if moe else FeedForward(cfg, cfg.ffn_size)
 
     @property
     def selective_recompute(self) -> bool:
-        return self.attn.selective_recompute
+        return self.attention.selective_recompute
 
     @selective_recompute.setter
     def selective_recompute(self, value: bool) -> None:
-        self.attn.selective_recompute = value
+        self.attention.selective_recompute = value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
 
 
 class Head(nn.Module):
@@ -155,10 +235,10 @@ class Head(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.norm = _norm(cfg)
-        self.out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.norm(x))
+        return self.output(self.norm(x))
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -176,7 +256,7 @@ def build_layer(cfg: TransformerConfig, index: int) -> nn.Module:
         return Embedding(cfg)
     if index == cfg.num_layers + 1:
         return Head(cfg)
-    return Block(cfg)
+    return Block(cfg, moe=is_moe_layer(cfg, index))
 
 
 def init_layer(layer: nn.Module, index: int, *, seed: int) -> None:
@@ -218,4 +298,3 @@ def model_dtype(cfg: TransformerConfig, device: torch.device) -> torch.dtype:
 def num_layer_params(layer: nn.Module) -> int:
     """Parameters of one layer."""
     return sum(p.numel() for p in layer.parameters())
-

@@ -68,15 +68,33 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+"""``wall``: elapsed time (what a step costs). ``cpu``: this process's CPU time, which other jobs
+on a shared host do not inflate; compare it with ``run``'s ``step_cpu_time_s`` (CPU only)."""
+_clock: Callable[[], float] = time.perf_counter
+
+
+@contextmanager
+def _using_clock(name: str) -> Iterator[None]:
+    global _clock
+    if name not in CLOCKS:
+        raise InvalidProblemError(f"clock {name!r}: choose one of {sorted(CLOCKS)}")
+    previous, _clock = _clock, CLOCKS[name]
+    try:
+        yield
+    finally:
+        _clock = previous
+
+
 def _once(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
     """Seconds of one call of ``fn`` (CUDA synchronised) and its result."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start = _clock()
     out = fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start, out
+    return _clock() - start, out
 
 
 def _timed(fn: Callable[..., Any], device: torch.device, *, setup: Callable[[], Any] | None, warmup: int,
@@ -188,7 +206,7 @@ def _block_recompute(cfg: TransformerConfig, block: gpt.Block, bench: _LayerBenc
     block.selective_recompute = False
     _, full_saved = _saved_bytes(
         lambda: checkpoint(block, bench.make_inputs()[0], use_reentrant=False), bench.params)
-    head_dim = cfg.hidden_size // cfg.num_heads
+    head_dim = gpt.head_dim(cfg)
     q = torch.randn((b, cfg.num_heads, cfg.seq_length, head_dim), device=device, dtype=dtype, requires_grad=True)
     k, v = (torch.randn((b, cfg.kv_heads, cfg.seq_length, head_dim), device=device, dtype=dtype,
                         requires_grad=True) for _ in range(2))
@@ -211,6 +229,7 @@ def profile_model(
     seed: int = 0,
     num_threads: int | None = 1,
     num_microbatches: int = 4,
+    clock: str = "wall",
 ) -> ModelProfile:
     """Measure the bundled model's layers on this machine.
 
@@ -226,6 +245,7 @@ def profile_model(
             avoids OpenMP stalls when another process shares the cores); None leaves it as is.
         num_microbatches: microbatches per iteration that each layer's once-per-step work
             (gradient scaling by 1/m, the SGD step, zero_grad) is spread over; use the plan's m.
+        clock: ``wall`` (default) or ``cpu`` (process CPU time, for a shared CPU host; see ``CLOCKS``).
 
     Returns:
         A profile of ``cfg.num_layers + 2`` layers named after ``cfg`` (``source="profiler"``).
@@ -239,11 +259,22 @@ def profile_model(
             f"microbatch_size={microbatch_size}, repeats={repeats}, warmup={warmup}, num_microbatches="
             f"{num_microbatches}: need b >= 1, repeats >= 1, warmup >= 0, m >= 1"
         )
+    from runtime_bridge.validate import check_buildable
+
+    check_buildable(cfg)
+    if cfg.num_experts is not None and 0 < cfg.first_dense_layers < cfg.num_layers:
+        raise InvalidProblemError(
+            f"first_dense_layers={cfg.first_dense_layers} of {cfg.num_layers}: the profiler measures one block and "
+            "copies it, so it profiles all-dense or all-MoE models only; profile with first_dense_layers=0 (every "
+            "block MoE) or use the analytic profile (paraplan plan --model CONFIG)"
+        )
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
+    if clock != "wall" and dev.type == "cuda":
+        raise InvalidProblemError("clock 'cpu' measures CPU work; on CUDA use the default clock 'wall'")
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _using_clock(clock):
             profile = _profile(cfg, dev, microbatch_size, warmup, repeats, optimizer_bytes_per_param, seed)
             return _step_costs(profile, cfg, dev, num_microbatches, warmup, repeats, seed)
     finally:

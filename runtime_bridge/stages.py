@@ -124,6 +124,7 @@ def build_chunk_modules(
     device: torch.device,
     init: LayerInit,
     dtype: torch.dtype = torch.float32,
+    parallelize: Callable[[nn.Module, int], nn.Module] | None = None,
 ) -> list[ChunkModule]:
     """Build this rank's chunk modules: meta construction, then materialise only its layers.
 
@@ -133,6 +134,8 @@ def build_chunk_modules(
         device: where the layers live.
         init: ``init(module, index)`` fills a materialised layer's parameters deterministically.
         dtype: parameter dtype.
+        parallelize: ``parallelize(module, index)`` applied to each initialised layer (tensor
+            parallelism: ``runtime_bridge.parallel.tensor_parallel_layer``).
 
     Returns:
         One ``ChunkModule`` per chunk, in the order given.
@@ -145,7 +148,7 @@ def build_chunk_modules(
                 layer = layer_factory(i)
             layer = layer.to_empty(device=device).to(dtype)
             init(layer, i)
-            layers[i] = layer
+            layers[i] = parallelize(layer, i) if parallelize is not None else layer
         strategies = dict(zip(range(chunk.first_layer, chunk.last_layer), chunk.strategies))
         modules.append(ChunkModule(layers, strategies))
     return modules

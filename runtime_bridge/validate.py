@@ -11,7 +11,7 @@ from __future__ import annotations
 from planner.errors import InvalidProblemError
 from planner.schema import Action, ModelProfile, Plan, TransformerConfig
 
-__all__ = ["RUNNABLE_SCHEDULES", "check_plan", "num_ranks", "resolve_config"]
+__all__ = ["RUNNABLE_SCHEDULES", "check_buildable", "check_plan", "layer_param_counts", "num_ranks", "resolve_config"]
 
 RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "flush", "interleaved-1f1b", "zb-h1", "zb-h2", "custom")
 """Schedules the bridge executes; ``2bw`` updates weights asynchronously, which torch's
@@ -57,8 +57,12 @@ def check_plan(plan: Plan, cfg: TransformerConfig, *, world_size: int | None = N
     Raises:
         InvalidProblemError: the first mismatch found, with the numbers and the fix.
     """
+    check_buildable(cfg)
     _check_layers(plan.model, cfg)
+    _check_config(plan, cfg)
+    _check_profiled_params(plan.model, cfg)
     _check_degrees(plan, world_size)
+    _check_tensor(plan, cfg)
     _check_batch(plan, cfg)
     _check_schedule(plan)
 
@@ -71,9 +75,10 @@ def _check_layers(profile: ModelProfile, cfg: TransformerConfig) -> None:
             f"(embedding + {cfg.num_layers} blocks + head); plan again with --model {cfg.name}"
         )
     kinds = [layer.kind for layer in profile.layers]
-    wrong = [
+    ends = {0: "embedding", expected - 1: "head"}
+    wrong = [  # a block may be any kind but the two ends' ("decoder", "moe"...)
         (i, kind) for i, kind in enumerate(kinds)
-        if kind != "layer" and kind != ("embedding" if i == 0 else "head" if i == expected - 1 else "decoder")
+        if kind != "layer" and (kind != ends[i] if i in ends else kind in ("embedding", "head"))
     ]
     if wrong:
         i, kind = wrong[0]
@@ -89,13 +94,123 @@ def _check_layers(profile: ModelProfile, cfg: TransformerConfig) -> None:
         )
 
 
+_CONFIG_FIELDS = (
+    "hidden_size", "num_layers", "num_heads", "kv_heads", "seq_length", "vocab_size", "ffn_size", "mlp", "norm",
+    "bias", "position_embedding", "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
+    "first_dense_layers", "head_dim", "qk_norm", "qkv_bias", "kv_lora_rank",
+)
+"""What makes two transformers the same network for a plan (names, dtype and numerics aside)."""
+
+
+def _check_config(plan: Plan, cfg: TransformerConfig) -> None:
+    """The plan was made for this network: every shape field of its transformer equals the model's."""
+    if plan.transformer is None:
+        return
+    differ = [(f, getattr(plan.transformer, f, None), getattr(cfg, f, None)) for f in _CONFIG_FIELDS
+              if getattr(plan.transformer, f, None) != getattr(cfg, f, None)]
+    if differ:
+        text = ", ".join(f"{f} {a} vs {b}" for f, a, b in differ)
+        raise InvalidProblemError(
+            f"the plan was made for transformer {plan.transformer.name!r} but the model to run, {cfg.name!r}, "
+            f"differs ({text}; plan vs model); plan again with --model {cfg.name}"
+        )
+
+
+def layer_param_counts(cfg: TransformerConfig) -> list[int]:
+    """Parameters of each layer of the bundled model (``runtime_bridge.model``), without torch."""
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_heads
+    h, q, kv, v = cfg.hidden_size, cfg.num_heads * hd, cfg.kv_heads * hd, cfg.vocab_size
+    bias = int(cfg.bias)
+    qkv_bias = int(cfg.bias or bool(getattr(cfg, "qkv_bias", False)))
+    norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+
+    def ffn(size: int) -> int:
+        mats = 3 if cfg.mlp == "swiglu" else 2
+        return mats * h * size + bias * ((mats - 1) * size + h)
+
+    attention = 2 * h * q + 2 * h * kv + qkv_bias * (q + 2 * kv) + bias * h
+    attention += 2 * hd if getattr(cfg, "qk_norm", False) else 0
+    dense = attention + 2 * norm + ffn(cfg.ffn_size)
+    moe = dense
+    if cfg.num_experts is not None:
+        expert = cfg.moe_ffn_hidden_size or cfg.ffn_size
+        shared = ffn(expert * cfg.num_shared_experts) if cfg.num_shared_experts else 0
+        moe = attention + 2 * norm + h * cfg.num_experts + cfg.num_experts * ffn(expert) + shared
+    embedding = v * h + (cfg.seq_length * h if cfg.position_embedding == "learned" else 0)
+    blocks = [moe if cfg.num_experts is not None and i >= cfg.first_dense_layers else dense
+              for i in range(cfg.num_layers)]
+    return [embedding, *blocks, v * h + norm]
+
+
+def _check_profiled_params(profile: ModelProfile, cfg: TransformerConfig) -> None:
+    """A measured profile (``paraplan profile``) records each layer's parameter bytes: they must be
+    the model's parameter counts times one element size, or the profile is another network's."""
+    if profile.source != "profiler" or any(layer.param_bytes <= 0 for layer in profile.layers):
+        return
+    counts = layer_param_counts(cfg)
+    sizes = {layer.param_bytes / n for layer, n in zip(profile.layers, counts)}
+    if len(sizes) != 1 or sizes.pop() not in (2.0, 4.0):
+        i, (layer, n) = next((i, x) for i, x in enumerate(zip(profile.layers, counts))
+                             if x[0].param_bytes not in (2.0 * x[1], 4.0 * x[1]))
+        raise InvalidProblemError(
+            f"the plan's profile {profile.name!r} measured {layer.param_bytes:.0f} parameter bytes for layer {i} "
+            f"({layer.name}) but that layer of model {cfg.name!r} has {n} parameters; the profile is of another "
+            f"network: pass the profiled model with --model, or profile {cfg.name!r} and plan again"
+        )
+
+
+def check_buildable(cfg: TransformerConfig) -> None:
+    """Refuse configs whose network the bundled model does not build (rather than build another)."""
+    if getattr(cfg, "kv_lora_rank", None) is not None:
+        raise InvalidProblemError(
+            f"model {cfg.name!r} uses multi-latent attention (kv_lora_rank={getattr(cfg, 'kv_lora_rank', None)}); the runtime bridge "
+            "builds multi-head and grouped-query attention only: plan and export it (Megatron, torchtitan) instead"
+        )
+    scaling = getattr(cfg, "rope_scaling", None)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind not in ("default", "llama3"):
+        raise InvalidProblemError(
+            f"model {cfg.name!r} has rope_scaling type {kind!r}; the runtime bridge builds plain RoPE and Llama 3.1's "
+            "'llama3' scaling: drop rope_scaling from the config to run it without"
+        )
+
+
+def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
+    """Degrees the bridge cannot run yet, and the divisibility tensor parallelism needs."""
+    d = plan.degrees
+    for name, value, what in (("context", d.context, "context (sequence-split attention)"),
+                              ("expert", d.expert, "expert")):
+        if value != 1:
+            raise InvalidProblemError(
+                f"degrees.{name}={value}: the runtime bridge does not execute {what} parallelism yet; "
+                f"plan with degrees.{name}=1 (it runs pipeline x data x tensor)"
+            )
+    t = d.tensor
+    if t == 1:
+        return
+    if getattr(cfg, "qk_norm", False):
+        raise InvalidProblemError(
+            f"degrees.tensor={t} with qk_norm: the per-head query/key norms would see only each rank's heads; the "
+            "bridge runs qk_norm models with pipeline and data parallelism only: plan with --tensor-parallel 1"
+        )
+    sizes = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.kv_heads, "ffn_hidden_size": cfg.ffn_size,
+             "vocab_size": cfg.vocab_size}
+    if cfg.num_experts is not None:
+        sizes["moe_ffn_hidden_size"] = cfg.moe_ffn_hidden_size or cfg.ffn_size  # each expert's FFN is split
+    if plan.sequence_parallel:
+        sizes["seq_length"] = cfg.seq_length
+    bad = {k: v for k, v in sizes.items() if v % t}
+    if bad:
+        raise InvalidProblemError(
+            f"degrees.tensor={t} must divide {', '.join(f'{k}={v}' for k, v in bad.items())} of model "
+            f"{cfg.name!r} (tensor parallelism splits heads, FFN columns, vocabulary"
+            f"{' and, with sequence parallelism, the sequence' if plan.sequence_parallel else ''}); "
+            "use a tensor-parallel degree that divides them"
+        )
+
+
 def _check_degrees(plan: Plan, world_size: int | None) -> None:
     d = plan.degrees
-    if d.tensor != 1:
-        raise InvalidProblemError(
-            f"degrees.tensor={d.tensor}: the runtime bridge runs pipeline and data parallelism only; "
-            "plan with --tensor-parallel 1"
-        )
     replicas = [stage.replicas for stage in plan.stages]
     if any(r != d.data for r in replicas):
         raise InvalidProblemError(
@@ -103,17 +218,18 @@ def _check_degrees(plan: Plan, world_size: int | None) -> None:
             "runs one data-parallel degree for all stages: plan with solver 'even' or 'ptdp'"
         )
     for stage in plan.stages:
-        megatron = tuple(range(stage.index * d.data, (stage.index + 1) * d.data))
+        size = d.data * d.tensor
+        megatron = tuple(range(stage.index * size, (stage.index + 1) * size))
         if stage.ranks and tuple(stage.ranks) != megatron:
             raise InvalidProblemError(
                 f"stage {stage.index} has ranks {list(stage.ranks)}; the bridge places ranks in Megatron "
-                f"order (rank = stage x data + replica), i.e. {list(megatron)}"
+                f"order (rank = stage x data x tensor + replica x tensor + tensor rank), i.e. {list(megatron)}"
             )
     needed = num_ranks(plan)
     if world_size is not None and world_size != needed:
         raise InvalidProblemError(
-            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data}) but the launch "
-            f"starts {world_size}; set --nproc-per-node x --nnodes = {needed}"
+            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data} x tensor {d.tensor}) but "
+            f"the launch starts {world_size}; set --nproc-per-node x --nnodes = {needed}"
         )
 
 
@@ -151,6 +267,7 @@ def _check_schedule(plan: Plan) -> None:
                 f"torch's interleaved 1F1B needs num_microbatches divisible by max(1, m // p) = {rounds}; "
                 f"got m={m} for p={p}: use a multiple of {p}"
             )
+    _check_split_backward(plan)
     if plan.schedule == "custom":
         assert plan.actions is not None  # Plan validation requires actions for 'custom'
         for rank, actions in enumerate(plan.actions):
@@ -161,3 +278,22 @@ def _check_schedule(plan: Plan) -> None:
                         f"actions[{rank}] has {text!r}, but virtual stage {stage} lives on pipeline rank "
                         f"{stage % p} (virtual stage k is chunk k // p of stage k % p); move the action"
                     )
+
+
+def _check_split_backward(plan: Plan) -> None:
+    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient).
+    torch's pipeline stage reduces a data-parallel stage's gradients (DDP's all-reduce, FSDP's
+    reduce-scatter) at the end of the input-gradient pass, before W has produced the weight
+    gradients: the replicas would average incomplete gradients (the tests saw a gradient error of
+    4e-2 with DDP and missing gradients with FSDP). Refused until that is handled."""
+    if plan.degrees.data == 1 or plan.schedule not in ("zb-h1", "zb-h2", "custom"):
+        return
+    from cost_models.simulate import plan_actions
+
+    if any(a.kind in ("I", "W") for rank in plan_actions(plan) for a in rank):
+        raise InvalidProblemError(
+            f"schedule {plan.schedule!r} splits backwards into I and W, and degrees.data={plan.degrees.data}: torch's "
+            "pipeline stage reduces data-parallel gradients before the W actions produce them, so the replicas would "
+            "average incomplete gradients; with data parallelism use 1f1b, interleaved-1f1b or gpipe (or full 'B' "
+            "backwards in custom actions)"
+        )

@@ -24,11 +24,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
-from runtime_bridge.stages import build_chunk_modules, local_chunks
+from runtime_bridge.parallel import (
+    RankMesh,
+    build_mesh,
+    full_grads,
+    make_optimizer,
+    shard_data_parallel,
+    tensor_parallel_layer,
+)
+from runtime_bridge.stages import LocalChunk, build_chunk_modules, local_chunks
 from runtime_bridge.torch_pp import build_schedule, make_stage, run_step
 
 log = logging.getLogger(__name__)
@@ -44,7 +53,8 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ["RANK"])
     try:
         device = _setup(spec)
-        records = [_run_job(job, device) for job in spec["jobs"]]
+        progress = out_dir / "progress.log" if rank == dist.get_world_size() - 1 else None
+        records = [_run_job(job, device, progress) for job in spec["jobs"]]
         gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
         dist.gather_object(records, gathered if rank == 0 else None, dst=0)
         if rank == 0:
@@ -69,72 +79,62 @@ def _setup(spec: dict[str, Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def _groups(plan: Plan, device: torch.device) -> tuple[Any, Any]:
-    """(pipeline group, data-parallel group) from a (pp, dp) device mesh in Megatron order
-    (rank = stage x d + replica); None when that dimension is 1 (the default group serves)."""
-    p, d = plan.degrees.pipeline, plan.degrees.data
-    if d == 1:
-        return None, None
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh(device.type, (p, d), mesh_dim_names=("pp", "dp"))
-    return mesh["pp"].get_group(), mesh["dp"].get_group()
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _run_job(job: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    plan = Plan.from_dict(job["plan"])
-    cfg = TransformerConfig.from_dict(job["config"])
-    seed, rank = int(job.get("seed", 0)), dist.get_rank()
-    p, d, v = plan.degrees.pipeline, plan.degrees.data, plan.degrees.virtual
-    stage_index, replica = rank // d, rank % d
-    pp_group, dp_group = _groups(plan, device)
-    chunks = local_chunks(plan, stage_index)
+def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torch.device, mesh: RankMesh
+           ) -> tuple[list[LocalChunk], list[nn.Module], list[Any]]:
+    """This rank's chunks: built, tensor-parallelised, wrapped for data parallelism, as stages."""
+    seed = int(job.get("seed", 0))
+    chunks = local_chunks(plan, mesh.stage)
+    tp = None
+    if mesh.tp_mesh is not None:
+        tp = lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel)  # noqa: E731
     modules = build_chunk_modules(
         chunks, lambda i: gpt.build_layer(cfg, i), device=device,
         init=lambda layer, i: gpt.init_layer(layer, i, seed=seed), dtype=gpt.model_dtype(cfg, device),
+        parallelize=tp,
     )
-    wrapped = [DistributedDataParallel(m, process_group=dp_group) if d > 1 else m for m in modules]
-    stages = [make_stage(w, stage_index=c.virtual_stage, num_stages=p * v, device=device, group=pp_group)
+    wrapped = [shard_data_parallel(m, plan.zero_stage, mesh) for m in modules]
+    num_stages = plan.degrees.pipeline * plan.degrees.virtual
+    stages = [make_stage(w, stage_index=c.virtual_stage, num_stages=num_stages, device=device, group=mesh.pp_group)
               for w, c in zip(wrapped, chunks)]
+    return chunks, wrapped, stages
+
+
+def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -> dict[str, Any]:
+    plan = Plan.from_dict(job["plan"])
+    cfg = TransformerConfig.from_dict(job["config"])
+    mesh = build_mesh(plan, dist.get_rank(), device)
+    chunks, modules, stages = _build(job, plan, cfg, device, mesh)
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
-    optimizer = torch.optim.SGD([q for m in modules for q in m.parameters()], lr=float(job.get("lr", 0.05)))
-    filler = _fill_runner(job, plan, stage_index, stages, device)
+    optimizer = make_optimizer([q for m in modules for q in m.parameters()], plan.zero_stage, mesh,
+                               lr=float(job.get("lr", 0.05)))
+    filler = _fill_runner(job, plan, mesh.stage, stages, device)
     record: dict[str, Any] = {
-        "rank": rank, "stage": stage_index, "replica": replica, "virtual_stages": [c.virtual_stage for c in chunks],
-        "losses": [], "step_times_s": [], "grads": [], "param_bytes": sum(
-            q.numel() * q.element_size() for m in modules for q in m.parameters()),
+        "rank": dist.get_rank(), "stage": mesh.stage, "replica": mesh.replica, "tp_rank": mesh.tp_rank,
+        "virtual_stages": [c.virtual_stage for c in chunks], "losses": [], "step_times_s": [], "step_cpu_times_s": [], "grads": [],
+        "param_bytes": sum(_local(q).numel() * q.element_size() for m in modules for q in m.parameters()),
+        "data_parallel": type(modules[0]).__name__, "optimizer": type(optimizer).__name__,
     }
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if progress is not None:
+        d = plan.degrees
+        with progress.open("a") as fh:
+            fh.write(f"{job.get('name') or 'run'}: ranks ready (pipeline {d.pipeline} x data {d.data} x tensor "
+                     f"{d.tensor}); step 1 also infers the stages' shapes\n")
     per_replica = plan.num_microbatches * plan.microbatch_size
-    rows = slice(replica * per_replica, (replica + 1) * per_replica)
+    rows = slice(mesh.replica * per_replica, (mesh.replica + 1) * per_replica)
     for step in range(int(job["steps"])):
-        if job.get("fail_rank") == rank and step == int(job.get("fail_step", 0)):
+        if job.get("fail_rank") == record["rank"] and step == int(job.get("fail_step", 0)):
             os._exit(FAULT_EXIT_CODE)  # fault injection: die like a crashed host, no cleanup
-        tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=seed)
-        dist.barrier()
-        start = time.perf_counter()
-        if filler is not None:
-            filler.start_step()
-        losses = run_step(schedule, stages, tokens[rows].to(device), targets[rows].to(device))
-        if filler is not None:
-            filler.end_step()  # the idle tail is inside the timed step: its fill work counts
-        _sync(device)
-        compute_s = time.perf_counter() - start
-        if job.get("check"):
-            record["grads"].append({n: q.grad.detach().float().cpu().clone() for m in modules
-                                    for n, q in m.named_parameters() if q.grad is not None})
-        start = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        _sync(device)
-        record["step_times_s"].append(compute_s + time.perf_counter() - start)
-        record["losses"].append([float(x) for x in losses])
+        tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=int(job.get("seed", 0)))
+        _train_step(job, record, (schedule, stages, modules, optimizer, filler), tokens[rows], targets[rows], device)
+        if progress is not None and record["losses"][-1]:
+            _report_progress(progress, job, step, record, plan.global_batch_size * cfg.seq_length)
     record.update(_peak_memory(device))
     if filler is not None:
         filler.detach()
@@ -142,13 +142,53 @@ def _run_job(job: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return record
 
 
+def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, ...], tokens: torch.Tensor,
+                targets: torch.Tensor, device: torch.device) -> None:
+    """One timed step: the pipeline schedule (with fill work in its bubbles), the whole gradients
+    for ``--check``, the SGD step; appends the step time (wall, and this process's CPU time, which
+    other jobs on a shared host do not inflate) and this rank's microbatch losses."""
+    schedule, stages, modules, optimizer, filler = parts
+    dist.barrier()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if filler is not None:
+        filler.start_step()
+    losses = run_step(schedule, stages, tokens.to(device), targets.to(device))
+    if filler is not None:
+        filler.end_step()  # the idle tail is inside the timed step: its fill work counts
+    _sync(device)
+    compute_s, compute_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    if job.get("check"):  # untimed: gathering shards is not part of training
+        record["grads"].append({n: g for m in modules for n, g in full_grads(m).items()})
+    start, cpu_start = time.perf_counter(), time.process_time()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    record["step_times_s"].append(compute_s + time.perf_counter() - start)
+    record["step_cpu_times_s"].append(compute_cpu_s + time.process_time() - cpu_start)
+    record["losses"].append([float(x) for x in losses])
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """The part of a parameter this rank holds (a DTensor's local shard)."""
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _report_progress(path: Path, job: dict[str, Any], step: int, record: dict[str, Any], tokens: int) -> None:
+    """One line per step for the launcher to relay on stderr (the last rank: it holds a loss)."""
+    step_s = record["step_times_s"][-1]
+    loss = sum(record["losses"][-1]) / len(record["losses"][-1])
+    with path.open("a") as fh:
+        fh.write(f"{job.get('name') or 'run'}: step {step + 1}/{job['steps']} loss {loss:.4f} "
+                 f"step {step_s:.4g} s {tokens / step_s:.4g} tokens/s\n")
+
+
 def _fill_runner(job: dict[str, Any], plan: Plan, stage_index: int, stages: list[Any], device: torch.device) -> Any:
     """The job's fill runner attached to this rank's stages (PipeFill's bubble instruction), or None."""
     if not job.get("fill"):
         return None
-    from runtime_bridge.fill import FillJob, FillRunner
+    from runtime_bridge.fill import FillTask, FillRunner
 
-    runner = FillRunner(FillJob.from_dict(job["fill"]), plan, stage_index, device)
+    runner = FillRunner(FillTask.from_dict(job["fill"]), plan, stage_index, device)
     runner.attach(stages)
     return runner
 

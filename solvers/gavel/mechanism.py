@@ -112,3 +112,61 @@ class Placer:
                 break
         assert len(ids) == scale, "select() never asks for more accelerators than are free"
         return tuple(ids)
+
+
+# Gavel's own simulator (Scheduler._update_priorities, _schedule_jobs_on_workers_helper in
+# stanford-futuredata/gavel) differs from the chapter's description in four ways, which
+# ``mechanism="gavel"`` of the simulator reproduces:
+# - every job starts each reset interval with R/2 seconds of credit on every type (so a job
+#   that has not run yet has share (R/2) / total, not zero), and the share of type j is the
+#   job's time there over the sum of all jobs' (credits included);
+# - one queue per type, taken type by type (v100, p100, k80 for the _perf/_packed policies,
+#   a seeded shuffle each round for the agnostic ones), each sorted by (priority, deficit, X)
+#   in decreasing order, stable on job order;
+# - it is work-conserving: a job with X = 0 on a type (priority 0) still takes an accelerator
+#   that nobody with a positive priority wanted, as long as its throughput there is positive
+#   (FIFO excepted: it skips priority 0);
+# - the deficit (time owed: X x elapsed - time received, summed over reset intervals) breaks
+#   priority ties.
+GAVEL_TYPE_ORDER = ("v100", "p100", "k80")
+
+
+def gavel_priorities(allocation: np.ndarray, time_s: np.ndarray, runnable: np.ndarray) -> np.ndarray:
+    """X / (t_kj / sum_k' t_k'j), X x 1e9 where that share is 0, and 0 where X = 0 or not runnable."""
+    total = time_s.sum(axis=0, keepdims=True)
+    share = np.divide(time_s, total, out=np.zeros_like(time_s), where=total > 0)
+    ratio = np.divide(allocation, share, out=allocation * NEVER_RUN_BOOST, where=share > 0)
+    return np.where((allocation > 0) & runnable, ratio, 0.0)
+
+
+def select_per_type(
+    allocation: np.ndarray,
+    priority: np.ndarray,
+    deficit_s: np.ndarray,
+    *,
+    combos: tuple[tuple[int, ...], ...],
+    combo_scale: np.ndarray,
+    capacity: np.ndarray,
+    type_order: list[int],
+    runnable: np.ndarray,
+    skip_zero_priority: bool,
+) -> list[tuple[int, int]]:
+    """Gavel's selection: per-type queues in ``type_order``, work-conserving (see above)."""
+    free = capacity.astype(int).copy()
+    busy: set[int] = set()
+    chosen: list[tuple[int, int]] = []
+    # Keys rounded so that solver round-off (X = 0.4999999) does not decide exact ties.
+    prio, owed, x = np.round(priority, 9), np.round(deficit_s, 6), np.round(allocation, 9)
+    for j in type_order:
+        queue = sorted((k for k in range(len(combos)) if runnable[k, j]),
+                       key=lambda k: (prio[k, j], owed[k, j], x[k, j]), reverse=True)
+        for k in queue:
+            scale = int(combo_scale[k])
+            if free[j] == 0:
+                break
+            if scale > free[j] or any(m in busy for m in combos[k]) or (skip_zero_priority and priority[k, j] <= 0):
+                continue
+            chosen.append((k, j))
+            free[j] -= scale
+            busy.update(combos[k])
+    return chosen

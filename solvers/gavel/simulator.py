@@ -3,11 +3,15 @@
 Time advances in rounds (6 minutes, L5761-5763). At the start of a round the jobs that have
 arrived join; if the set of jobs changed (an arrival or a completion: a reset event,
 L5042-5048) the policy is solved again on the remaining steps and the time-received counters
-restart. The mechanism (``mechanism.select``) picks the (combination, type) cells that run;
-each running job advances throughput x round length steps, and a job whose remaining steps
-take less than the round finishes at that exact time (its accelerators then idle until the
-round ends, as in Gavel's simulator). Work is conserved: a job finishes with exactly its
-num_steps.
+restart. The mechanism (``mechanism.select``) picks the (combination, type) cells that run.
+
+Round rule (as Gavel's own simulator, ``Scheduler.simulate``): every job scheduled in a round
+runs min(remaining steps, floor(throughput x round length)) whole steps, so it is busy for
+steps / throughput seconds; the round ends when the last job running in it stops, i.e. at
+the start plus the longest of those times. A round in which every running job finishes early
+is short; a round of full-length jobs lasts floor(thr x R) / thr of the slowest-rounding job,
+at most R. A job's completion time is when its last step ends. When no job is active the
+clock jumps to the next arrival. Work is conserved: a job finishes with exactly num_steps.
 
 Metrics (L6064-6072): average and tail job completion time (JCT), makespan (first arrival
 to last completion), utilization per type (busy accelerator-seconds over capacity x
@@ -19,6 +23,8 @@ contention), and cost at ``prices_per_hour`` for busy accelerator time.
 from __future__ import annotations
 
 import logging
+import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +34,15 @@ import numpy as np
 from planner.errors import InvalidProblemError
 from planner.schema_gavel import ClusterSimResult, JobResult, JobsFile
 from solvers.gavel import common, get_policy, solve_matrix
+from solvers.gavel import mechanism as mechanism_mod
 from solvers.gavel.mechanism import Placer, select
 
 log = logging.getLogger(__name__)
 
 ROUND_S = 360.0
+MECHANISMS = ("paper", "gavel")
+MIN_RESET_S = 1920.0
+"""Gavel's simulator recomputes the allocation at most this often (its default)."""
 MAX_ROUNDS = 2_000_000
 
 
@@ -54,10 +64,24 @@ class _Round:
     f: common.Formulation
     x: np.ndarray
     jobs: list[int]
+    start_s: float = 0.0
+    credit_s: float = 0.0
+    """Time every combination is credited with at the start (Gavel's code: half a round)."""
     received_s: np.ndarray = field(init=False)
+    deficit_s: np.ndarray = field(init=False)
+    done: set[int] = field(default_factory=set)
+    """Local indices of the jobs that finished since the allocation (``gavel`` mechanism)."""
 
     def __post_init__(self) -> None:
-        self.received_s = np.zeros_like(self.x)
+        self.received_s = np.full_like(self.x, self.credit_s)
+        self.deficit_s = np.zeros_like(self.x)
+
+    def runnable(self) -> np.ndarray:
+        """(combination, type) cells whose members all run there and none has finished."""
+        thr = self.f.combo_throughput
+        rows = [np.all(thr[k, :, :len(c)] > 0, axis=1) & (not any(m in self.done for m in c))
+                for k, c in enumerate(self.f.combos)]
+        return np.array(rows, dtype=bool).reshape(self.x.shape)
 
 
 def simulate(
@@ -71,6 +95,7 @@ def simulate(
     measure: tuple[int, int] | None = None,
     prices_per_hour: dict[str, float] | None = None,
     on_round: Callable[[int, int], None] | None = None,
+    mechanism: str = "gavel",
 ) -> ClusterSimResult:
     """Run a trace through a policy and the round-based mechanism.
 
@@ -84,22 +109,37 @@ def simulate(
         measure: [first, last) job indices the averages are over (steady state); all if None.
         prices_per_hour: dollars per accelerator-hour (GCP defaults for v100/p100/k80).
         on_round: called with (jobs done, jobs total) after every round (progress bars).
+        mechanism: ``gavel`` (default: Gavel's simulator code, half-round credits, per-type
+            queues, work-conserving, deficits, allocations at most every ``MIN_RESET_S``) or
+            ``paper`` (the chapter's Algorithm 2 with a global queue and a new allocation at
+            every arrival and completion); see docs/gavel-simulator.md.
 
     Raises:
         InvalidProblemError: bad round length or window; InfeasibleError from the policy.
     """
     if round_s <= 0:
         raise InvalidProblemError(f"round length {round_s} s must be positive")
+    if mechanism not in MECHANISMS:
+        raise InvalidProblemError(f"mechanism {mechanism!r} is not one of {MECHANISMS}")
     get_policy(policy)
     missing = [j.id for j in jobs.jobs if j.throughputs is None]
     if missing:
         raise InvalidProblemError(f"jobs {missing[:5]} have no throughputs; derive them first (throughputs.resolve_problem)")
-    sim = _Simulation(jobs, worker_types, policy, round_s, options or {}, prices_per_hour or {})
+    sim = RoundLoop(jobs, worker_types, policy, round_s, options or {}, prices_per_hour or {})
+    sim.configure(mechanism, seed)
     sim.run(on_round)
     return sim.result(seed=seed, measure=measure)
 
 
-class _Simulation:
+class RoundLoop:
+    """Gavel's rounds over a trace: arrivals, allocations, selection, placement, bookkeeping.
+
+    The work of a round is done by ``run_cells`` and the clock moves by ``advance_clock`` and
+    ``idle_until``: here a simulation (jobs advance at their throughputs, the clock by the
+    round's length); ``planner.cluster_run`` overrides the three to run real jobs on Ray in
+    wall-clock time, with everything else shared.
+    """
+
     def __init__(self, jobs: JobsFile, worker_types: dict[str, int], policy: str, round_s: float,
                  options: dict[str, Any], prices: dict[str, float]) -> None:
         self.jobs, self.worker_types, self.policy, self.round_s = jobs, worker_types, policy, round_s
@@ -112,37 +152,74 @@ class _Simulation:
         self.placer = Placer(capacity=dict(worker_types))
         self.num_rounds = self.num_allocations = self.num_preemptions = 0
         self.now = jobs.jobs[self.order[0]].arrival_time_s if jobs.jobs else 0.0
+        self.configure("paper", None)
+
+    def configure(self, mechanism: str, seed: int | None) -> None:
+        self.gavel = mechanism == "gavel"
+        self.last_reset_s = 0.0
+        self.deficit_by_job: dict[int, np.ndarray] = {}
+        fn = get_policy(self.policy).function  # aliases resolved: hierarchical, min_cost...
+        self.shuffle = "perf" not in fn and not fn.startswith("min_cost")  # Gavel: agnostic policies
+        self.rng = random.Random((seed or 0) + 5)
+        known = [self.types.index(t) for t in mechanism_mod.GAVEL_TYPE_ORDER if t in self.types]
+        self.type_order = known + [j for j in range(len(self.types)) if j not in known]
 
     def run(self, on_round: Callable[[int, int], None] | None) -> None:
         next_arrival, active, current = 0, [], None
-        done = 0
+        done, pending = 0, False
         while done < len(self.state):
-            changed = False
             while next_arrival < len(self.order) and self.jobs.jobs[self.order[next_arrival]].arrival_time_s <= self.now:
                 active.append(self.order[next_arrival])
                 next_arrival += 1
-                changed = True
+                pending = True
             if not active:
-                self.now = self.jobs.jobs[self.order[next_arrival]].arrival_time_s
+                self.idle_until(self.jobs.jobs[self.order[next_arrival]].arrival_time_s)
                 continue
-            if changed or current is None:
-                current = self._allocate(active)
-            finished = self._run_round(current, active)
+            if current is None or (pending and self._may_reset(current)):
+                current, pending = self._allocate(active, current), False
+            finished, length_s = self._run_round(current, active)
             if finished:
                 done += len(finished)
                 active = [m for m in active if m not in finished]
-                current = None
-            self.now += self.round_s
+                current.done.update(current.jobs.index(m) for m in finished)
+                pending = True
+            self.advance_clock(length_s)
             self.num_rounds += 1
             if on_round is not None:
                 on_round(done, len(self.state))
             if self.num_rounds > MAX_ROUNDS:
                 raise InvalidProblemError(f"simulation passed {MAX_ROUNDS} rounds; lengthen --round or shorten jobs")
 
-    def _allocate(self, active: list[int]) -> _Round:
+    def _may_reset(self, current: _Round) -> bool:
+        """The chapter: at every reset event. Gavel's code: at most every MIN_RESET_S (its timer
+        starts at the first reset after t = 0), or when no allocated job is left to run."""
+        if not self.gavel:
+            return True
+        waited = self.now - self.last_reset_s >= MIN_RESET_S or self.last_reset_s == 0.0
+        return waited or not current.runnable().any()
+
+    def _allocate(self, active: list[int], previous: _Round | None) -> _Round:
         f, x, _, _ = solve_matrix(self._problem(active), policy=self.policy, options=self.options)
         self.num_allocations += 1
-        return _Round(f=f, x=x, jobs=list(active))
+        if not self.gavel:
+            return _Round(f=f, x=x, jobs=list(active), start_s=self.now)
+        self._book_deficits(previous)
+        new = _Round(f=f, x=x, jobs=list(active), start_s=self.now, credit_s=self.round_s / 2)
+        for k, combo in enumerate(f.combos):
+            if len(combo) == 1:
+                new.deficit_s[k] = self.deficit_by_job.get(new.jobs[combo[0]], 0.0)
+        self.last_reset_s = self.now
+        return new
+
+    def _book_deficits(self, previous: _Round | None) -> None:
+        """Deficit += X x elapsed - time received, per job and type (Gavel's reset)."""
+        if previous is None:
+            return
+        owed = previous.x * (self.now - previous.start_s) - (previous.received_s - previous.credit_s)
+        for k, combo in enumerate(previous.f.combos):
+            if len(combo) == 1 and combo[0] not in previous.done:
+                m = previous.jobs[combo[0]]
+                self.deficit_by_job[m] = self.deficit_by_job.get(m, 0.0) + owed[k]
 
     def _problem(self, active: list[int]) -> Any:
         from planner.schema_gavel import ClusterProblem
@@ -158,42 +235,73 @@ class _Simulation:
             entities=dict(self.jobs.entities), prices_per_hour={t: self.prices[t] for t in self.types if t in self.prices},
         )
 
-    def _run_round(self, current: _Round, active: list[int]) -> set[int]:
+    def _run_round(self, current: _Round, active: list[int]) -> tuple[set[int], float]:
+        """Run one round; returns the jobs that finished in it and the round's length (s)."""
         f = current.f
-        cells = select(current.x, current.received_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity)
+        cells = self._select(current)
         wanted = [("+".join(f.job_ids[m] for m in f.combos[k]), self.types[j], int(f.combo_scale[k])) for k, j in cells]
         _, preempted = self.placer.place(wanted)
         self.num_preemptions += preempted
         for m in active:
             self.state[m].contention_sum += len(active)
             self.state[m].contention_rounds += 1
-        finished: set[int] = set()
-        for k, j in cells:
-            current.received_s[k, j] += self.round_s
-            busy_until = 0.0
-            for slot, local in enumerate(f.combos[k]):
-                busy_until = max(busy_until, self._advance(current.jobs[local], f.combo_throughput[k, j, slot], finished))
+        busy_s, finished = self.run_cells(current, cells)
+        for (k, j), busy_until in zip(cells, busy_s):
+            current.received_s[k, j] += busy_until
             busy = busy_until * f.combo_scale[k]
             self.busy_s[j] += busy
             dollars = busy * self.prices.get(self.types[j], 0.0) / 3600.0
             for local in f.combos[k]:
                 self.state[current.jobs[local]].cost_usd += dollars / len(f.combos[k])
-        return finished
+        return finished, (max(busy_s) if cells else self.round_s)
+
+    def run_cells(self, current: _Round, cells: list[tuple[int, int]]) -> tuple[list[float], set[int]]:
+        """Run the round's cells; returns each cell's busy seconds and the jobs that finished."""
+        f = current.f
+        finished: set[int] = set()
+        busy_s = [max(self._advance(current.jobs[local], f.combo_throughput[k, j, slot], finished)
+                      for slot, local in enumerate(f.combos[k])) for k, j in cells]
+        return busy_s, finished
+
+    def advance_clock(self, length_s: float) -> None:
+        self.now += length_s
+
+    def idle_until(self, time_s: float) -> None:
+        self.now = time_s
+
+    def _select(self, current: _Round) -> list[tuple[int, int]]:
+        f = current.f
+        if not self.gavel:
+            return select(current.x, current.received_s, combos=f.combos, combo_scale=f.combo_scale,
+                          capacity=self.capacity)
+        runnable = current.runnable()
+        order = list(self.type_order)
+        if self.shuffle:
+            self.rng.shuffle(order)
+        prio = mechanism_mod.gavel_priorities(current.x, current.received_s, runnable)
+        return mechanism_mod.select_per_type(
+            current.x, prio, current.deficit_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity,
+            type_order=order, runnable=runnable, skip_zero_priority=self.policy.startswith("fifo"))
 
     def _advance(self, m: int, thr: float, finished: set[int]) -> float:
-        """Run job m for a round at ``thr`` steps/s; returns the seconds it was busy."""
+        """Run job m for a round at ``thr`` steps/s; returns the seconds it was busy.
+
+        Whole steps per round, floor(thr x R), as Gavel's simulator; a job slower than one step
+        per round runs its fractional step so that it still progresses.
+        """
         st = self.state[m]
         st.num_rounds += 1
         if thr <= 0:
             return self.round_s
-        if st.remaining <= thr * self.round_s:
+        per_round = round_steps(thr, self.round_s)
+        if st.remaining <= per_round:
             busy = st.remaining / thr
             st.remaining = 0.0
             st.completion_s = self.now + busy
             finished.add(m)
             return busy
-        st.remaining -= thr * self.round_s
-        return self.round_s
+        st.remaining -= per_round
+        return per_round / thr
 
     def result(self, *, seed: int | None, measure: tuple[int, int] | None) -> ClusterSimResult:
         records = [self._job_result(st) for st in self.state]
@@ -228,6 +336,13 @@ class _Simulation:
             ftf=jct / _isolated_time_s(job.num_steps, job.throughputs or {}, job.scale_factor, self.worker_types, contention),
             num_rounds=st.num_rounds, cost_usd=st.cost_usd,
         )
+
+
+def round_steps(thr: float, round_s: float) -> float:
+    """Steps a job runs in a full round: floor(thr x R) whole steps (Gavel), or thr x R below one."""
+    steps = thr * round_s
+    whole = math.floor(steps + 1e-9)
+    return float(whole) if whole >= 1 else steps
 
 
 def _isolated_time_s(steps: float, thr: dict[str, float], scale: int, workers: dict[str, int], n: float) -> float:

@@ -1,4 +1,5 @@
-"""Plans of the bundled ``gpt-tiny`` model (6 layers: embedding, 4 blocks, head) for the bridge tests."""
+"""Plans of small models for the bridge tests: ``gpt-tiny`` (6 layers: embedding, 4 blocks, head),
+and Llama- and Mixtral-style configs of the same size (``LLAMA_TINY``, ``MIXTRAL_TINY``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,19 @@ from typing import Any
 
 from planner import api
 from planner.export import parse_torch_csv
-from planner.schema import Plan
+from planner.schema import Plan, TransformerConfig
+
+LLAMA_TINY = TransformerConfig(
+    name="llama-tiny", hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, seq_length=16, vocab_size=128,
+    ffn_hidden_size=64, mlp="swiglu", norm="rmsnorm", bias=False, position_embedding="rope", tied_embeddings=False,
+    rope_theta=500000.0, norm_eps=1e-5, dtype="fp32",
+)
+"""Llama-3 style at toy size: GQA (4 query, 2 key/value heads), RoPE with Llama-3's theta, SwiGLU,
+RMSNorm, no biases, untied embeddings."""
+MIXTRAL_TINY = LLAMA_TINY.model_copy(update={
+    "name": "mixtral-tiny", "num_experts": 4, "experts_per_token": 2, "moe_ffn_hidden_size": 32,
+})
+"""Mixtral style: every block a top-2-of-4 MoE."""
 
 # torchtitan tests/assets/custom_schedule.csv: 2 ranks, virtual stages {0, 2} and {1, 3}, m = 8,
 # every backward split into I and W, in an order no built-in schedule has.
@@ -30,6 +43,10 @@ def tiny_plan(
     splits: list[list[tuple[int, int]]] | None = None,
     recompute: dict[int, dict[str, Any]] | None = None,
     actions: list[list[str]] | None = None,
+    t: int = 1,
+    sequence_parallel: bool = False,
+    zero_stage: int = 0,
+    model: Any = "gpt-tiny",
 ) -> Plan:
     """A gpt-tiny plan from the even solver, then edited.
 
@@ -39,11 +56,15 @@ def tiny_plan(
         splits: per stage, per chunk, [first, last) layers (uneven splits).
         recompute: stage index -> the recompute dict of its first chunk.
         actions: per-rank action strings for ``custom``.
+        t, sequence_parallel, zero_stage: tensor-parallel degree, Megatron sequence parallelism,
+            data-parallel sharding (0 DDP, 1/2 FSDP2 without resharding, 3 FSDP2).
+        model: a preset name or a ``TransformerConfig``.
     """
     base = "interleaved-1f1b" if v > 1 else ("1f1b" if schedule == "custom" else schedule)
-    problem = api.make_problem("gpt-tiny", f"cpu:{p * d}", num_stages=p, num_chunks=v, schedule=base,
-                               global_batch_size=d * m, data_parallel=d)
+    problem = api.make_problem(model, f"cpu:{p * d * t}", num_stages=p, num_chunks=v, schedule=base,
+                               global_batch_size=d * m, data_parallel=d, tensor_parallel=t)
     data = api.plan(problem).model_dump(mode="json")
+    data["sequence_parallel"], data["zero_stage"] = sequence_parallel, zero_stage
     data["schedule"] = schedule
     data["actions"] = actions
     for x, stage in enumerate(data["stages"]):

@@ -14,8 +14,8 @@ from cost_models.simulate import simulate  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.errors import InvalidProblemError  # noqa: E402
 from runtime_bridge.check import TOLERANCE  # noqa: E402
-from runtime_bridge.fill import LOSS_WINDOW, FillJob, FillRunner, bubble_points, load_fill_job  # noqa: E402
-from runtime_bridge.launch import Job, LaunchOptions, launch, summarize  # noqa: E402
+from runtime_bridge.fill import LOSS_WINDOW, FillTask, FillRunner, bubble_points, load_fill_job  # noqa: E402
+from runtime_bridge.launch import RunJob, LaunchOptions, launch, summarize  # noqa: E402
 from runtime_bridge.validate import resolve_config  # noqa: E402
 from tests.runtime_bridge.plans import tiny_plan  # noqa: E402
 
@@ -57,14 +57,14 @@ def test_bubble_points_zero_bubble_maps_recompute_and_input_grad_to_b() -> None:
 ])
 def test_fill_job_rejects_bad_fields(data: dict, match: str) -> None:
     with pytest.raises(InvalidProblemError, match=match):
-        FillJob.from_dict(data)
+        FillTask.from_dict(data)
 
 
 def test_load_fill_job(tmp_path) -> None:
-    assert load_fill_job("tiny-mlp") == FillJob()
+    assert load_fill_job("tiny-mlp") == FillTask()
     path = tmp_path / "fill.json"
     path.write_text(json.dumps({"hidden_size": 16, "points": "recv", "budget_s": 0.01}))
-    assert load_fill_job(str(path)) == FillJob(hidden_size=16, points="recv", budget_s=0.01)
+    assert load_fill_job(str(path)) == FillTask(hidden_size=16, points="recv", budget_s=0.01)
     with pytest.raises(InvalidProblemError, match="neither a preset"):
         load_fill_job(str(tmp_path / "missing.json"))
     path.write_text("[1, 2]")
@@ -123,7 +123,7 @@ def _drive_1f1b_rank1(runner: FillRunner, stage: _FakeStage, schedules) -> None:
     runner.end_step()
 
 
-def _runner(job: FillJob, rank: int = 1) -> tuple[FillRunner, _FakeStage]:
+def _runner(job: FillTask, rank: int = 1) -> tuple[FillRunner, _FakeStage]:
     runner = FillRunner(job, tiny_plan("1f1b"), rank, torch.device("cpu"))
     stage = _FakeStage(rank)
     runner.attach([stage])
@@ -132,7 +132,7 @@ def _runner(job: FillJob, rank: int = 1) -> tuple[FillRunner, _FakeStage]:
 
 def test_runner_fills_the_timeline_bubbles_once_per_step_and_leaves_the_stage_alone(p2p) -> None:
     schedules, state = p2p
-    job = FillJob(budget_s=10.0, max_steps_per_bubble=3)  # budget never binds: 3 steps per bubble
+    job = FillTask(budget_s=10.0, max_steps_per_bubble=3)  # budget never binds: 3 steps per bubble
     runner, stage = _runner(job)
     rng = torch.get_rng_state()
     _drive_1f1b_rank1(runner, stage, schedules)
@@ -152,7 +152,7 @@ def test_runner_fills_the_timeline_bubbles_once_per_step_and_leaves_the_stage_al
 
 def test_runner_simulated_budgets_calibrate_then_scale(p2p) -> None:
     schedules, _ = p2p
-    runner, stage = _runner(FillJob(budget_from="simulated", calibration_steps=1, max_steps_per_bubble=1000))
+    runner, stage = _runner(FillTask(budget_from="simulated", calibration_steps=1, max_steps_per_bubble=1000))
     _drive_1f1b_rank1(runner, stage, schedules)
     assert runner.stats.steps == 0 and runner.stats.bubbles_visited == 0  # step 0 only measures
     points, _ = bubble_points(tiny_plan("1f1b"), 1)
@@ -167,13 +167,15 @@ def test_runner_simulated_budgets_calibrate_then_scale(p2p) -> None:
 
 def test_runner_measured_budgets_from_the_timed_waits(p2p) -> None:
     schedules, state = p2p
-    state["idle_s"] = 0.02
-    runner, stage = _runner(FillJob(calibration_steps=2, max_steps_per_bubble=1000))
+    # 0.1 s waits: budgets of 68 ms hold a fill step (a few ms) even on a loaded machine (with
+    # 20 ms waits, a slowed first step's estimate kept every bubble empty)
+    state["idle_s"] = 0.1
+    runner, stage = _runner(FillTask(calibration_steps=2, max_steps_per_bubble=1000))
     for _ in range(2):
         _drive_1f1b_rank1(runner, stage, schedules)
     assert runner.stats.bubbles_visited == 0
     assert set(runner._measured_s) == {("F", 1, mb) for mb in range(4)}
-    assert all(0.02 <= t < 0.2 for t in runner._measured_s.values())
+    assert all(0.1 <= t < 0.5 for t in runner._measured_s.values())
     tail_s = 0.68 * bubble_points(tiny_plan("1f1b"), 1)[0][-1].duration_s * runner._scale
     _drive_1f1b_rank1(runner, stage, schedules)
     # two timeline bubbles (before F0, F2) at 0.68 x their timed wait, plus the simulated tail
@@ -185,7 +187,7 @@ def test_runner_measured_budgets_from_the_timed_waits(p2p) -> None:
 
 def test_runner_recv_mode_fires_before_every_wait_on_a_receive(p2p) -> None:
     schedules, _ = p2p
-    runner, stage = _runner(FillJob(points="recv", budget_s=10.0, max_steps_per_bubble=1), rank=0)
+    runner, stage = _runner(FillTask(points="recv", budget_s=10.0, max_steps_per_bubble=1), rank=0)
     runner.start_step()
     for mb in range(4):
         stage.forward_one_chunk(mb, (), {})  # stage 0 receives no input: no bubble
@@ -197,15 +199,15 @@ def test_runner_recv_mode_fires_before_every_wait_on_a_receive(p2p) -> None:
     runner.detach()
 
 
-_FIXED = FillJob(budget_s=0.005, max_steps_per_bubble=2)
+_FIXED = FillTask(budget_s=0.005, max_steps_per_bubble=2)
 _STEPS = 4  # two calibration steps, then two with fill work at the measured bubbles
 _TWO_RANK_FILLS = {
     "gpipe (torch's class), fixed budget": (tiny_plan("gpipe"), _FIXED),
     "zb-h1 + recompute (the plan's action list)": (tiny_plan("zb-h1", recompute={0: {"full": [1, 2]}}), _FIXED),
     "interleaved-1f1b, before every receive": (
-        tiny_plan("interleaved-1f1b", v=2), FillJob(points="recv", budget_s=0.002, max_steps_per_bubble=1)),
-    "1f1b, measured bubbles (the default)": (tiny_plan("1f1b"), FillJob()),
-    "1f1b, simulated bubbles rescaled": (tiny_plan("1f1b"), FillJob(budget_from="simulated")),
+        tiny_plan("interleaved-1f1b", v=2), FillTask(points="recv", budget_s=0.002, max_steps_per_bubble=1)),
+    "1f1b, measured bubbles (the default)": (tiny_plan("1f1b"), FillTask()),
+    "1f1b, simulated bubbles rescaled": (tiny_plan("1f1b"), FillTask(budget_from="simulated")),
 }
 _SOME_RANK_IDLE = {"1f1b, measured bubbles (the default)", "1f1b, simulated bubbles rescaled"}
 """Budgets from measured waits (or rescaled by the measured step) may be too short for one fill step
@@ -215,11 +217,11 @@ on a rank of a loaded machine; the fixed budgets always allow one."""
 @pytest.fixture(scope="module")
 def fill_runs() -> dict[str, tuple[dict, list[dict], list[dict]]]:
     """Each plan twice in one launch: without fill, then with it (and --check)."""
-    jobs: list[Job] = []
+    jobs: list[RunJob] = []
     for plan, fill in _TWO_RANK_FILLS.values():
         cfg = resolve_config(plan)
-        jobs += [Job(plan=plan, config=cfg, steps=_STEPS),
-                 Job(plan=plan, config=cfg, steps=_STEPS, check=True, fill=fill)]
+        jobs += [RunJob(plan=plan, config=cfg, steps=_STEPS),
+                 RunJob(plan=plan, config=cfg, steps=_STEPS, check=True, fill=fill)]
     results = launch(jobs, LaunchOptions(timeout_s=30))
     assert results is not None
     return {name: (summarize(jobs[2 * i + 1], results[2 * i + 1]), results[2 * i], results[2 * i + 1])

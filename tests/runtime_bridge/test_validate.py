@@ -11,8 +11,8 @@ from cost_models.models import model_preset
 from planner import api
 from planner.cli import main
 from planner.errors import InvalidProblemError
-from planner.schema import Plan
-from runtime_bridge.validate import check_plan, num_ranks, resolve_config
+from planner.schema import Plan, TransformerConfig
+from runtime_bridge.validate import check_plan, layer_param_counts, num_ranks, resolve_config
 
 TINY = model_preset("gpt-tiny")
 
@@ -56,10 +56,56 @@ def test_torch_schedule_constraints() -> None:
         check_plan(_edit(_plan(), schedule="2bw"), TINY)
 
 
-def test_tensor_parallel_is_refused() -> None:
-    plan = _edit(_plan(), degrees={"data": 1, "tensor": 2, "pipeline": 2, "virtual": 1})
-    with pytest.raises(InvalidProblemError, match=r"degrees.tensor=2"):
-        check_plan(plan, TINY)
+def _tp_plan(model=TINY, t: int = 2, **fields) -> Plan:
+    problem = api.make_problem(model, f"cpu:{2 * t}", num_stages=2, global_batch_size=4, tensor_parallel=t)
+    return _edit(api.plan(problem), **fields)
+
+
+def test_tensor_parallel_runs_when_it_divides_the_model() -> None:
+    check_plan(_tp_plan(sequence_parallel=True), TINY, world_size=4)
+    assert num_ranks(_tp_plan()) == 4
+    with pytest.raises(InvalidProblemError, match=r"needs 4 processes \(pipeline 2 x data 1 x tensor 2\)"):
+        check_plan(_tp_plan(), TINY, world_size=2)
+    odd = TINY.model_copy(update={"name": "odd", "num_kv_heads": 1, "vocab_size": 129})
+    with pytest.raises(InvalidProblemError, match=r"degrees.tensor=2 must divide num_kv_heads=1, vocab_size=129"):
+        check_plan(_tp_plan(transformer=None), odd)  # a profile-only plan: the layer counts agree
+
+
+def test_sequence_parallel_needs_t_to_divide_the_sequence() -> None:
+    short = TINY.model_copy(update={"name": "short", "seq_length": 15})
+    check_plan(_tp_plan(short, sequence_parallel=False), short)
+    with pytest.raises(InvalidProblemError, match=r"must divide seq_length=15 .*with sequence parallelism"):
+        check_plan(_tp_plan(short, sequence_parallel=True), short)
+
+
+def test_context_and_expert_parallelism_are_refused() -> None:
+    with pytest.raises(InvalidProblemError, match=r"degrees.context=2: the runtime bridge does not execute context"):
+        check_plan(_edit(_plan(), degrees={"pipeline": 2, "context": 2}), TINY)
+    moe = TINY.model_copy(update={"name": "moe", "num_experts": 4, "experts_per_token": 2})
+    moe_plan = api.plan(api.make_problem(moe, "cpu:4", num_stages=2, data_parallel=2, global_batch_size=8))
+    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .* expert parallelism"):
+        check_plan(_edit(moe_plan, degrees={"pipeline": 2, "data": 2, "expert": 2}), moe)
+    check_plan(_tp_plan(moe), moe)  # MoE with tensor parallelism: every expert split
+    odd = moe.model_copy(update={"moe_ffn_hidden_size": 33})
+    with pytest.raises(InvalidProblemError, match=r"must divide moe_ffn_hidden_size=33"):
+        check_plan(_tp_plan(odd), odd)
+
+
+def test_the_whole_config_must_match_not_only_the_layer_count() -> None:
+    wider = TINY.model_copy(update={"name": "wider", "hidden_size": 64, "num_kv_heads": 2})
+    with pytest.raises(InvalidProblemError, match=r"differs \(hidden_size 32 vs 64, kv_heads 4 vs 2, ffn_size 128 vs 256; plan vs model\); "
+                                                   r"plan again with --model wider"):
+        check_plan(_plan(), wider)
+
+
+def test_custom_actions_are_lowered_with_torch_rules_before_launch(tmp_path, capsys) -> None:
+    pytest.importorskip("torch")
+    rows = [["0F0", "0F1", "0F2", "0F3", "0B0", "0B1", "0B2", "0B3"],
+            ["1B0", "1F0", "1F1", "1F2", "1F3", "1B1", "1B2", "1B3"]]  # backward before forward: torch refuses
+    path = tmp_path / "plan.json"
+    api.save(_edit(_plan(), schedule="custom", actions=rows), path)
+    assert main(["run", str(path)]) == 2
+    assert "torch.distributed.pipelining rejects the plan's action list" in capsys.readouterr().err
 
 
 def test_custom_action_on_the_wrong_rank_is_refused() -> None:
@@ -89,8 +135,82 @@ def test_cli_parser_with_run_and_profile_does_not_load_torch() -> None:
     code = (
         "import sys\nfrom planner.cli import build_parser\np = build_parser()\n"
         "p.parse_args(['run', 'x.json', '--check']); p.parse_args(['profile', '--model', 'gpt-tiny'])\n"
+        # docs/runtime-bridge.md's several-node and Slurm command lines
+        "p.parse_args(['run', 'plan.json', '--device', 'cuda', '--nnodes', '2', '--nproc-per-node', '4', '--node-rank',"
+        " '1', '--rdzv-endpoint', 'node0.example:29500', '--rdzv-id', '77', '--rdzv-backend', 'c10d', '--rdzv-conf',"
+        " 'join_timeout=600', '--json'])\n"
+        "p.parse_args(['profile', '--model', 'x.json', '--clock', 'cpu', '--microbatch-size', '2'])\n"
         "assert 'torch' not in sys.modules\nprint('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "mixtral-tiny", "mixtral-mixed"])
+def test_parameter_counts_without_torch_equal_the_model(name: str) -> None:
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from runtime_bridge import model as gpt
+    from tests.runtime_bridge.plans import LLAMA_TINY, MIXTRAL_TINY
+
+    cfg = {"gpt-tiny": TINY, "llama-tiny": LLAMA_TINY, "mixtral-tiny": MIXTRAL_TINY,
+           "mixtral-mixed": MIXTRAL_TINY.model_copy(update={"first_dense_layers": 1, "num_shared_experts": 1,
+                                                            "bias": True, "norm": "layernorm"})}[name]
+    built = [sum(q.numel() for q in gpt.build_layer(cfg, i).parameters()) for i in range(cfg.num_layers + 2)]
+    assert layer_param_counts(cfg) == built
+
+
+def test_a_measured_profile_of_another_network_is_refused() -> None:
+    from tests.runtime_bridge.plans import LLAMA_TINY
+
+    plan = _plan()
+    layers = [x.model_copy(update={"param_bytes": 4.0 * n})  # fp32, as `paraplan profile` on a CPU writes it
+              for x, n in zip(plan.model.layers, layer_param_counts(LLAMA_TINY))]
+    data = plan.model_dump(mode="json")
+    data["transformer"] = None
+    data["model"] = plan.model.model_copy(update={"layers": tuple(layers), "source": "profiler",
+                                                  "name": "llama-tiny"}).model_dump(mode="json")
+    profiled = Plan.from_dict(data)
+    check_plan(profiled, LLAMA_TINY)
+    with pytest.raises(InvalidProblemError, match=r"measured 16384 parameter bytes for layer 0 \(embedding\) but that "
+                                                   r"layer of model 'gpt-tiny' has 4608 parameters"):
+        check_plan(profiled, TINY)
+
+
+_HAS_VARIANTS = "head_dim" in TransformerConfig.model_fields
+
+
+@pytest.mark.skipif(not _HAS_VARIANTS, reason="the schema has no attention-variant fields yet")
+def test_attention_variants_are_built_or_refused() -> None:
+    torch = pytest.importorskip("torch")
+    from runtime_bridge import model as gpt
+    from tests.runtime_bridge.plans import LLAMA_TINY
+
+    qwen = LLAMA_TINY.model_copy(update={"name": "qwen-like", "head_dim": 16, "qk_norm": True, "qkv_bias": True})
+    built = [sum(q.numel() for q in gpt.build_layer(qwen, i).parameters()) for i in range(qwen.num_layers + 2)]
+    assert layer_param_counts(qwen) == built
+    block = gpt.build_layer(qwen, 1)
+    assert block.attention.wq.weight.shape == (4 * 16, 32) and block.attention.wk.bias is not None
+    assert block(torch.randn(2, 16, 32)).shape == (2, 16, 32)
+    llama31 = LLAMA_TINY.model_copy(update={"rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8}})
+    x = torch.randn(1, 4, 16, 8)
+    assert not torch.equal(gpt._rope(x, 500000.0, llama31.rope_scaling), gpt._rope(x, 500000.0))
+    from runtime_bridge.validate import check_buildable
+
+    check_buildable(llama31)
+    with pytest.raises(InvalidProblemError, match="rope_scaling type 'yarn'"):
+        check_buildable(LLAMA_TINY.model_copy(update={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+    with pytest.raises(InvalidProblemError, match="multi-latent attention"):
+        check_buildable(LLAMA_TINY.model_copy(update={
+            "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}))
+
+
+def test_split_backward_with_data_parallelism_is_refused() -> None:
+    # zero-bubble I/W with DDP averaged incomplete gradients (max_grad_diff 4e-2) before this check
+    problem = api.make_problem("gpt-tiny", "cpu:4", num_stages=2, data_parallel=2, global_batch_size=8,
+                               schedule="zb-h1")
+    with pytest.raises(InvalidProblemError, match=r"schedule 'zb-h1' splits backwards into I and W, and degrees.data=2"):
+        check_plan(api.plan(problem), TINY)
+    check_plan(_edit(api.plan(problem), schedule="1f1b"), TINY)
