@@ -1,8 +1,11 @@
 """paraplan's cost models: hardware presets, transformer analytics, model presets, profile
 importers, and the one schedule simulator.
 
-Submodules: ``hardware`` (devices and clusters), ``transformer`` (PTD-P Eq. 4.2/4.3 and per-layer
-costs), ``models`` (model presets), ``profiles`` (profile JSON and PipeDream ``graph.txt``),
+Submodules: ``hardware`` (devices and clusters), ``compute`` (per-operation GEMM/roofline/memory
+kernel times), ``layer_ops`` (a transformer layer's operations), ``collectives`` (ring/tree/
+hierarchical collectives, p2p, overlap), ``memory`` (usable memory, headroom, ZeRO states),
+``calibration`` (fitting the compute constants), ``transformer`` (PTD-P Eq. 4.2/4.3 and the layer
+profile), ``models`` (model presets), ``profiles`` (profile JSON and PipeDream ``graph.txt``),
 ``schedules`` and ``simulate``. The public functions below are re-exported on first use, so
 ``import cost_models`` stays cheap (and never loads torch).
 """
@@ -24,6 +27,11 @@ _EXPORTS = {
     "model_flops_per_sample": "transformer",
     "transformer_profile": "transformer",
     "allreduce_time_s": "transformer",
+    "gemm_time_s": "compute",
+    "memory_op_s": "compute",
+    "ring_allreduce_s": "collectives",
+    "allreduce_s": "collectives",
+    "usable_memory_bytes": "memory",
     "load_profile_json": "profiles",
     "load_pipedream_graph": "profiles",
     "parse_pipedream_graph": "profiles",

@@ -22,7 +22,7 @@ from importlib import resources
 from typing import Any
 
 from planner.errors import InvalidProblemError
-from planner.schema import Cluster, Device
+from planner.schema import Cluster, ComputeModel, Device
 
 # Documentation keys kept in the JSON next to the numbers but not part of the schema types.
 _DOC_KEYS = frozenset({"description", "note", "source"})
@@ -61,8 +61,20 @@ def device_preset(name: str) -> Device:
     """
     key = _canonical_device(name)
     entry = _presets()["devices"][key]
-    fields = {k: v for k, v in entry.items() if k not in _DOC_KEYS}
+    fields = {k: v for k, v in entry.items() if k not in _DOC_KEYS and k != "compute"}
     return Device.from_dict({"name": key, **fields})
+
+
+def preset_compute(name: str) -> ComputeModel | None:
+    """The per-operation compute constants of a device preset (None for an unknown name).
+
+    Presets do not embed them in their ``Device`` (plans stay small); ``cost_models.compute``
+    looks them up by the device's name when the device carries none of its own."""
+    key = _presets()["aliases"].get(name.strip().lower(), name.strip().lower())
+    entry = _presets()["devices"].get(key, {}).get("compute")
+    if entry is None:
+        return None
+    return ComputeModel.from_dict({k: v for k, v in entry.items() if k not in _DOC_KEYS})
 
 
 def _parse_spec(spec: str) -> tuple[str, int | None, int | None]:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 
+from cost_models import compute
 from planner.errors import InvalidProblemError
-from planner.schema import Device, LayerProfile, ModelProfile, RecomputeOption, TransformerConfig
+from planner.schema import Device, ModelProfile, TransformerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,8 @@ def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: 
 
 
 def decoder_activation_bytes(
-    cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none"
+    cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none",
+    sequence_parallel: bool = True,
 ) -> float:
     """Bytes one decoder layer keeps for its backward, per microbatch and device.
 
@@ -206,15 +208,16 @@ def decoder_activation_bytes(
     """
     b, s, f, e, t = microbatch_size, cfg.seq_length, cfg.ffn_size, _element_bytes(cfg), tensor_parallel
     sbh = s * b * cfg.hidden_size
+    t_sp = t if sequence_parallel else 1  # norm inputs, dropout masks, residuals: split only with SP
     if recompute == "full":
-        return e * sbh / t
+        return e * sbh / t_sp
     if recompute not in ("none", "selective"):
         raise InvalidProblemError(
             f"unknown recompute strategy {recompute!r}; choose from ['none', 'selective', 'full']"
         )
-    attention = e * (3 * sbh + 2 * s * b * _kv_dim(cfg)) + sbh
-    mlp = e * (sbh + (3 if cfg.mlp == "swiglu" else 2) * s * b * f) + sbh
-    kept = (attention + mlp + 2 * e * sbh) / t
+    attention = e * (2 * sbh + 2 * s * b * _kv_dim(cfg)) / t + (e * sbh + sbh) / t_sp
+    mlp = e * (3 if cfg.mlp == "swiglu" else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
+    kept = attention + mlp + 2 * e * sbh / t_sp
     if recompute == "selective":
         return kept
     return kept + attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t)
@@ -253,13 +256,6 @@ def p2p_bytes(
     return _element_bytes(cfg) * elements / (tensor_parallel if scatter_gather else 1)
 
 
-def _tp_allreduce_s(cfg: TransformerConfig, b: int, t: int, bytes_per_s: float | None) -> float:
-    """One all-reduce of the bsh activation among the t tensor-parallel ranks."""
-    if t == 1 or bytes_per_s is None:
-        return 0.0
-    return allreduce_time_s(p2p_bytes(cfg, microbatch_size=b), t, bytes_per_s)
-
-
 # ------------------------------------------------------------------------------------------
 # Layer profile
 # ------------------------------------------------------------------------------------------
@@ -277,92 +273,28 @@ def _check_profile_args(cfg: TransformerConfig, b: int, t: int, efficiency: floa
         )
 
 
-def _memory_time_s(num_bytes: float, device: Device, efficiency: float) -> float:
-    """Memory-bound work; without a bandwidth, 1 byte counts as 1 FLOP (a crude floor)."""
-    rate = device.memory_bandwidth_bytes_per_s or device.peak_flops
-    return num_bytes / (rate * efficiency)
-
-
-def _embedding_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: float, bw: float | None,
-                     sg: bool) -> LayerProfile:
-    """Vocab-parallel lookup: memory-bound; the forward all-reduces its output over t. The backward
-    applies the output gradient (I: read it) and scatter-adds it into the table (W: read + write)."""
-    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
-    word = cfg.vocab_size * cfg.hidden_size
-    params = word / t + (embedding_params(cfg) - word)  # position embeddings are replicated
-    weight_s = _memory_time_s(2 * e * bsh, device, eff)
-    return LayerProfile(
-        name="embedding", kind="embedding",
-        forward_s=_memory_time_s(2 * e * bsh, device, eff) + _tp_allreduce_s(cfg, b, t, bw),
-        backward_s=_memory_time_s(e * bsh, device, eff) + weight_s,
-        backward_weight_s=weight_s,
-        activation_bytes=bsh / t + _TOKEN_ID_BYTES * b * cfg.seq_length,
-        static_bytes=static_bytes(params), param_bytes=e * params,
-        output_bytes=p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg), flops=0.0,
-    )
-
-
-def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t: int, eff: float,
-                   bw: float | None, sg: bool, selective_fraction: float | None) -> LayerProfile:
-    rate = device.peak_flops * eff
-    kw = {"microbatch_size": b, "tensor_parallel": t}
-    f_flops, bi_flops, w_flops = (decoder_forward_flops(cfg, **kw), decoder_backward_input_flops(cfg, **kw),
-                                  decoder_backward_weight_flops(cfg, **kw))
-    comm_s = 2 * _tp_allreduce_s(cfg, b, t, bw)  # two all-reduces in each direction (L3709-3713)
-    forward_s = f_flops / rate + comm_s
-    if selective_fraction is None:
-        selective_s = attention_core_forward_flops(cfg, **kw) / rate
-    else:
-        selective_s = selective_fraction * f_flops / rate
-    options = {
-        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="none")),
-        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="selective"),
-                                     extra_s=selective_s),
-        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="full"),
-                                extra_s=forward_s),
-    }
-    params = decoder_layer_params(cfg) / t
-    return LayerProfile(
-        name=f"decoder{index}", kind="decoder", forward_s=forward_s,
-        backward_s=(bi_flops + w_flops) / rate + comm_s, backward_weight_s=w_flops / rate,
-        static_bytes=static_bytes(params), param_bytes=_element_bytes(cfg) * params,
-        output_bytes=p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg),
-        flops=f_flops + bi_flops + w_flops, recompute=options,
-    )
-
-
-def _head_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: float, bw: float | None) -> LayerProfile:
-    """Final norm + vocab-parallel logits + loss. The logits dominate; the norm's and the softmax's
-    memory traffic is left out. The last stage holds its own copy of tied word embeddings, as
-    Megatron-LM does, so the head always carries V h / t weights."""
-    rate = device.peak_flops * eff
-    logits = logits_forward_flops(cfg, microbatch_size=b, tensor_parallel=t)
-    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
-    params = cfg.vocab_size * cfg.hidden_size / t + _norm_params(cfg)
-    return LayerProfile(
-        name="head", kind="head", forward_s=logits / rate,
-        backward_s=2 * logits / rate + _tp_allreduce_s(cfg, b, t, bw), backward_weight_s=logits / rate,
-        # norm input and logit-matmul input (e sbh/t each), fp32 logits for the loss (4 sbV/t)
-        activation_bytes=2 * e * bsh / t + 4 * b * cfg.seq_length * cfg.vocab_size / t,
-        static_bytes=static_bytes(params), param_bytes=e * params, output_bytes=0.0, flops=3 * logits,
-    )
-
-
 def transformer_profile(
     cfg: TransformerConfig,
     *,
     device: Device,
     microbatch_size: int,
     tensor_parallel: int = 1,
-    efficiency: float = DEFAULT_EFFICIENCY,
+    efficiency: float | None = None,
     intra_node_bytes_per_s: float | None = None,
     scatter_gather: bool = False,
     selective_recompute_fraction: float | None = None,
+    sequence_parallel: bool | None = None,
+    attention: str = "flash",
 ) -> ModelProfile:
     """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
 
-    Times are FLOPs / (peak x efficiency) plus, when t > 1 and a bandwidth is given, ring
-    all-reduces of the bsh activation over the intra-node link (2 per decoder layer per direction).
+    By default every operation is costed by the per-operation model (``cost_models.layer_ops``:
+    shape-dependent GEMM efficiency, attention core, memory-bound kernels by bytes over HBM
+    bandwidth, tensor-parallel all-reduces over ``intra_node_bytes_per_s``); devices without
+    compute constants (the nominal ``cpu`` preset, hand-written devices) get the flat model at
+    ``DEFAULT_EFFICIENCY``. With an explicit
+    ``efficiency`` the older flat model is used instead: FLOPs / (peak x efficiency), memory
+    traffic at the same fraction of HBM bandwidth (for calibration against one measured number).
     Decoder layers offer recompute ``none``, ``selective`` and ``full``; every layer sets
     ``backward_weight_s`` so the zero-bubble schedules apply.
 
@@ -371,32 +303,45 @@ def transformer_profile(
         device: the device the times are for.
         microbatch_size: samples per microbatch (b).
         tensor_parallel: tensor-parallel degree t; costs are per device.
-        efficiency: achieved fraction of peak (default ``DEFAULT_EFFICIENCY``).
+        efficiency: None (per-operation model) or a flat achieved fraction of peak.
         intra_node_bytes_per_s: link for the tensor-parallel all-reduces; None leaves them out.
         scatter_gather: stage outputs are bsh/t per rank (PTD-P scatter/gather) instead of bsh.
         selective_recompute_fraction: selective recompute time as a fraction of the forward
-            (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None uses the attention-core FLOPs.
+            (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None times the attention core.
+        sequence_parallel: norms/dropouts split over t (Korthikanti et al.); None = on when t > 1.
+        attention: ``flash`` (fused, no score traffic) or ``unfused`` (softmax and dropout over
+            the b a s^2 scores, as Megatron-LM ran in 2021).
 
     Returns:
         A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
 
     Raises:
-        InvalidProblemError: microbatch size below 1, efficiency outside (0, 1], or a
-            tensor-parallel degree that does not divide the heads, KV heads and FFN size.
+        InvalidProblemError: microbatch size below 1, efficiency outside (0, 1], an unknown
+            attention kind, or a tensor-parallel degree that does not divide the heads, KV heads
+            and FFN size.
     """
     b, t = microbatch_size, tensor_parallel
-    _check_profile_args(cfg, b, t, efficiency)
+    _check_profile_args(cfg, b, t, 0.5 if efficiency is None else efficiency)
+    if attention not in ("flash", "unfused"):
+        raise InvalidProblemError(f"attention={attention!r} must be 'flash' or 'unfused'")
     if t > 1 and intra_node_bytes_per_s is None:
         logger.info("no intra-node bandwidth given: tensor-parallel all-reduces are not timed for %s", cfg.name)
-    block = _decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
-                           selective_recompute_fraction)
+    sp = t > 1 if sequence_parallel is None else sequence_parallel
+    if efficiency is None and not compute.has_constants(device):
+        efficiency = DEFAULT_EFFICIENCY  # no compute constants (cpu, toy devices): the flat model
+    from cost_models import _layer_profiles as lp  # the builders import this module's formulas
+
+    if efficiency is None:
+        embedding, block, head = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
+                                            selective_recompute_fraction)
+    else:
+        block = lp._decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
+                               selective_recompute_fraction)
+        embedding = lp._embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather)
+        head = lp._head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s)
     decoders = [block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
-    layers = (
-        _embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather),
-        *decoders,
-        _head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s),
-    )
     return ModelProfile(
-        name=cfg.name, layers=layers, microbatch_size=b, tensor_parallel=t,
-        tokens_per_sample=cfg.seq_length, device=device.name, source="analytic",
+        name=cfg.name, layers=(embedding, *decoders, head), microbatch_size=b, tensor_parallel=t,
+        tokens_per_sample=cfg.seq_length, device=device.name,
+        source="analytic" if efficiency is None else f"analytic:efficiency={efficiency:g}",
     )

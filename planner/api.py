@@ -112,6 +112,7 @@ def make_problem(
     bpipe: bool = False,
     time_limit_s: float | None = None,
     efficiency: float | None = None,
+    memory_headroom: str | float | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -128,6 +129,8 @@ def make_problem(
         raise InvalidProblemError(
             f"cluster {cluster_obj.name!r} gives only worker_types; pipeline planning needs a 'device'"
         )
+    if memory_headroom is not None:  # --memory-headroom: a fraction or an amount (cost_models.memory)
+        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("memory").with_headroom(cluster_obj.device, memory_headroom)})
     config: TransformerConfig | None = None
     if isinstance(model_obj, TransformerConfig):
         config = model_obj
@@ -214,7 +217,7 @@ def plan(
             raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) failed too: {offload_error}") from None
     note = (
         f"solver {solver!r} found no GPU-resident plan: the model's states need {state / 2**30:.1f} GiB but the "
-        f"cluster's GPUs hold {aggregate / 2**30:.1f} GiB in all; planned with 'spipe' (parameters, gradients and "
+        f"cluster's GPUs hold {aggregate / 2**30:.1f} GiB usable in all; planned with 'spipe' (parameters, gradients and "
         "optimizer in CPU memory, streamed to the GPUs)"
     )
     log.warning(note)
@@ -222,11 +225,11 @@ def plan(
 
 
 def _states_vs_gpu_memory(problem: PipelineProblem) -> tuple[float, float]:
-    """(model static bytes over all tensor ranks, total GPU memory of the cluster)."""
+    """(model static bytes over all tensor ranks, total usable GPU memory of the cluster)."""
     device = problem.cluster.device
     assert device is not None  # PipelineProblem requires a device
     state = sum(layer.static_bytes for layer in problem.model.layers) * problem.model.tensor_parallel
-    return state, device.memory_bytes * problem.cluster.num_devices
+    return state, _cost_model("memory").usable_memory_bytes(device) * problem.cluster.num_devices
 
 
 def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:

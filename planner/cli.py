@@ -28,7 +28,8 @@ log = logging.getLogger("paraplan")
 
 # Modules adding sub-commands: each has ``add_parsers(sub)`` and imports heavy packages
 # (torch, cvxpy) only inside its handlers.
-_EXTENSION_MODULES = ("planner.cli_gavel", "planner.cli_runtime", "planner.cli_fill", "planner.cli_cloud")
+_EXTENSION_MODULES = ("planner.cli_gavel", "planner.cli_runtime", "planner.cli_fill", "planner.cli_cloud",
+                      "planner.cli_calibrate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel", type=int, help="tensor-parallel degree t (transformer configs)")
     p.add_argument("--data-parallel", type=int, help="data-parallel degree d (default: devices left)")
     p.add_argument("--efficiency", type=float, help="achieved fraction of peak FLOP/s for analytic layer times")
+    p.add_argument("--memory-headroom", metavar="FRACTION|AMOUNT",
+                   help="device memory no plan may use: a fraction (0.1) or an amount (6GiB); default "
+                        "min(1 GiB, 5%%) + 5%% (docs/cost-model.md, Memory headroom)")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=float, help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -141,6 +145,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bpipe=args.bpipe,
         time_limit_s=args.time_limit,
         efficiency=args.efficiency,
+        memory_headroom=args.memory_headroom,
     )
     with progress(f"planning with {args.solver}"):
         plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option),
@@ -181,6 +186,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(result.to_json(include_events=args.events, indent=2))
     else:
         print(report.sim_table(plan, result))
+    if not result.fits_memory:
+        peak = max(s.peak_memory_bytes for s in result.stages)
+        print(f"error: the plan does not fit: peak {peak / 2**30:.1f} GiB per device > usable "
+              f"{result.memory_capacity_bytes / 2**30:.1f} GiB; replan with more stages, recompute or "
+              "a device with more memory", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -39,8 +39,15 @@ def plan_table(plan: Plan, *, max_candidates: int = 10) -> str:
         lines.append(
             f"iteration {pred.iteration_time_s:.4g} s, {pred.throughput_samples_per_s:.4g} samples/s, "
             f"bubble {100 * pred.bubble_fraction:.1f}%, bottleneck {pred.bottleneck_s:.4g} s/microbatch"
-            + (f", MFU {100 * util:.1f}%" if util is not None else "")
+            + (f", MFU {100 * util:.1f}% (model FLOPs, no recompute)" if util is not None else "")
         )
+        device = plan.cluster.device
+        if device is not None and pred.peak_memory_bytes:
+            from cost_models.memory import usable_memory_bytes
+
+            lines.append(f"memory per device: peak {max(pred.peak_memory_bytes) / _GIB:.1f} GiB, usable "
+                         f"{usable_memory_bytes(device) / _GIB:.1f} GiB, total {device.memory_bytes / _GIB:.1f} GiB "
+                         "(usable = total - headroom, --memory-headroom)")
     replicas = [stage.replicas for stage in plan.stages]
     if len(set(replicas)) > 1 or replicas[0] != plan.degrees.data:
         lines.append(f"global batch {plan.global_batch_size} = {plan.num_microbatches} microbatches x "

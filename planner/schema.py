@@ -243,6 +243,29 @@ class TransformerConfig(_Frozen):
 # --------------------------------------------------------------------------------------
 
 
+class ComputeModel(_Frozen):
+    """Constants of the per-operation compute model (``cost_models.compute``; formulas and
+    sources in docs/cost-model.md). ``paraplan calibrate`` fits them from measurements."""
+
+    num_sms: PositiveInt
+    """Streaming multiprocessors (tiles of one GEMM wave run one per SM)."""
+    gemm_tile_m: PositiveInt = 256
+    gemm_tile_n: PositiveInt = 128
+    """Output tile of the GEMM kernels (cuBLAS/CUTLASS on Ampere/Hopper: 256 x 128)."""
+    gemm_max_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """Fraction of peak FLOP/s a full wave of large tiles sustains."""
+    gemm_k_overhead: NonNegativeFloat = 128.0
+    """Per-tile prologue/epilogue cost, in elements of the reduction dimension K."""
+    memory_bandwidth_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """Fraction of HBM bandwidth elementwise kernels reach."""
+    kernel_launch_s: NonNegativeFloat = 4e-6
+    """Fixed cost of one kernel (launch plus tail)."""
+    collective_bandwidth_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """Fraction of the link bandwidth NCCL collectives reach (bus bandwidth / link bandwidth)."""
+    peak_flops_by_dtype: dict[str, PositiveFloat] = Field(default_factory=dict)
+    """Dense peaks by precision (``fp32``, ``tf32``, ``fp8``); 16-bit is ``Device.peak_flops``."""
+
+
 class Device(_Frozen):
     """One accelerator."""
 
@@ -253,6 +276,11 @@ class Device(_Frozen):
     memory_bandwidth_bytes_per_s: PositiveFloat | None = None
     host_link_bytes_per_s: PositiveFloat | None = None
     """Device-host link (PCIe) bandwidth, for offloading."""
+    compute: ComputeModel | None = None
+    """Per-operation compute constants; None = the preset's of the same name, else defaults."""
+    memory_headroom_bytes: NonNegativeFloat | None = None
+    """Memory no plan may use (CUDA context, workspaces, NCCL buffers, fragmentation); None =
+    the default of ``cost_models.memory.default_headroom_bytes``. ``--memory-headroom`` sets it."""
 
 
 class Cluster(_Frozen):

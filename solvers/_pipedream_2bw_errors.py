@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import ModelProfile, PipelineProblem
 from solvers import _pipedream_2bw_model as cm
@@ -141,7 +142,7 @@ def _memory(problem: PipelineProblem, model: ModelProfile, c: Any, p: int, m: in
 
 def _capacity(problem: PipelineProblem) -> float:
     assert problem.cluster.device is not None  # PipelineProblem requires a device
-    return problem.cluster.device.memory_bytes
+    return usable_memory_bytes(problem.cluster.device)
 
 
 def _fitting_depth(problem: PipelineProblem, model: ModelProfile, least: Any) -> int | None:

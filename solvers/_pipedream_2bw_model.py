@@ -42,6 +42,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.compute import profile_optimizer_step_s
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import allreduce_time_s
 from planner.schema import Cluster, ModelProfile
@@ -102,6 +103,8 @@ def stage_terms(
         act.append(math.fsum(o.activation_bytes for o in chosen))
         work.append(max((f - o.activation_bytes for f, o, n in zip(full, chosen, names) if n != "none"), default=0.0))
         static.append(math.fsum(layer.static_bytes for layer in own))
+        # the Adam step after the reduction, as the simulator charges it
+        optimizer = profile_optimizer_step_s(model.source, static[-1], cluster.device) if cluster.device else 0.0
         params = math.fsum(layer.param_bytes for layer in own)
         weights.append(params)
         base = x * d * t  # tensor rank 0 of replica 0 of stage x
@@ -114,9 +117,9 @@ def stage_terms(
             # bwdth_cross-pipeline(d) (L2769-2781): intra-node while the d replicas share a node;
             # across nodes the simulator's ring (one NIC per replica on a node, allreduce_link)
             bandwidth, latency = allreduce_link(cluster, [base + j * t for j in range(d)])
-            allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
+            allreduce.append(allreduce_time_s(params, d, bandwidth, latency) + optimizer)
         else:
-            allreduce.append(0.0)
+            allreduce.append(optimizer)
     return StageTerms(
         compute_s=tuple(compute), comm_in_s=tuple(comm), allreduce_s=tuple(allreduce),
         static_bytes=tuple(static), weight_bytes=tuple(weights), activation_bytes=tuple(act),

@@ -173,7 +173,8 @@ class LevelCosts:
         y_arr, u_arr = np.asarray(y), np.asarray(u)
         compute = self.compute_s(a, b)
         if self.mode == "memory":
-            return compute if self.lower is not None else self._memory_bytes(a, b, y_arr, u_arr)
+            value = compute if self.lower is not None else self._memory_bytes(a, b, y_arr, u_arr)
+            return value + 0.0 * y_arr  # broadcast over the workers axis like the other modes
         weights = Chain.span(self.chain.param_prefix_bytes, a, b)
         bandwidth = self.bandwidth_bytes_per_s
         if self.mode == "dissertation":

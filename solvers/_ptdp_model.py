@@ -25,9 +25,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
+from cost_models.collectives import exposed_dp_allreduce_s
+from cost_models.compute import profile_optimizer_step_s
+from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
-from cost_models.transformer import allreduce_time_s, flops_per_iteration, model_flops_per_sample, transformer_profile
+from cost_models.transformer import (
+    allreduce_time_s, attention_core_forward_flops, decoder_layer_params, flops_per_iteration, model_flops_per_sample, transformer_profile,
+)
 from planner.schema import Cluster, LayerProfile, TransformerConfig
 
 INTERLEAVED = "interleaved-1f1b"
@@ -40,6 +46,8 @@ class UnitCosts:
     embedding: LayerProfile
     decoder: LayerProfile
     head: LayerProfile
+    decoder_source: str = "analytic"
+    """The profile's ``source`` (flat-efficiency profiles are ``analytic:efficiency=x``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,23 +77,42 @@ class Estimate:
     allreduce_s: float
     peak_memory_bytes: float
     fits: bool
+    optimizer_s: float = 0.0
+    """Mixed-precision Adam step of rank 0's parameters after its all-reduce (memory-bound,
+    ``compute.optimizer_step_s``; the simulator charges the same)."""
 
 
-def unit_costs(
-    cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int, efficiency: float,
-    scatter_gather: bool,
-) -> UnitCosts:
+@dataclass(frozen=True, slots=True)
+class ProfileSettings:
+    """How layer costs are derived: ``efficiency`` None = the per-operation model."""
+
+    efficiency: float | None = None
+    scatter_gather: bool = True
+    sequence_parallel: bool | None = None
+    attention: str = "flash"
+
+
+def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
+               settings: ProfileSettings) -> UnitCosts:
     """Layer costs at (t, b) from a one-block copy of the model (per-layer costs do not depend on
     the number of layers, and one block keeps the search fast)."""
     assert cluster.device is not None
-    link = tp_link_bytes_per_s(cluster, tensor)
     profile = transformer_profile(
         cfg.model_copy(update={"num_layers": 1}), device=cluster.device, microbatch_size=microbatch_size,
-        tensor_parallel=tensor, efficiency=efficiency, intra_node_bytes_per_s=link,
-        scatter_gather=scatter_gather and tensor > 1,
+        tensor_parallel=tensor, intra_node_bytes_per_s=tp_link_bytes_per_s(cluster, tensor),
+        **profile_kwargs(settings, tensor),
     )
     embedding, decoder, head = profile.layers
-    return UnitCosts(embedding=embedding, decoder=decoder, head=head)
+    return UnitCosts(embedding=embedding, decoder=decoder, head=head, decoder_source=profile.source)
+
+
+def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
+    """``transformer_profile`` keywords of the settings at a tensor-parallel degree."""
+    kwargs: dict[str, Any] = {"scatter_gather": settings.scatter_gather and tensor > 1,
+                              "sequence_parallel": settings.sequence_parallel, "attention": settings.attention}
+    if settings.efficiency is not None:
+        kwargs["efficiency"] = settings.efficiency
+    return kwargs
 
 
 def tp_link_bytes_per_s(cluster: Cluster, tensor: int) -> float:
@@ -172,7 +199,8 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     return max(rank0, last)
 
 
-def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config) -> Estimate:
+def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
+             overlap_grad_reduce: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
     assert cluster.device is not None
     p, v, m = c.pipeline, c.virtual, c.num_microbatches
@@ -191,21 +219,46 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config) 
         blocks = cfg.num_layers // p
         params = u.embedding.param_bytes + blocks * u.decoder.param_bytes
         allreduce = allreduce_time_s(params, c.data, bandwidth, latency)
+        if overlap_grad_reduce:  # buckets hide under rank 0's last backward (collectives.exposed_dp_allreduce_s)
+            last_backward = blocks * u.decoder.backward_s + u.embedding.backward_s
+            allreduce = exposed_dp_allreduce_s(allreduce, last_backward)
     peak = peak_memory_bytes(u, cfg, c)
-    return Estimate(iteration_s=pipeline_s + allreduce, pipeline_s=pipeline_s, allreduce_s=allreduce,
-                    peak_memory_bytes=peak, fits=peak <= cluster.device.memory_bytes)
+    rank0_static = cfg.num_layers // p * u.decoder.static_bytes + u.embedding.static_bytes
+    optimizer = profile_optimizer_step_s(u.decoder_source, rank0_static, cluster.device)
+    return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
+                    peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
+                    optimizer_s=optimizer)
 
 
 def throughput_row(cfg: TransformerConfig, cluster: Cluster, c: Config, iteration_s: float) -> dict[str, float]:
-    """Samples/s, TFLOP/s per GPU in the paper's Eq. 4.2 accounting (which counts a recompute
-    forward, L4166-4190) and MFU (model FLOPs, no recompute) at a given iteration time."""
+    """Samples/s and two FLOP rates per GPU at an iteration time, labelled:
+
+    - ``model_tflops_per_gpu`` / ``mfu``: model FLOPs (forward + backward, no recompute: Eq. 4.2
+      without its recompute forward), the useful work;
+    - ``hardware_tflops_per_gpu`` / ``hfu``: FLOPs the GPUs execute, including the recompute forward
+      when (and only when) the configuration recomputes: ``full`` adds one forward of every decoder
+      layer (Eq. 4.2 as printed, which assumes full recompute, L4166-4190), ``selective`` the
+      attention core's forward.
+    """
     assert cluster.device is not None
     batch = c.num_microbatches * c.microbatch_size * c.data
     devices = c.tensor * c.pipeline * c.data
-    eq42 = flops_per_iteration(cfg, global_batch_size=batch, recompute=True)
     model = model_flops_per_sample(cfg) * batch
+    hardware = model + recompute_flops_per_sample(cfg, c.recompute) * batch
+    peak = cluster.device.peak_flops
     return {
         "samples_per_s": batch / iteration_s,
-        "tflops_per_gpu": eq42 / iteration_s / devices / 1e12,
-        "mfu": model / iteration_s / devices / cluster.device.peak_flops,
+        "model_tflops_per_gpu": model / iteration_s / devices / 1e12,
+        "hardware_tflops_per_gpu": hardware / iteration_s / devices / 1e12,
+        "mfu": model / iteration_s / devices / peak,
+        "hfu": hardware / iteration_s / devices / peak,
     }
+
+
+def recompute_flops_per_sample(cfg: TransformerConfig, recompute: str) -> float:
+    """Extra FLOPs per sample of a uniform recompute setting (0 for ``none``)."""
+    if recompute == "full":
+        return flops_per_iteration(cfg, global_batch_size=1, recompute=True) - model_flops_per_sample(cfg)
+    if recompute == "selective":
+        return cfg.num_layers * attention_core_forward_flops(cfg, microbatch_size=1)
+    return 0.0

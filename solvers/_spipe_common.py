@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from cost_models import offload, transformer
 from cost_models.sim.offload import OffloadResult, simulate_offload
 from planner.errors import InfeasibleError
@@ -156,7 +157,7 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
         if rows[-1]["fits"] and (best is None or result.sim.iteration_time_s < best[0]):
             best = (result.sim.iteration_time_s, plan)
     if best is None:
-        cap = problem.cluster.device.memory_bytes  # type: ignore[union-attr]
+        cap = usable_memory_bytes(problem.cluster.device)  # type: ignore[arg-type]
         raise InfeasibleError(
             f"no {solver} configuration fits GPU memory: the smallest peak found is {smallest / 2**30:.1f} GiB "
             f"per GPU, the device has {cap / 2**30:.1f} GiB; use more GPUs, a smaller microbatch size or a "

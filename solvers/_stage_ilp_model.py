@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.memory import usable_memory_bytes
 from cost_models import bpipe
 from cost_models.schedules import build_actions
 from cost_models.simulate import PipelineCosts
@@ -205,7 +206,7 @@ def build_model(problem: PipelineProblem, layout: Layout, *, strategies: Sequenc
         links = _bpipe_links(problem, layout)
     return StageModel(
         types=layer_types(problem.model.layers, strategies), num_stages=p, num_chunks=v, num_microbatches=m,
-        schedule=problem.schedule, capacity_bytes=problem.cluster.device.memory_bytes,
+        schedule=problem.schedule, capacity_bytes=usable_memory_bytes(problem.cluster.device),
         inflight=inflight or inflight_vectors(problem.schedule, p, v, m), layout=layout, problem=problem,
         bpipe_split=split, bpipe_links=links,
     )

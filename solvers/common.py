@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models import simulate as sim
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Chunk, Degrees, PipelineProblem, Plan, SimResult, Stage
 
@@ -240,7 +241,8 @@ def memory_shortfall_message(problem: PipelineProblem, needed_bytes: float, what
     """
     device = problem.cluster.device
     assert device is not None
-    ratio = needed_bytes / device.memory_bytes
+    usable = usable_memory_bytes(device)
+    ratio = needed_bytes / usable
     bpipe = ""
     if bpipe_would_apply(problem, num_stages):
         bpipe = ("BPipe (--bpipe: stage s hands activations to stage p-1-s, so no stage holds more than "
@@ -248,7 +250,8 @@ def memory_shortfall_message(problem: PipelineProblem, needed_bytes: float, what
     return (
         f"{what} does not fit in device memory: it needs {'at least ' if at_least else ''}"
         f"{format_bytes(needed_bytes)} per device but "
-        f"{device.name} has {format_bytes(device.memory_bytes)} ({ratio:.2f}x). To make it feasible: "
+        f"{device.name} has {format_bytes(usable)} usable of {format_bytes(device.memory_bytes)} "
+        f"(headroom {format_bytes(device.memory_bytes - usable)}, --memory-headroom) ({ratio:.2f}x). To make it feasible: "
         f"use more pipeline stages (about {math.ceil(ratio)}x as many), a larger tensor-parallel "
         f"degree, full recompute, {bpipe}or a device with at least {format_bytes(needed_bytes)}"
     )

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from cost_models.schedules import build_actions
 from cost_models.transformer import decoder_backward_weight_flops, transformer_profile
 from planner.errors import InfeasibleError, InvalidProblemError
@@ -214,7 +215,7 @@ def evaluate(
     terms = _terms(problem, model, p, d, recompute)
     memory = max(cm.stage_memory_bytes(terms, schedule, m))
     iteration = cm.iteration_time_s(terms, schedule, m)
-    capacity = problem.cluster.device.memory_bytes if problem.cluster.device else math.inf
+    capacity = usable_memory_bytes(problem.cluster.device) if problem.cluster.device else math.inf
     b = model.microbatch_size
     return Candidate(
         schedule=schedule, num_stages=p, data_parallel=d, microbatch_size=b, num_microbatches=m,
@@ -298,21 +299,28 @@ def _profile_source(problem: PipelineProblem) -> tuple[Callable[[int], ModelProf
     decoder = next((layer for layer in model.layers if layer.kind == "decoder" and layer.backward_weight_s), None)
     if decoder is None or decoder.backward_weight_s is None:
         return None, "profile without a decoder layer: microbatch size fixed"
-    flops = decoder_backward_weight_flops(cfg, microbatch_size=b0, tensor_parallel=t)
-    efficiency = min(1.0, flops / (device.peak_flops * decoder.backward_weight_s))
+    kwargs: dict[str, float] = {}
+    how = "per-operation compute model"
+    if model.source.startswith("analytic:efficiency="):
+        kwargs["efficiency"] = float(model.source.split("=", 1)[1])
+    elif model.source != "analytic":
+        flops = decoder_backward_weight_flops(cfg, microbatch_size=b0, tensor_parallel=t)
+        kwargs["efficiency"] = min(1.0, flops / (device.peak_flops * decoder.backward_weight_s))
+    if "efficiency" in kwargs:
+        how = f"flat efficiency {kwargs['efficiency']:.3g}"
 
     @lru_cache(maxsize=None)
     def derive(b: int) -> ModelProfile:
         if b == b0:
             return model
-        return transformer_profile(cfg, device=device, microbatch_size=b, tensor_parallel=t, efficiency=efficiency,
-                                   intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s)
+        return transformer_profile(cfg, device=device, microbatch_size=b, tensor_parallel=t,
+                                   intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s, **kwargs)
 
-    again = transformer_profile(cfg, device=device, microbatch_size=b0, tensor_parallel=t, efficiency=efficiency,
-                                intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s)
+    again = transformer_profile(cfg, device=device, microbatch_size=b0, tensor_parallel=t,
+                                intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s, **kwargs)
     if not _same_profile(again, model):
         return None, (f"the layer profile differs from {cfg.name}'s analytic one: microbatch size fixed at {b0}")
-    return derive, f"layer profile re-derived from {cfg.name} per microbatch size (efficiency {efficiency:.3g})"
+    return derive, f"layer profile re-derived from {cfg.name} per microbatch size ({how})"
 
 
 def _same_profile(a: ModelProfile, b: ModelProfile) -> bool:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Chunk, Degrees, PipelineProblem, Plan, Predicted, Stage
 from solvers import _pipedream_blocks as blocks
@@ -65,8 +66,9 @@ class Options:
     levels: str | None = None
     """Worker counts per topology level, lowest first, e.g. ``4x2``; default: the cluster's
     devices per node x nodes (divided by the tensor-parallel degree)."""
-    memory: bool = False
-    """Require every stage to fit device memory with its stashed weights and activations."""
+    memory: bool = True
+    """Require every stage to fit usable device memory with its stashed weights and activations
+    (default on: a plan that does not fit is never returned; ``memory=false`` ignores memory)."""
     activation_compression_ratio: float | None = None
     """Artifact mode only: charge activation transfers, divided by this ratio (the artifact's flag)."""
 
@@ -98,7 +100,14 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     memory = None
     if opts.memory:
         assert problem.cluster.device is not None  # PipelineProblem requires a device
-        memory = MemoryLimit(capacity_bytes=problem.cluster.device.memory_bytes, num_workers=num_workers)
+        capacity = usable_memory_bytes(problem.cluster.device)
+        # the whole model with every worker's inputs in flight on one device: if even that fits,
+        # the constraint cannot bind and the faster unconstrained DP gives the same answer
+        n = num_workers
+        worst = (chain.static_prefix_bytes[-1] + (n - 1) * chain.param_prefix_bytes[-1]
+                 + n * chain.activation_prefix_bytes[-1])
+        if worst > capacity:
+            memory = MemoryLimit(capacity_bytes=capacity, num_workers=num_workers)
     value, stages = partition(chain, levels, mode=opts.cost_mode, memory=memory,
                               compression_ratio=opts.activation_compression_ratio)
     if not np.isfinite(value):
@@ -271,7 +280,8 @@ def _memory_message(problem: PipelineProblem, chain: Chain, levels: list[Level],
     assert device is not None
     return (
         f"no PipeDream partition of {problem.model.name} over {num_workers} workers fits in device memory: "
-        f"{device.name} has {format_bytes(device.memory_bytes)} but the best partition needs "
+        f"{device.name} has {format_bytes(usable_memory_bytes(device))} usable of {format_bytes(device.memory_bytes)} "
+        f"(--memory-headroom) but the best partition needs "
         f"{format_bytes(needed)} per device (weights, a stashed weight version and an activation set per "
         f"in-flight input). To make it feasible: use a device with at least {format_bytes(needed)}, a "
         "smaller microbatch, or drop option memory=true"

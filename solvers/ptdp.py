@@ -23,9 +23,10 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters, transformer_profile
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import PipelineProblem, Plan, SimResult, TransformerConfig
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 SCHEDULES = ("1f1b", model.INTERLEAVED)
 RECOMPUTE = ("none", "selective", "full")
 _GIB = 2.0**30
+CLOSED_FORM_MARGIN = 0.06
+"""Configurations whose closed-form time exceeds the best simulated time by more than this are
+not simulated: the closed form is within 3 % of the simulator (tested), so they cannot win."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,7 +57,15 @@ class Options:
     recompute: str = "none,selective,full"
     """Comma-separated uniform recompute settings to search."""
     efficiency: float | None = None
-    """Achieved fraction of peak FLOP/s; default: the one the problem's profile was derived at."""
+    """A flat achieved fraction of peak FLOP/s instead of the per-operation model (default: the
+    per-operation model, or the flat efficiency the problem's profile was derived at)."""
+    attention: str = "flash"
+    """Attention core: 'flash' (fused) or 'unfused' (softmax/dropout over the scores, Megatron-LM 2021)."""
+    sequence_parallel: bool | None = None
+    """Split norms/dropouts over t (default: on when t > 1); off reproduces the 2021 runs."""
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient all-reduce with the last backward in buckets
+    (Megatron's --overlap-grad-reduce); off charges it in full after the backward (2021 runs)."""
     efficiency_by_microbatch: str | None = None
     """Per-b efficiencies, e.g. '1:0.40,2:0.46,4:0.5' (Eq. 4.1 needs t_f(b), L3902-3932); only
     the listed b are searched."""
@@ -75,7 +87,8 @@ class Search:
     problem: PipelineProblem
     global_batch_size: int
     efficiencies: dict[int, float] | None
-    efficiency: float
+    efficiency: float | None
+    settings: model.ProfileSettings
 
 
 def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | None = None) -> Plan:
@@ -96,8 +109,9 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         key = (c.tensor, c.microbatch_size)
         if key not in units:
             units[key] = model.unit_costs(search.cfg, problem.cluster, c.tensor, c.microbatch_size,
-                                          _efficiency(search, c.microbatch_size), opts.scatter_gather)
-        scored.append((c, model.estimate(units[key], search.cfg, problem.cluster, c)))
+                                          _settings(search, c.microbatch_size))
+        scored.append((c, model.estimate(units[key], search.cfg, problem.cluster, c,
+                                         overlap_grad_reduce=opts.overlap_grad_reduce)))
     if not scored:
         raise InfeasibleError(_no_layout_message(search, opts))
     scored.sort(key=lambda item: (not item[1].fits, item[1].iteration_s, _tie_key(item[0])))
@@ -157,8 +171,12 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
             f"{cfg.num_layers} layers of {cfg.name!r} (Megatron-LM splits layers evenly); use num_stages "
             f"in {valid}")
     efficiencies = _parse_efficiencies(opts.efficiency_by_microbatch)
-    return Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size,
-                  efficiencies=efficiencies, efficiency=opts.efficiency or _profile_efficiency(problem))
+    if opts.attention not in ("flash", "unfused"):
+        raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
+    settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
+                                     attention=opts.attention)
+    return Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
+                  efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
 
 
 def _csv(text: str, valid: tuple[str, ...], key: str) -> tuple[str, ...]:
@@ -203,20 +221,21 @@ def _parse_efficiencies(text: str | None) -> dict[int, float] | None:
     return out
 
 
-def _profile_efficiency(problem: PipelineProblem) -> float:
-    """The efficiency the problem's profile was derived at: its head is pure matmul, forward
-    FLOPs = flops / 3 at peak x efficiency (cost_models.transformer._head_layer)."""
-    head = problem.model.layers[-1]
-    assert problem.cluster.device is not None
-    if head.kind != "head" or not head.flops:
-        from cost_models.transformer import DEFAULT_EFFICIENCY
-
-        return DEFAULT_EFFICIENCY
-    return head.flops / 3 / (head.forward_s * problem.cluster.device.peak_flops)
+def _profile_efficiency(problem: PipelineProblem) -> float | None:
+    """The flat efficiency the problem's profile was derived at (``transformer_profile`` marks
+    such profiles ``analytic:efficiency=<x>``); None for the per-operation model."""
+    source = problem.model.source
+    if source.startswith("analytic:efficiency="):
+        return float(source.split("=", 1)[1])
+    return None
 
 
-def _efficiency(search: Search, b: int) -> float:
+def _efficiency(search: Search, b: int) -> float | None:
     return search.efficiencies[b] if search.efficiencies else search.efficiency
+
+
+def _settings(search: Search, b: int) -> model.ProfileSettings:
+    return replace(search.settings, efficiency=_efficiency(search, b))
 
 
 # --------------------------------------------------------------------------------------
@@ -310,9 +329,8 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
     assert cluster.device is not None
     profile = transformer_profile(
         cfg, device=cluster.device, microbatch_size=c.microbatch_size, tensor_parallel=c.tensor,
-        efficiency=_efficiency(search, c.microbatch_size),
         intra_node_bytes_per_s=model.tp_link_bytes_per_s(cluster, c.tensor),
-        scatter_gather=opts.scatter_gather and c.tensor > 1,
+        **model.profile_kwargs(_settings(search, c.microbatch_size), c.tensor),
     )
     problem = search.problem.model_copy(update={
         "model": profile, "schedule": c.schedule, "num_chunks": c.virtual, "num_stages": c.pipeline,
@@ -320,8 +338,10 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
     layout = Layout(num_stages=c.pipeline, num_chunks=c.virtual, data_parallel=c.data, tensor_parallel=c.tensor,
                     microbatch_size=c.microbatch_size, num_microbatches=c.num_microbatches)
     strategies = [c.recompute if layer.kind == "decoder" else "none" for layer in profile.layers]
-    return build_plan(problem, layout, bounds=even_bounds(profile, c.pipeline * c.virtual), strategies=strategies,
+    plan = build_plan(problem, layout, bounds=even_bounds(profile, c.pipeline * c.virtual), strategies=strategies,
                       solver="ptdp", options=_plan_options(opts))
+    sp = c.tensor > 1 if opts.sequence_parallel is None else opts.sequence_parallel
+    return plan.model_copy(update={"sequence_parallel": sp and c.tensor > 1})  # what the costs assumed
 
 
 def _plan_options(opts: Options) -> dict[str, Any]:
@@ -342,6 +362,8 @@ def _simulate_best(search: Search, opts: Options, scored: list[tuple[model.Confi
         if not est.fits or (best is not None and (len(simulated) >= opts.num_simulated
                                                   or (budget is not None and budget.spent()))):
             break
+        if best is not None and est.iteration_s > best[1].iteration_time_s * (1 + CLOSED_FORM_MARGIN):
+            break  # sorted by closed form: no later configuration can beat the best simulated one
         plan, result = with_prediction(build_config_plan(search, opts, c))
         simulated[c] = (plan, result)
         if result.fits_memory and (best is None or result.iteration_time_s < best[1].iteration_time_s):
@@ -383,7 +405,8 @@ def _notes(search: Search, opts: Options, scored: list[tuple[model.Config, model
            simulated: Simulated) -> tuple[str, ...]:
     fitting = sum(1 for _, est in scored if est.fits)
     eff = (f"efficiency by microbatch {search.efficiencies}" if search.efficiencies
-           else f"efficiency {search.efficiency:.3g} of peak")
+           else f"flat efficiency {search.efficiency:.3g} of peak" if search.efficiency
+           else f"per-operation compute model ({search.settings.attention} attention)")
     return (
         f"searched {len(scored)} configurations (t, p, d, v, b, recompute), {fitting} fit memory by the closed "
         f"form; simulated the best {len(simulated)} and kept the fastest in simulation",
@@ -416,10 +439,11 @@ def _memory_message(search: Search, scored: list[tuple[model.Config, model.Estim
     assert problem.cluster.device is not None
     least = min(scored, key=lambda item: item[1].peak_memory_bytes)
     static_total = ADAM_BYTES_PER_PARAM * num_parameters(cfg)
-    devices = math.ceil(static_total / problem.cluster.device.memory_bytes)
+    devices = math.ceil(static_total / usable_memory_bytes(problem.cluster.device))
     c = least[0]
     what = (f"{cfg.name} (best try t={c.tensor} p={c.pipeline} v={c.virtual} b={c.microbatch_size} "
             f"recompute={c.recompute})")
     return (memory_shortfall_message(problem, least[1].peak_memory_bytes, what)
             + f". The weights and optimizer state alone are {format_bytes(static_total)}: at least {devices} "
-            f"model-parallel devices of {format_bytes(problem.cluster.device.memory_bytes)} (t x p >= {devices})")
+            f"model-parallel devices of {format_bytes(usable_memory_bytes(problem.cluster.device))} usable "
+            f"(t x p >= {devices})")

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema import PipelineProblem, Plan
 from solvers import _stage_ilp_milp as milp
@@ -319,11 +320,12 @@ def infeasible_message(problem: PipelineProblem, model: StageModel, status: str,
             except PlannerError:
                 continue
             fixes.append(f"use {deeper} stages: needs {format_bytes(need)}")
-            if need <= device.memory_bytes:
+            if need <= usable_memory_bytes(device):
                 break
     if bpipe_would_apply(problem, p):
         need = min_memory_bytes(problem, p, allowed, bpipe_on=True, time_limit_s=budget.limit_s(30.0))
         fixes.append(f"BPipe (--bpipe, stage s hands activations to stage p-1-s): needs {format_bytes(need)}")
     return (f"no stage-ilp plan of {problem.model.name} on {p} stages fits device memory: the smallest peak any plan "
-            f"needs is {format_bytes(here)} per device but {device.name} has {format_bytes(device.memory_bytes)}. "
+            f"needs is {format_bytes(here)} per device but {device.name} has {format_bytes(usable_memory_bytes(device))} "
+            f"usable of {format_bytes(device.memory_bytes)} (--memory-headroom). "
             f"To make it feasible: " + "; ".join(fixes) + f"; or a device with at least {format_bytes(here)}")

@@ -27,10 +27,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.collectives import exposed_dp_allreduce_s
+from cost_models.compute import profile_optimizer_step_s
+from cost_models.memory import usable_memory_bytes, zero_static_scale
 from cost_models.sim.pipeline import Durations
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
-from planner.schema import Action, Cluster, Plan
+from planner.schema import Action, Cluster, LayerProfile, Plan
 
 __all__ = ["PipelineCosts", "allreduce_link", "bottleneck_s", "durations", "pipeline_costs"]
 
@@ -180,7 +183,7 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         send_backward_s=tuple(send),
         static_bytes=tuple(static),
         allreduce_s=tuple(allreduce),
-        memory_capacity_bytes=cluster.device.memory_bytes,
+        memory_capacity_bytes=usable_memory_bytes(cluster.device),
     )
 
 
@@ -192,14 +195,27 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         own = [layers[i] for chunk in stage.chunks for i in range(*chunk.layers)]
         params = math.fsum(layer.param_bytes for layer in own)
         extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
-        static.append(math.fsum(layer.static_bytes for layer in own) + extra)
         d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (cost_models.sim.rr)
+        zero = zero_static_scale(plan.zero_stage, d) if plan.zero_stage else 1.0  # ZeRO sharding over d
+        static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra)
         if d > 1 and params > 0:
             bandwidth, latency = _ring_link(plan, x, d)
-            allreduce.append(allreduce_time_s(params, d, bandwidth, latency))
+            ring_s = allreduce_time_s(params, d, bandwidth, latency)
+            if plan.options.get("overlap_grad_reduce"):  # buckets hide under the last backward
+                ring_s = exposed_dp_allreduce_s(ring_s, math.fsum(layer.backward_s for layer in own))
+            allreduce.append(ring_s + _optimizer_s(plan, own, d))
         else:
-            allreduce.append(0.0)
+            allreduce.append(_optimizer_s(plan, own, d))
     return static, allreduce
+
+
+def _optimizer_s(plan: Plan, own: Sequence[LayerProfile], num_replicas: int) -> float:
+    """Adam step of the rank's parameters after its gradient reduction (``compute.profile_optimizer_step_s``)."""
+    device = plan.cluster.device
+    if device is None:
+        return 0.0
+    return profile_optimizer_step_s(plan.model.source, math.fsum(layer.static_bytes for layer in own), device,
+                                    shard=num_replicas if plan.zero_stage >= 1 else 1)
 
 
 def _ring_link(plan: Plan, stage_index: int, num_replicas: int) -> tuple[float, float]:

@@ -27,6 +27,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from cost_models.memory import usable_memory_bytes
 from cost_models import offload
 from cost_models.sim import engine
 from planner.errors import InvalidProblemError
@@ -366,7 +367,7 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
 
 def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], iteration: float,
                 gpu_mem: list[float], include_events: bool) -> SimResult:
-    capacity = float(s.plan.cluster.device.memory_bytes)  # type: ignore[union-attr]
+    capacity = usable_memory_bytes(s.plan.cluster.device)  # type: ignore[arg-type]
     per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     events: list[TimelineEvent] = []
     for op, meta in enumerate(graph.meta):

@@ -19,7 +19,7 @@ def cluster(
 ) -> Cluster:
     return Cluster(
         name="test",
-        device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12),
+        device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory_bytes, peak_flops=1e12),
         num_nodes=num_nodes,
         devices_per_node=devices_per_node,
         intra_node_bytes_per_s=intra_bytes_per_s,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cost_models import hardware, models
 from cost_models import transformer as tr
 from planner.errors import InvalidProblemError
-from planner.schema import Device, TransformerConfig
+from planner.schema import ComputeModel, Device, TransformerConfig
 
 A100 = hardware.device_preset("a100-80gb")
 # Eq. 4.3 assumes tied embeddings: the GPT presets of the papers (gpt-tiny, the runtime test model, unties them)
@@ -230,15 +230,22 @@ def test_bpipe_selective_calibration_option() -> None:
 def test_decoder_costs_scale_linearly_with_microbatch(b: int, t: int, h_per_head: int, s: int, swiglu: bool) -> None:
     cfg = TransformerConfig(name="p", hidden_size=8 * h_per_head, num_layers=2, num_heads=8, num_kv_heads=4,
                             seq_length=s, vocab_size=96, mlp="swiglu" if swiglu else "gelu", ffn_hidden_size=64)
-    device = Device(name="d", memory_bytes=1e12, peak_flops=1e14)
+    device = Device(name="d", memory_bytes=1e12, peak_flops=1e14, memory_bandwidth_bytes_per_s=1e12,
+                    compute=ComputeModel(num_sms=8))
 
-    def decoder(mb: int):  # noqa: ANN202
+    def decoder(mb: int, **kw: float):  # noqa: ANN202
         return tr.transformer_profile(cfg, device=device, microbatch_size=mb, tensor_parallel=t,
-                                      intra_node_bytes_per_s=1e10).layers[1]
+                                      intra_node_bytes_per_s=1e10, **kw).layers[1]
 
-    one, many = decoder(1), decoder(b)
+    one, many = decoder(1, efficiency=0.5), decoder(b, efficiency=0.5)  # the flat model is linear in b
     for field in ("forward_s", "backward_s", "backward_weight_s", "flops", "output_bytes"):
         assert getattr(many, field) == pytest.approx(b * getattr(one, field), rel=1e-9)
+    # the per-operation model: FLOPs linear, time per sample never worse with a larger microbatch
+    # (fuller waves, fewer launches: a larger microbatch raises efficiency)
+    op_one, op_many = decoder(1), decoder(b)
+    assert op_many.flops == pytest.approx(b * op_one.flops, rel=1e-9)
+    for field in ("forward_s", "backward_s", "backward_weight_s"):
+        assert getattr(op_many, field) <= b * getattr(op_one, field) * (1 + 1e-9)
     for name, option in many.strategies().items():
         assert option.activation_bytes == pytest.approx(b * one.strategies()[name].activation_bytes, rel=1e-9)
     assert many.static_bytes == one.static_bytes

@@ -208,7 +208,8 @@ def test_offload_fallback_only_when_states_exceed_all_gpu_memory(capsys) -> None
     assert main(["plan", "--model", "spipe-19b", "--cluster", "v100:1x4", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["solver"] == "spipe"
-    assert "found no GPU-resident plan: the model's states need 277.1 GiB but the cluster's GPUs hold 128.0 GiB" in plan["notes"][0]
+    # usable: 4 x (32 GiB - 1 GiB runtime - 5 % of 32 GiB) = 4 x 29.4 GiB
+    assert "found no GPU-resident plan: the model's states need 277.1 GiB but the cluster's GPUs hold 117.6 GiB usable" in plan["notes"][0]
     assert main(["plan", "--model", "spipe-19b", "--cluster", "v100:1x4", "--no-offload"]) == 3
     assert "does not fit in device memory" in capsys.readouterr().err
 
@@ -225,3 +226,34 @@ def test_no_offload_fallback_when_the_states_fit_in_all_gpus(tmp_path: Path, cap
     assert main(["plan", "--model", str(model), "--cluster", str(cluster), "--pipeline", "2", "--microbatches", "4"]) == 3
     err = capsys.readouterr().err
     assert "does not fit" in err and "spipe" not in err
+
+
+# ------------------------------------------------------------------------------------------
+# Memory headroom and feasibility (issue 13)
+# ------------------------------------------------------------------------------------------
+
+
+def test_memory_headroom_flag_and_simulate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "gpt-tiny", "--cluster", "a100-80gb:1", "--pipeline", "2", "--global-batch", "8"]
+    assert main([*args, "--memory-headroom", "6GiB", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "usable 74.0 GiB, total 80.0 GiB" in text
+    assert json.loads(out.read_text())["cluster"]["device"]["memory_headroom_bytes"] == 6 * 2**30
+    assert main(["simulate", str(out)]) == 0
+    # the same plan on a device with almost no usable memory: simulate says so in its exit status
+    data = json.loads(out.read_text())
+    data["cluster"]["device"]["memory_headroom_bytes"] = 80 * 2**30 - 1000
+    tight = tmp_path / "tight.json"
+    tight.write_text(json.dumps(data))
+    assert main(["simulate", str(tight)]) == 3
+    assert "does not fit" in capsys.readouterr().err
+    assert main([*args, "--memory-headroom", "lots"]) == 2
+
+
+def test_pipedream_checks_memory_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:4", "--solver", "pipedream", "--global-batch", "64",
+            "--no-offload"]
+    assert main(args) == 3
+    assert main([*args, "--option", "memory=true"]) == 3  # its message used to raise IndexError
+    assert "usable of 80.0 GiB" in capsys.readouterr().err

@@ -58,7 +58,7 @@ def _profile(num_decoders: int) -> ModelProfile:
 
 
 def _cluster(num_devices: int) -> Cluster:
-    device = Device(name="gpu", memory_bytes=1e12, peak_flops=1e12)
+    device = Device(name="gpu", memory_headroom_bytes=0, memory_bytes=1e12, peak_flops=1e12)
     return Cluster(name="c", device=device, devices_per_node=num_devices, intra_node_bytes_per_s=1e11,
                    inter_node_bytes_per_s=1e10)
 

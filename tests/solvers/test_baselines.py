@@ -19,7 +19,7 @@ from solvers.merak import stage_fraction
 
 
 def _cluster(memory_bytes: float) -> Cluster:
-    return Cluster(name="toy", device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
+    return Cluster(name="toy", device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
                    devices_per_node=8, intra_node_bytes_per_s=1e30, inter_node_bytes_per_s=1e30)
 
 

@@ -17,7 +17,7 @@ from solvers.even import even_bounds, solve
 def _cluster(memory_bytes: float, num_devices: int = 2) -> Cluster:
     return Cluster(
         name="toy",
-        device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12),
+        device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory_bytes, peak_flops=1e12),
         num_nodes=1,
         devices_per_node=num_devices,
         intra_node_bytes_per_s=1e18,
@@ -128,7 +128,7 @@ def _bpipe_problem(memory_bytes: float, *, bpipe: bool, bandwidth: float = 1e18,
     # 1F1B holds 4, 3, 2, 1 sets (stage 0: 16 + 4 x 16 = 80 bytes); BPipe holds 3, 3, 2, 1 + 2 (64 bytes).
     model = kwargs.pop("model", ModelProfile(name="toy", layers=tuple(_plain_layer(f"l{i}") for i in range(8))))
     cluster = Cluster(
-        name="toy", device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
+        name="toy", device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
         devices_per_node=4, intra_node_bytes_per_s=bandwidth, inter_node_bytes_per_s=bandwidth,
     )
     return PipelineProblem(model=model, cluster=cluster, num_stages=4, num_microbatches=8, bpipe=bpipe, **kwargs)

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from cost_models import transformer as tr
+
 from cost_models import simulate as sim
 from cost_models.schedules import build_actions
 from cost_models.transformer import num_parameters
@@ -25,7 +27,7 @@ TOY = TransformerConfig(name="toy", hidden_size=256, num_layers=8, num_heads=8, 
 
 def _toy_cluster(memory_bytes: float = 40e6, num_nodes: int = 1) -> Cluster:
     return Cluster(
-        name="toy8", device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12),
+        name="toy8", device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory_bytes, peak_flops=1e12),
         num_nodes=num_nodes, devices_per_node=8, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e9,
         intra_node_latency_s=1e-6, inter_node_latency_s=1e-5,
     )
@@ -82,7 +84,7 @@ def test_closed_form_hand_checked_on_the_1t_configuration() -> None:
     cfg = api.load_model("gpt-1t")
     cluster = api.load_cluster("a100-80gb:384")
     s, h, v_ = 2048, 25600, 51200
-    u = model.unit_costs(cfg, cluster, 8, 1, 0.5, True)
+    u = model.unit_costs(cfg, cluster, 8, 1, model.ProfileSettings(efficiency=0.5))
     rate = 312e12 * 0.5
     tp_ar = 2 * 7 / 8 * (2 * s * h) / 300e9  # ring all-reduce of bsh bf16 over 8 NVLink ranks
     assert u.decoder.forward_s == pytest.approx((24 * s * h**2 + 4 * s**2 * h) / 8 / rate + 2 * tp_ar)
@@ -157,7 +159,7 @@ def test_closed_form_agrees_with_the_simulator(name: str, nodes: int, batch: int
     c = model.Config(tensor=d.tensor, pipeline=d.pipeline, data=d.data, virtual=d.virtual,
                      microbatch_size=plan.microbatch_size, num_microbatches=plan.num_microbatches,
                      recompute=row["recompute"])
-    u = model.unit_costs(search.cfg, problem.cluster, d.tensor, plan.microbatch_size, 0.5, True)
+    u = model.unit_costs(search.cfg, problem.cluster, d.tensor, plan.microbatch_size, model.ProfileSettings())
     peak = model.estimate(u, search.cfg, problem.cluster, c).peak_memory_bytes
     simulated_peak = max(s.peak_memory_bytes for s in result.stages)
     assert simulated_peak <= peak <= simulated_peak * 1.01
@@ -186,7 +188,7 @@ def test_chosen_plan_fits_memory_in_simulation_and_exports_to_megatron() -> None
     keys = set(plan.candidates[0])
     assert all(set(r) == keys for r in plan.candidates)
     assert {"t", "p", "d", "v", "b", "m", "recompute", "schedule", "iteration_s", "samples_per_s",
-            "tflops_per_gpu", "mfu", "peak_memory_gib", "fits"} <= keys
+            "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu", "peak_memory_gib", "fits"} <= keys
     sims = [r["iteration_s"] for r in plan.candidates if r["simulated"]]
     assert sims == sorted(sims) and plan.candidates[0]["iteration_s"] == sims[0]
 
@@ -208,8 +210,9 @@ def test_takeaway_tensor_parallel_up_to_the_node_size() -> None:
         "allow_cross_node_tp": True, "recompute": "full", "schedules": "1f1b", "num_candidates": 100}).candidates)
 
 
-@pytest.mark.parametrize("name,nodes,batch", [("gpt-18.4b", 32, 1024), ("gpt-39.1b", 64, 1536),
-                                              ("gpt-145.6b", 192, 2304)])
+# gpt-39.1b left out: the per-operation model prefers t=4, p=4, v=12 (t p = 16) to every t p = 8
+# configuration, as the paper's own run did (t=8, p=2); docs/solver-ptdp.md gives the figures.
+@pytest.mark.parametrize("name,nodes,batch", [("gpt-18.4b", 32, 1024), ("gpt-145.6b", 192, 2304)])
 def test_takeaway_smallest_model_parallel_size_that_fits(name: str, nodes: int, batch: int) -> None:
     """With the paper's full recompute, the chosen t p is the smallest that fits memory."""
     problem = api.make_problem(name, f"a100-80gb:{nodes}", global_batch_size=batch)
@@ -217,7 +220,7 @@ def test_takeaway_smallest_model_parallel_size_that_fits(name: str, nodes: int, 
     search = ptdp._prepare(problem, opts)
     fitting = set()
     for c in ptdp.enumerate_configs(search, opts):
-        u = model.unit_costs(search.cfg, problem.cluster, c.tensor, c.microbatch_size, 0.5, True)
+        u = model.unit_costs(search.cfg, problem.cluster, c.tensor, c.microbatch_size, model.ProfileSettings())
         if model.estimate(u, search.cfg, problem.cluster, c).fits:
             fitting.add(c.tensor * c.pipeline)
     plan = ptdp.solve(problem, options=opts)
@@ -239,40 +242,77 @@ def test_takeaway_microbatch_size_trade_off() -> None:
 # Published throughput (Table 4.1, ptdp-gavel-cloud.md Sec. 1.12; Table 4.2, L4214-4281)
 # ---------------------------------------------------------------------------------------------
 
-TABLE_4_1 = [  # model, t, p, GPUs, batch, published TFLOP/s per GPU
-    ("gpt-1.7b", 1, 1, 32, 512, 137), ("gpt-3.6b", 2, 1, 64, 512, 138), ("gpt-7.5b", 4, 1, 128, 512, 142),
-    ("gpt-18.4b", 8, 1, 256, 1024, 135), ("gpt-39.1b", 8, 2, 512, 1536, 138),
-    ("gpt-76.1b", 8, 4, 1024, 1792, 140), ("gpt-145.6b", 8, 8, 1536, 2304, 148),
-    ("gpt-310.1b", 8, 16, 1920, 2160, 155), ("gpt-529.6b", 8, 35, 2520, 2520, 163),
-    ("gpt-1t", 8, 64, 3072, 3072, 163),
-]
+def _fidelity():  # noqa: ANN202
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "fidelity.py"
+    spec = importlib.util.spec_from_file_location("fidelity", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fidelity"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
-def _published(name: str, t: int, p: int, gpus: int, batch: int) -> float:
-    problem = api.make_problem(name, f"a100-80gb:{gpus // 8}", global_batch_size=batch, num_stages=p,
-                               data_parallel=gpus // (t * p))
-    plan = ptdp.solve(problem, options={"tensor_parallel": t, "microbatch_size": 1, "recompute": "full",
-                                        "schedules": "1f1b", "num_simulated": 1})
-    return plan.candidates[0]["tflops_per_gpu"]
+FIDELITY = _fidelity()
 
 
-@pytest.mark.parametrize("name,t,p,gpus,batch,published", TABLE_4_1)
-def test_table_4_1_throughput_per_gpu(name: str, t: int, p: int, gpus: int, batch: int, published: float) -> None:
-    """Within 25%: the model runs every matmul at one efficiency (0.5 of peak) while the paper's
-    end-to-end figure rises from 44% to 52% of peak with model size (L4291-4293); b = 1 and
-    1F1B are assumed (the table gives neither)."""
-    assert _published(name, t, p, gpus, batch) == pytest.approx(published, rel=0.25)
+@pytest.mark.parametrize("row", FIDELITY.TABLE_4_1, ids=lambda r: r.model)
+def test_table_4_1_throughput_per_gpu(row) -> None:  # noqa: ANN001
+    """Within 8% per row (the worst row reaches 7.5%, gpt-76.1b with v = 3; docs/cost-model.md):
+    the published configurations of Megatron-LM's run_table_1.sh (b, v, full recompute, 2021
+    kernels), TFLOP/s in Eq. 4.2's accounting (= hardware FLOPs under full recompute)."""
+    predicted = FIDELITY.predict(row)["predicted_tflops_per_gpu"]
+    assert predicted == pytest.approx(row.published_tflops_per_gpu, rel=0.08)
 
 
-def test_table_4_2_throughput_ratios() -> None:
-    """Table 4.2's PTD-P rows at a fixed batch: doubling d doubles the bubble (p-1)/m. The model's
-    ratios to the smallest run match within 2% (the efficiency cancels); absolute within 25%."""
-    for name, p, batch, ds, published in (("gpt3-175b", 12, 1536, (4, 8, 16), (153, 149, 141)),
-                                          ("gpt-529.6b", 35, 2240, (2, 4, 8), (171, 167, 159))):
-        ours = [_published(name, 8, p, 8 * p * d, batch) for d in ds]
-        for value, pub in zip(ours, published):
-            assert value == pytest.approx(pub, rel=0.25)
-            assert value / ours[0] == pytest.approx(pub / published[0], rel=0.02)
+def test_table_4_1_mean_error_and_weak_scaling_trend() -> None:
+    """Mean |error| 2.4% (< 2.5%) and per-GPU throughput rising with model size as measured: the
+    three largest models run faster per GPU than the three smallest."""
+    rows = [FIDELITY.predict(r)["predicted_tflops_per_gpu"] for r in FIDELITY.TABLE_4_1]
+    errors = [abs(v / r.published_tflops_per_gpu - 1) for v, r in zip(rows, FIDELITY.TABLE_4_1)]
+    assert sum(errors) / len(errors) < 0.025
+    assert min(rows[-3:]) > max(rows[:3])
+
+
+def test_table_4_2_throughput_and_ratios() -> None:
+    """Table 4.2's PTD-P rows within 2.5% (max reached 2.2%); doubling d at a fixed batch doubles
+    the bubble (p-1)/m, and the model's ratios to the smallest run match within 2%."""
+    for group in (FIDELITY.TABLE_4_2[:3], FIDELITY.TABLE_4_2[3:]):
+        ours = [FIDELITY.predict(r)["predicted_tflops_per_gpu"] for r in group]
+        for value, r in zip(ours, group):
+            assert value == pytest.approx(r.published_tflops_per_gpu, rel=0.025)
+            ratio = r.published_tflops_per_gpu / group[0].published_tflops_per_gpu
+            assert value / ours[0] == pytest.approx(ratio, rel=0.02)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_korthikanti_530b_mfu(recompute: str) -> None:
+    """Not fitted on: 54.2 % (selective) and 42.1 % (full) MFU measured; predicted 54.0 % and 41.5 %
+    (-0.4 %, -1.3 %), tested within 2 %."""
+    published = FIDELITY.KORTHIKANTI_530B_MFU[recompute]
+    assert FIDELITY.korthikanti_530b_mfu(recompute) == pytest.approx(published, rel=0.02)
+
+
+def test_bpipe_fig3_memory_imbalance() -> None:
+    """BPipe Fig. 3: the first of 8 stages holds 37 GiB more than the last (GPT-3 13B, b = 1, no
+    recompute); predicted 38.8 GiB (+4.8 %), tested within 5 %."""
+    first, diff = FIDELITY.bpipe_fig3_memory_gib()
+    assert diff == pytest.approx(FIDELITY.BPIPE_FIG3_DIFF_GIB, rel=0.05) and first < 75
+
+
+def test_recompute_flops_counted_only_when_recomputing() -> None:
+    """HFU counts the recompute forward only under recompute; MFU never does (issue: 4/3 inflation)."""
+    cfg = api.load_model("gpt-1.7b")
+    cluster = api.load_cluster("a100-80gb:1")
+    kw = dict(tensor=1, pipeline=1, data=8, virtual=1, microbatch_size=1, num_microbatches=1)
+    none = model.throughput_row(cfg, cluster, model.Config(**kw, recompute="none"), 1.0)
+    full = model.throughput_row(cfg, cluster, model.Config(**kw, recompute="full"), 1.0)
+    assert none["hardware_tflops_per_gpu"] == none["model_tflops_per_gpu"] == full["model_tflops_per_gpu"]
+    assert full["hfu"] / full["mfu"] == pytest.approx(
+        tr.flops_per_iteration(cfg, global_batch_size=1) / tr.model_flops_per_sample(cfg))
+    assert none["hfu"] <= 1 and full["mfu"] == none["mfu"]
 
 
 def test_search_for_gpt_1t_on_3072_gpus_is_fast() -> None:
@@ -323,7 +363,8 @@ def test_infeasible_inputs_say_what_would_fit() -> None:
     with pytest.raises(InfeasibleError, match=r"Batch sizes that work: \[8, 16\]"):
         ptdp.solve(api.make_problem(TOY, cluster, global_batch_size=12, data_parallel=8))
     big = api.make_problem("gpt-1t", "a100-80gb:1", global_batch_size=8)
-    devices = math.ceil(16 * num_parameters(big.transformer) / 2**36 / 1.25)  # 80 GiB = 1.25 x 2^36
+    # usable = 80 GiB - default headroom (1 GiB runtime + 5 % of 80 GiB fragmentation) = 75 GiB
+    devices = math.ceil(16 * num_parameters(big.transformer) / (75 * 2**30))
     with pytest.raises(InfeasibleError, match=rf"at least {devices} model-parallel devices"):
         ptdp.solve(big)
 
@@ -341,3 +382,19 @@ def test_cli_plan_and_export(tmp_path, capsys) -> None:
     code = main(["plan", "--model", "gpt-1t", "--cluster", "a100-80gb:1", "--global-batch", "8", "--solver", "ptdp"])
     err = capsys.readouterr().err
     assert code == 3 and "does not fit" in err and "Traceback" not in err
+
+
+def test_overlapped_gradient_reduction_hides_all_but_the_last_bucket() -> None:
+    """overlap_grad_reduce: the closed form and the simulator both charge only the exposed part
+    (collectives.exposed_dp_allreduce_s); the ring is hidden under the last backward but 1/4."""
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", global_batch_size=512)
+    fixed = {"tensor_parallel": 1, "microbatch_size": 4, "recompute": "none", "schedules": "1f1b"}
+    plain = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options=fixed)
+    hidden = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options={**fixed, "overlap_grad_reduce": True})
+    assert hidden.options["overlap_grad_reduce"] is True
+    a, b = plain.candidates[0], hidden.candidates[0]
+    assert (a["d"], a["p"]) == (b["d"], b["p"]) == (32, 2)
+    saved = a["iteration_s"] - b["iteration_s"]
+    sim_plain, sim_hidden = sim.simulate(plain, include_events=False), sim.simulate(hidden, include_events=False)
+    assert sim_plain.iteration_time_s - sim_hidden.iteration_time_s == pytest.approx(saved, rel=1e-9)
+    assert saved > 0 and b["closed_form_s"] == pytest.approx(b["iteration_s"], rel=0.03)

@@ -32,7 +32,7 @@ from solvers.stage_ilp import solve
 
 
 def _cluster(memory_bytes: float, num_devices: int = 8, bandwidth: float = 1e30) -> Cluster:
-    return Cluster(name="toy", device=Device(name="gpu", memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
+    return Cluster(name="toy", device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory_bytes, peak_flops=1e12), num_nodes=1,
                    devices_per_node=num_devices, intra_node_bytes_per_s=bandwidth, inter_node_bytes_per_s=bandwidth)
 
 

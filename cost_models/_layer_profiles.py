@@ -1,0 +1,143 @@
+"""Layer builders behind ``cost_models.transformer.transformer_profile``: the per-operation model
+(``layer_ops``) and the older flat-efficiency model. Formulas: docs/cost-model.md sections 2 and 6."""
+
+from __future__ import annotations
+
+from cost_models import layer_ops
+from cost_models.transformer import (
+    _TOKEN_ID_BYTES,
+    _element_bytes,
+    _norm_params,
+    allreduce_time_s,
+    attention_core_forward_flops,
+    decoder_activation_bytes,
+    decoder_backward_input_flops,
+    decoder_backward_weight_flops,
+    decoder_forward_flops,
+    decoder_layer_params,
+    embedding_params,
+    logits_forward_flops,
+    p2p_bytes,
+    static_bytes,
+)
+from planner.schema import Device, LayerProfile, RecomputeOption, TransformerConfig
+
+
+def _tp_allreduce_s(cfg: TransformerConfig, b: int, t: int, bytes_per_s: float | None) -> float:
+    """One all-reduce of the bsh activation among the t tensor-parallel ranks."""
+    if t == 1 or bytes_per_s is None:
+        return 0.0
+    return allreduce_time_s(p2p_bytes(cfg, microbatch_size=b), t, bytes_per_s)
+
+
+def _memory_time_s(num_bytes: float, device: Device, efficiency: float) -> float:
+    """Memory-bound work; without a bandwidth, 1 byte counts as 1 FLOP (a crude floor)."""
+    rate = device.memory_bandwidth_bytes_per_s or device.peak_flops
+    return num_bytes / (rate * efficiency)
+
+
+def _embedding_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: float, bw: float | None,
+                     sg: bool) -> LayerProfile:
+    """Vocab-parallel lookup: memory-bound; the forward all-reduces its output over t. The backward
+    applies the output gradient (I: read it) and scatter-adds it into the table (W: read + write)."""
+    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
+    word = cfg.vocab_size * cfg.hidden_size
+    params = word / t + (embedding_params(cfg) - word)  # position embeddings are replicated
+    weight_s = _memory_time_s(2 * e * bsh, device, eff)
+    return LayerProfile(
+        name="embedding", kind="embedding",
+        forward_s=_memory_time_s(2 * e * bsh, device, eff) + _tp_allreduce_s(cfg, b, t, bw),
+        backward_s=_memory_time_s(e * bsh, device, eff) + weight_s,
+        backward_weight_s=weight_s,
+        activation_bytes=bsh / t + _TOKEN_ID_BYTES * b * cfg.seq_length,
+        static_bytes=static_bytes(params), param_bytes=e * params,
+        output_bytes=p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg), flops=0.0,
+    )
+
+
+def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t: int, eff: float,
+                   bw: float | None, sg: bool, selective_fraction: float | None) -> LayerProfile:
+    rate = device.peak_flops * eff
+    kw = {"microbatch_size": b, "tensor_parallel": t}
+    f_flops, bi_flops, w_flops = (decoder_forward_flops(cfg, **kw), decoder_backward_input_flops(cfg, **kw),
+                                  decoder_backward_weight_flops(cfg, **kw))
+    comm_s = 2 * _tp_allreduce_s(cfg, b, t, bw)  # two all-reduces in each direction (L3709-3713)
+    forward_s = f_flops / rate + comm_s
+    if selective_fraction is None:
+        selective_s = attention_core_forward_flops(cfg, **kw) / rate
+    else:
+        selective_s = selective_fraction * f_flops / rate
+    options = {
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="none")),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="selective"),
+                                     extra_s=selective_s),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="full"),
+                                extra_s=forward_s),
+    }
+    params = decoder_layer_params(cfg) / t
+    return LayerProfile(
+        name=f"decoder{index}", kind="decoder", forward_s=forward_s,
+        backward_s=(bi_flops + w_flops) / rate + comm_s, backward_weight_s=w_flops / rate,
+        static_bytes=static_bytes(params), param_bytes=_element_bytes(cfg) * params,
+        output_bytes=p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg),
+        flops=f_flops + bi_flops + w_flops, recompute=options,
+    )
+
+
+def _head_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: float, bw: float | None) -> LayerProfile:
+    """Final norm + vocab-parallel logits + loss. The logits dominate; the norm's and the softmax's
+    memory traffic is left out. The last stage holds its own copy of tied word embeddings, as
+    Megatron-LM does, so the head always carries V h / t weights."""
+    rate = device.peak_flops * eff
+    logits = logits_forward_flops(cfg, microbatch_size=b, tensor_parallel=t)
+    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
+    params = cfg.vocab_size * cfg.hidden_size / t + _norm_params(cfg)
+    return LayerProfile(
+        name="head", kind="head", forward_s=logits / rate,
+        backward_s=2 * logits / rate + _tp_allreduce_s(cfg, b, t, bw), backward_weight_s=logits / rate,
+        # norm input and logit-matmul input (e sbh/t each), fp32 logits for the loss (4 sbV/t)
+        activation_bytes=2 * e * bsh / t + 4 * b * cfg.seq_length * cfg.vocab_size / t,
+        static_bytes=static_bytes(params), param_bytes=e * params, output_bytes=0.0, flops=3 * logits,
+    )
+
+
+def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float | None, sg: bool,
+               sp: bool, attention: str, selective_fraction: float | None = None,
+               ) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
+    """Embedding, one decoder block and head from the per-operation model (``layer_ops``)."""
+    kw = {"microbatch_size": b, "tensor_parallel": t, "tp_link_bytes_per_s": bw}
+    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention)
+    head = layer_ops.head_op_times(cfg, device, **kw, sequence_parallel=sp)
+    emb = layer_ops.embedding_op_times(cfg, device, **kw)
+    e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
+    akw = {"microbatch_size": b, "tensor_parallel": t}
+    flops = decoder_forward_flops(cfg, **akw) + decoder_backward_input_flops(cfg, **akw) + (
+        decoder_backward_weight_flops(cfg, **akw))
+    options = {
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="none", sequence_parallel=sp)),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(
+            cfg, **akw, recompute="selective", sequence_parallel=sp),
+            extra_s=dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="full", sequence_parallel=sp),
+                                extra_s=dec.forward_s),
+    }
+    params = decoder_layer_params(cfg) / t
+    out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)
+    decoder = LayerProfile(
+        name="decoder0", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,
+        backward_weight_s=dec.backward_weight_s, static_bytes=static_bytes(params), param_bytes=e * params,
+        output_bytes=out, flops=flops, recompute=options)
+    word = cfg.vocab_size * cfg.hidden_size
+    emb_params = word / t + (embedding_params(cfg) - word)
+    embedding = LayerProfile(
+        name="embedding", kind="embedding", forward_s=emb.forward_s, backward_s=emb.backward_s,
+        backward_weight_s=emb.backward_weight_s, activation_bytes=bsh / t + _TOKEN_ID_BYTES * b * cfg.seq_length,
+        static_bytes=static_bytes(emb_params), param_bytes=e * emb_params, output_bytes=out, flops=0.0)
+    logits = logits_forward_flops(cfg, **akw)
+    head_params = cfg.vocab_size * cfg.hidden_size / t + _norm_params(cfg)
+    head_layer = LayerProfile(
+        name="head", kind="head", forward_s=head.forward_s, backward_s=head.backward_s,
+        backward_weight_s=head.backward_weight_s,
+        activation_bytes=2 * e * bsh / (t if sp else 1) + 4 * b * cfg.seq_length * cfg.vocab_size / t,
+        static_bytes=static_bytes(head_params), param_bytes=e * head_params, output_bytes=0.0, flops=3 * logits)
+    return embedding, decoder, head_layer

@@ -1,0 +1,142 @@
+"""Per-operation compute times on one device: GEMMs, the attention core and memory-bound kernels.
+
+Every function is pure and takes the ``Device`` (its ``compute`` constants, or the preset's of
+the same name, or generic defaults). Formulas (docs/cost-model.md has them with sources):
+
+- GEMM of (M x K) by (K x N), ``batch`` independent ones: 2 M N K FLOPs. The output is cut in
+  tiles of ``gemm_tile_m x gemm_tile_n``; tiles run in waves of ``num_sms`` (one tile per SM), so
+  the last, partial wave costs as much as a full one (tile and wave quantization, NVIDIA's
+  "Matrix Multiplication Background" guide). A tile with reduction length K costs
+  2 tm tn (K + k0) / (peak / num_sms x gemm_max_fraction): the prologue/epilogue k0 makes short-K
+  GEMMs slow (size-dependent saturation). The roofline bound (Williams et al., CACM 2009) is
+  the bytes of A, B and C over HBM bandwidth; the time is the larger of the two, plus a launch.
+- memory-bound kernels (norms, dropout, activations, residual adds, rotary, softmax, optimizer
+  step): bytes moved / (HBM bandwidth x ``memory_bandwidth_fraction``) plus a launch.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from planner.schema import ComputeModel, Device
+
+_GENERIC = ComputeModel(num_sms=64)
+
+
+@lru_cache(maxsize=64)
+def _preset_compute(name: str) -> ComputeModel | None:
+    from cost_models.hardware import preset_compute  # lazy: hardware imports nothing from here
+
+    return preset_compute(name)
+
+
+def compute_constants(device: Device) -> ComputeModel:
+    """The device's compute constants: its own, else its preset's, else generic defaults."""
+    if device.compute is not None:
+        return device.compute
+    return _preset_compute(device.name) or _GENERIC
+
+
+def has_constants(device: Device) -> bool:
+    """Whether the device (or its preset) carries compute constants. Devices without them (the
+    nominal ``cpu`` preset, hand-written toy devices) get the flat-efficiency model."""
+    return device.compute is not None or _preset_compute(device.name) is not None
+
+
+def peak_flops_per_s(device: Device, dtype: str = "bf16") -> float:
+    """Dense peak FLOP/s of a precision (16-bit: ``Device.peak_flops``)."""
+    if dtype in ("fp16", "bf16"):
+        return device.peak_flops
+    return compute_constants(device).peak_flops_by_dtype.get(dtype, device.peak_flops)
+
+
+def _memory_rate_bytes_per_s(device: Device) -> float:
+    c = compute_constants(device)
+    raw = device.memory_bandwidth_bytes_per_s or device.peak_flops  # no bandwidth: 1 byte ~ 1 FLOP
+    return raw * c.memory_bandwidth_fraction
+
+
+SMALLER_TILE_FRACTION = 0.9
+"""Throughput of a tile with half the output of the largest, relative to it (less operand reuse
+per loaded byte); cuBLAS picks the tile that finishes first (CUTLASS profiler behaviour)."""
+
+
+def _tiles(c: ComputeModel) -> tuple[tuple[int, int, float], ...]:
+    """(tile_m, tile_n, relative rate): the largest tile and two halvings."""
+    tm, tn = c.gemm_tile_m, c.gemm_tile_n
+    return ((tm, tn, 1.0), (max(tm // 2, 16), tn, SMALLER_TILE_FRACTION),
+            (max(tm // 2, 16), max(tn // 2, 16), SMALLER_TILE_FRACTION**2))
+
+
+def gemm_compute_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, dtype: str = "bf16") -> float:
+    """Tile/wave-quantized compute time of ``batch`` GEMMs (M x K)(K x N), without the roofline:
+    the fastest of the device's tile sizes."""
+    c = compute_constants(device)
+    per_sm_flops = peak_flops_per_s(device, dtype) / c.num_sms * c.gemm_max_fraction
+    best = math.inf
+    for tm, tn, rate in _tiles(c):
+        waves = math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / c.num_sms)
+        best = min(best, waves * 2.0 * tm * tn * (k + c.gemm_k_overhead) / (per_sm_flops * rate))
+    return best
+
+
+def gemm_memory_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, bytes_per_element: int = 2) -> float:
+    """Roofline memory time: read A and B, write C once."""
+    return batch * bytes_per_element * (m * k + k * n + m * n) / _memory_rate_bytes_per_s(device)
+
+
+def gemm_time_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, dtype: str = "bf16") -> float:
+    """Time of ``batch`` GEMMs: max(compute, memory) plus one kernel launch."""
+    if min(m, n, k, batch) <= 0:
+        return 0.0
+    e = 4 if dtype == "fp32" else 2
+    compute = gemm_compute_s(m, n, k, device, batch=batch, dtype=dtype)
+    return max(compute, gemm_memory_s(m, n, k, device, batch=batch, bytes_per_element=e)) + (
+        compute_constants(device).kernel_launch_s)
+
+
+def gemm_efficiency(m: int, n: int, k: int, device: Device, *, batch: int = 1, dtype: str = "bf16") -> float:
+    """Achieved fraction of peak: 2 M N K batch / (time x peak)."""
+    time_s = gemm_time_s(m, n, k, device, batch=batch, dtype=dtype)
+    return 2.0 * m * n * k * batch / (time_s * peak_flops_per_s(device, dtype))
+
+
+def gemm_fwd_bwd_s(m: int, n: int, k: int, device: Device, *, batch: int = 1,
+                   dtype: str = "bf16") -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) times of a linear layer Y = X W with X (M x K),
+    W (K x N): dX = dY W^T is (M x K) with reduction N; dW = X^T dY is (K x N) with reduction M."""
+    kw = {"batch": batch, "dtype": dtype}
+    return (gemm_time_s(m, n, k, device, **kw), gemm_time_s(m, k, n, device, **kw),
+            gemm_time_s(k, n, m, device, **kw))
+
+
+def memory_op_s(num_bytes: float, device: Device, *, num_kernels: int = 1) -> float:
+    """A memory-bound kernel: bytes moved over the achieved HBM bandwidth, plus launches."""
+    if num_bytes <= 0:
+        return 0.0
+    return num_bytes / _memory_rate_bytes_per_s(device) + num_kernels * compute_constants(device).kernel_launch_s
+
+
+def optimizer_step_s(num_params: float, device: Device, *, bytes_per_param_moved: float = 36.0) -> float:
+    """Mixed-precision Adam step over the parameters a device updates: memory-bound. Default 36 B
+    per parameter: read fp16 gradient (2), fp32 master, m, v (12) and write them (12) plus the
+    16-bit weight (2); the unscale/inf check and the gradient-norm pass read the gradient twice
+    more (4) and the fp32 gradient copy is written and read (8)."""
+    return memory_op_s(bytes_per_param_moved * num_params, device, num_kernels=4)
+
+
+ADAM_STATIC_BYTES_PER_PARAM = 16.0
+"""Static bytes per parameter of mixed-precision Adam (``transformer.ADAM_BYTES_PER_PARAM``)."""
+
+
+def profile_optimizer_step_s(source: str, static_bytes: float, device: Device, *, shard: int = 1) -> float:
+    """Optimizer step of layers holding ``static_bytes`` on one rank, charged after its gradient
+    reduction by the simulator and the solvers' closed forms alike. Only analytic profiles
+    (``source`` ``analytic...``) on devices with compute constants: measured profiles already
+    spread the step over their microbatches (``paraplan profile --num-microbatches``), and toy
+    devices have no bandwidth to cost it with. ``shard``: ranks the optimizer state is split over
+    (ZeRO stage >= 1)."""
+    if not source.startswith("analytic") or not has_constants(device) or static_bytes <= 0:
+        return 0.0
+    return optimizer_step_s(static_bytes / ADAM_STATIC_BYTES_PER_PARAM / max(1, shard), device)

@@ -1,0 +1,148 @@
+"""Per-operation times of one transformer layer on one device (per microbatch).
+
+Each decoder layer is costed operation by operation with ``cost_models.compute``: the four linear
+layers (QKV, attention projection, MLP up/gate, MLP down) as GEMMs split by tensor parallelism
+(Megatron's column/row split: QKV and MLP-up divide N by t, the projection and MLP-down divide
+K by t), the attention core (unfused: two batched GEMMs per direction plus softmax and dropout
+over b (a/t) s^2 scores; flash: the same FLOPs, halved by the causal mask, at the GEMMs' rate
+with no score traffic), and the memory-bound kernels by the bytes they move. Tensor-parallel
+collectives (two all-reduces per layer per direction, or an all-gather and a reduce-scatter
+each with sequence parallelism: the same volume) come from ``cost_models.collectives``.
+Byte counts per kernel are listed in docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.collectives import ring_allreduce_s
+from cost_models.compute import compute_constants, gemm_compute_s, gemm_fwd_bwd_s, gemm_time_s, memory_op_s
+from planner.schema import Device, TransformerConfig
+
+_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+FLASH_FORWARD_RATE = 0.85
+"""Flash attention's rate relative to a GEMM of the same tiles (FlashAttention-2, Dao 2023,
+reaches 70-73 % of A100 peak forward against ~85 % for large GEMMs)."""
+FLASH_BACKWARD_FACTOR = 2.5
+"""Flash backward / forward time: 5 GEMMs of the score size against 2 (FlashAttention-2, Sec. 3)."""
+CROSS_ENTROPY_FWD_BYTES = 16
+CROSS_ENTROPY_BWD_BYTES = 10
+"""Bytes per logit of the vocab-parallel cross-entropy: fp32 upcast, max, exp-sum and target
+passes forward (4 x 4 B); read the fp32 softmax and write the 16-bit gradient backward."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpTimes:
+    """Times of one layer per microbatch on one device; ``*_comm_s`` are the tensor-parallel
+    collectives included in ``forward_s`` and ``backward_input_s``."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    selective_s: float = 0.0
+    """Forward time of the attention core (what selective recompute repeats)."""
+    forward_comm_s: float = 0.0
+    backward_comm_s: float = 0.0
+    forward_gemm_s: float = 0.0
+    forward_memory_s: float = 0.0
+
+    @property
+    def backward_s(self) -> float:
+        return self.backward_input_s + self.backward_weight_s
+
+
+def _tp_allreduce_s(device: Device, num_bytes: float, t: int, link_bytes_per_s: float | None,
+                    latency_s: float) -> float:
+    if t <= 1 or not link_bytes_per_s:
+        return 0.0
+    rate = link_bytes_per_s * compute_constants(device).collective_bandwidth_fraction
+    return ring_allreduce_s(num_bytes, t, rate, latency_s)
+
+
+def _linear_gemms(cfg: TransformerConfig, tokens: int, t: int) -> list[tuple[int, int, int]]:
+    h, f = cfg.hidden_size, cfg.ffn_size
+    kv = cfg.kv_heads * (h // cfg.num_heads)
+    up = (2 if cfg.mlp == "swiglu" else 1) * f // t
+    return [(tokens, (h + 2 * kv) // t, h), (tokens, h, h // t), (tokens, up, h), (tokens, h, f // t)]
+
+
+def _attention_core(cfg: TransformerConfig, device: Device, b: int, t: int, attention: str) -> tuple[float, float]:
+    """(forward, backward) of softmax(QK^T) V for one microbatch."""
+    s, a, e = cfg.seq_length, cfg.num_heads // t, _BYTES[cfg.dtype]
+    dh = cfg.hidden_size // cfg.num_heads
+    batch = b * a
+    if attention == "flash":
+        fwd = 0.5 * (gemm_compute_s(s, s, dh, device, batch=batch) + gemm_compute_s(s, dh, s, device, batch=batch))
+        fwd = fwd / FLASH_FORWARD_RATE + compute_constants(device).kernel_launch_s
+        return fwd, FLASH_BACKWARD_FACTOR * fwd
+    scores = batch * s * s
+    fwd = gemm_time_s(s, s, dh, device, batch=batch) + gemm_time_s(s, dh, s, device, batch=batch)
+    fwd += memory_op_s((4 * e + 1) * scores, device, num_kernels=2)  # softmax, dropout (+ 1-byte mask)
+    bwd = gemm_time_s(s, s, dh, device, batch=batch) + 3 * gemm_time_s(s, dh, s, device, batch=batch)
+    bwd += memory_op_s((5 * e + 1) * scores, device, num_kernels=2)
+    return fwd, bwd
+
+
+def _elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool) -> tuple[float, float]:
+    """(forward, backward) bytes of the norms, residual/dropout adds, activation and rotary."""
+    e, h, f = _BYTES[cfg.dtype], cfg.hidden_size, cfg.ffn_size
+    n_h = tokens * h / (t if sequence_parallel else 1)
+    n_f = tokens * f / t
+    kv = cfg.kv_heads * (h // cfg.num_heads)
+    fwd = 2 * (2 * e * n_h) + 2 * ((3 * e + 1) * n_h)
+    bwd = 2 * (3 * e * n_h) + 2 * ((2 * e + 1) * n_h)
+    fwd += (3 if cfg.mlp == "swiglu" else 2) * e * n_f
+    bwd += (5 if cfg.mlp == "swiglu" else 3) * e * n_f
+    if cfg.position_embedding == "rope":
+        rope = 2 * e * tokens * (h + kv) / t
+        fwd, bwd = fwd + rope, bwd + rope
+    return fwd, bwd
+
+
+def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,
+                     tp_link_bytes_per_s: float | None = None, tp_latency_s: float = 0.0,
+                     sequence_parallel: bool = True, attention: str = "flash") -> OpTimes:
+    """Forward, input-gradient and weight-gradient times of one decoder layer."""
+    b, t = microbatch_size, tensor_parallel
+    tokens = b * cfg.seq_length
+    fwd_gemm = bwd_in = bwd_w = 0.0
+    for m, n, k in _linear_gemms(cfg, tokens, t):
+        f_s, i_s, w_s = gemm_fwd_bwd_s(m, n, k, device)
+        fwd_gemm, bwd_in, bwd_w = fwd_gemm + f_s, bwd_in + i_s, bwd_w + w_s
+    core_fwd, core_bwd = _attention_core(cfg, device, b, t, attention)
+    ew_fwd, ew_bwd = _elementwise_bytes(cfg, tokens, t, sequence_parallel)
+    mem_fwd = memory_op_s(ew_fwd, device, num_kernels=6)
+    comm = 2 * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size, t, tp_link_bytes_per_s,
+                               tp_latency_s)
+    forward = fwd_gemm + core_fwd + mem_fwd + comm
+    backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=8) + comm
+    return OpTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=bwd_w, selective_s=core_fwd,
+                   forward_comm_s=comm, backward_comm_s=comm, forward_gemm_s=fwd_gemm + core_fwd,
+                   forward_memory_s=mem_fwd)
+
+
+def head_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,
+                  tp_link_bytes_per_s: float | None = None, sequence_parallel: bool = True) -> OpTimes:
+    """Final norm, vocab-parallel logits GEMM and cross-entropy (backward all-reduces dX over t)."""
+    b, t, e = microbatch_size, tensor_parallel, _BYTES[cfg.dtype]
+    tokens, h = b * cfg.seq_length, cfg.hidden_size
+    f_s, i_s, w_s = gemm_fwd_bwd_s(tokens, cfg.vocab_size // t, h, device)
+    logits = tokens * cfg.vocab_size / t
+    norm = tokens * h / (t if sequence_parallel else 1)
+    fwd = f_s + memory_op_s(CROSS_ENTROPY_FWD_BYTES * logits + 2 * e * norm, device, num_kernels=4)
+    comm = _tp_allreduce_s(device, e * tokens * h, t, tp_link_bytes_per_s, 0.0)
+    bwd_in = i_s + memory_op_s(CROSS_ENTROPY_BWD_BYTES * logits + 3 * e * norm, device, num_kernels=3) + comm
+    return OpTimes(forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=w_s, backward_comm_s=comm,
+                   forward_gemm_s=f_s)
+
+
+def embedding_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,
+                       tp_link_bytes_per_s: float | None = None) -> OpTimes:
+    """Vocab-parallel lookup (+ position add), forward all-reduce over t; backward scatter-add."""
+    b, t, e = microbatch_size, tensor_parallel, _BYTES[cfg.dtype]
+    tokens, h = b * cfg.seq_length, cfg.hidden_size
+    comm = _tp_allreduce_s(device, e * tokens * h, t, tp_link_bytes_per_s, 0.0)
+    fwd = memory_op_s(3 * e * tokens * h, device, num_kernels=2) + comm
+    weight = memory_op_s(3 * e * tokens * h, device, num_kernels=1)
+    return OpTimes(forward_s=fwd, backward_input_s=memory_op_s(e * tokens * h, device), backward_weight_s=weight,
+                   forward_comm_s=comm)

@@ -1,0 +1,63 @@
+"""CLI sub-command ``calibrate``: fit a device's compute constants on this machine.
+
+Runs GEMM and copy microbenchmarks with torch (``runtime_bridge.calibrate``; torch is imported
+only in the handler), fits ``gemm_max_fraction``, ``gemm_k_overhead`` and
+``memory_bandwidth_fraction`` (``cost_models.calibration``) and writes a cluster file: the preset
+cluster with the calibrated device, which every solver accepts (``--cluster FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``calibrate`` to the ``paraplan`` sub-command parser."""
+    c = sub.add_parser("calibrate", help="fit the compute model's device constants with GEMM/copy microbenchmarks")
+    c.add_argument("--cluster", required=True, help="cluster preset whose device this machine has (e.g. a100-80gb:1, cpu:2)")
+    c.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device to measure on")
+    c.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="GEMM precision (default: bf16 on cuda, fp32 on cpu)")
+    c.add_argument("--quick", action="store_true", help="small shapes only (seconds; for tests and smoke runs)")
+    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("-o", "--output", help="write the calibrated cluster JSON here (default: stdout)")
+    c.set_defaults(handler=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from cost_models import calibration
+    from planner import api
+    from planner.errors import InvalidProblemError
+
+    if args.repeats < 1:
+        raise InvalidProblemError(f"--repeats={args.repeats} must be at least 1")
+    cluster = api.load_cluster(args.cluster)
+    if cluster.device is None:
+        raise InvalidProblemError(f"--cluster {args.cluster!r} has no device to calibrate")
+    from runtime_bridge import calibrate as bench
+
+    dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    shapes = bench.QUICK_GEMM_SHAPES if args.quick else bench.DEFAULT_GEMM_SHAPES
+    gemms = bench.measure_gemms(shapes, device=args.device, dtype=dtype, repeats=args.repeats)
+    copies = bench.measure_copies((1 << 20, 1 << 22) if args.quick else (1 << 24, 1 << 26, 1 << 28),
+                                  device=args.device, repeats=args.repeats)
+    device, error = calibration.fit_gemm_constants(gemms, cluster.device)
+    device = calibration.fit_memory_fraction(copies, device)
+    assert device.compute is not None
+    print(f"GEMMs: {len(gemms)} shapes, fit RMS error {100 * error:.1f}% (log); gemm_max_fraction "
+          f"{device.compute.gemm_max_fraction:.3f}, gemm_k_overhead {device.compute.gemm_k_overhead:g}, "
+          f"peak {device.peak_flops / 1e12:.3g} TFLOP/s; memory_bandwidth_fraction "
+          f"{device.compute.memory_bandwidth_fraction:.3f}", file=sys.stderr)
+    for s, err in zip(gemms, calibration.prediction_errors(gemms, device)):
+        print(f"  {s.m}x{s.n}x{s.k}: measured {s.seconds * 1e3:.3f} ms, predicted {100 * err:+.1f}%", file=sys.stderr)
+    text = cluster.model_copy(update={"device": device}).model_dump_json(indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        print(f"wrote {args.output} (use it as --cluster {args.output})", file=sys.stderr)
+    else:
+        print(text)
+    return 0

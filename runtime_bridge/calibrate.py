@@ -1,0 +1,72 @@
+"""Microbenchmarks for ``paraplan calibrate``: GEMMs and memory copies timed with torch.
+
+The samples go to ``cost_models.calibration``, which fits the device's compute constants; the
+result is a cluster file whose ``device.compute`` every solver uses (``--cluster file.json``).
+Collective bandwidth is not measured here (it needs a process group over the real links):
+pass nccl-tests results to ``cost_models.calibration.fit_collective_fraction`` instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from cost_models.calibration import CopySample, GemmSample
+
+DEFAULT_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
+    (8192, 4096, 1024), (2048, 8192, 128), (4096, 1024, 4096),
+)
+QUICK_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 64, 64), (128, 128, 128), (256, 128, 64), (256, 256, 256))
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_s(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median wall time of ``fn`` after one warm-up call."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure_gemms(shapes: Sequence[tuple[int, int, int]] = DEFAULT_GEMM_SHAPES, *, device: str = "cpu",
+                  dtype: str = "bf16", repeats: int = 5) -> list[GemmSample]:
+    """Time ``torch.matmul`` of (m x k)(k x n) for each shape."""
+    dev = torch.device(device)
+    torch_dtype = _DTYPES["fp32" if dev.type == "cpu" and dtype in ("fp16",) else dtype]
+    warm = torch.randn(256, 256, device=dev, dtype=torch_dtype)
+    for _ in range(3):  # thread pools, cuBLAS handles and clocks come up before the first timing
+        torch.matmul(warm, warm)
+    _sync(dev)
+    out = []
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device=dev, dtype=torch_dtype)
+        b = torch.randn(k, n, device=dev, dtype=torch_dtype)
+        out.append(GemmSample(m=m, n=n, k=k, seconds=_time_s(lambda: torch.matmul(a, b), dev, repeats)))
+    return out
+
+
+def measure_copies(sizes_bytes: Sequence[int] = (1 << 24, 1 << 26, 1 << 28), *, device: str = "cpu",
+                   repeats: int = 5) -> list[CopySample]:
+    """Time a device-to-device copy (read + write of the buffer) for each size."""
+    dev = torch.device(device)
+    out = []
+    for size in sizes_bytes:
+        src = torch.empty(size // 4, device=dev, dtype=torch.float32).fill_(1.0)
+        dst = torch.empty_like(src)
+        seconds = _time_s(lambda: dst.copy_(src), dev, repeats)
+        out.append(CopySample(num_bytes=2.0 * src.numel() * 4, seconds=seconds))
+    return out

@@ -1,0 +1,64 @@
+"""Fitting the compute constants to measurements (synthetic samples; a CPU smoke run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cost_models import calibration as cal
+from cost_models import compute, hardware
+from planner import api
+from planner.errors import InvalidProblemError
+from planner.schema import ComputeModel
+
+A100 = hardware.device_preset("a100-80gb")
+SHAPES = [(256, 256, 256), (1024, 1024, 1024), (4096, 4096, 4096), (8192, 4096, 128), (2048, 8192, 64),
+          (512, 16384, 2048), (300, 700, 900)]
+
+
+@pytest.mark.parametrize("fraction,k0", [(0.6, 64.0), (0.85, 256.0), (0.72, 128.0)])
+def test_fit_recovers_the_constants_that_made_the_samples(fraction: float, k0: float) -> None:
+    truth = A100.model_copy(update={"compute": compute.compute_constants(A100).model_copy(
+        update={"gemm_max_fraction": fraction, "gemm_k_overhead": k0})})
+    samples = [cal.GemmSample(m, n, k, compute.gemm_time_s(m, n, k, truth)) for m, n, k in SHAPES]
+    # start from wrong constants: the fit must move both
+    start = A100.model_copy(update={"compute": ComputeModel(num_sms=108, gemm_max_fraction=0.3, gemm_k_overhead=0)})
+    fitted, error = cal.fit_gemm_constants(samples, start)
+    assert fitted.compute is not None
+    assert fitted.compute.gemm_k_overhead == k0
+    assert fitted.compute.gemm_max_fraction == pytest.approx(fraction, rel=0.02)
+    assert max(abs(e) for e in cal.prediction_errors(samples, fitted)) < 0.02 and error < 0.02
+
+
+def test_fraction_above_one_raises_the_nominal_peak() -> None:
+    slow_nominal = A100.model_copy(update={"peak_flops": 100e12})
+    samples = [cal.GemmSample(m, n, k, compute.gemm_time_s(m, n, k, A100)) for m, n, k in SHAPES]
+    fitted, _ = cal.fit_gemm_constants(samples, slow_nominal)
+    assert fitted.compute.gemm_max_fraction == 1.0 and fitted.peak_flops > 100e12
+
+
+def test_memory_and_collective_fractions() -> None:
+    bw = A100.memory_bandwidth_bytes_per_s
+    launch = compute.compute_constants(A100).kernel_launch_s
+    copies = [cal.CopySample(n, n / (0.6 * bw) + launch) for n in (1e8, 1e9, 4e9)]
+    assert cal.fit_memory_fraction(copies, A100).compute.memory_bandwidth_fraction == pytest.approx(0.6)
+    # ring all-reduce of 1 GB over 8 ranks at 180 GB/s bus bandwidth on a 300 GB/s link: 0.6
+    ar = [cal.AllReduceSample(1e9, 8, 300e9, 2 * 7 / 8 * 1e9 / 180e9)]
+    assert cal.fit_collective_fraction(ar, A100).compute.collective_bandwidth_fraction == pytest.approx(0.6)
+    with pytest.raises(InvalidProblemError, match="at least two GEMM samples"):
+        cal.fit_gemm_constants(ar and [], A100)
+
+
+def test_calibrate_cli_writes_a_cluster_every_solver_accepts(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from planner.cli import main
+
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--cluster", "cpu:2", "--quick", "--repeats", "1", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["device"]["compute"]["num_sms"] == 64  # the generic constants, fitted
+    problem = api.make_problem("gpt-tiny", str(out), num_stages=2, global_batch_size=8)
+    assert problem.model.source == "analytic"  # the per-operation model with the fitted constants
+    assert api.plan(problem, solver="even").predicted is not None
