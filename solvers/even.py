@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cost_models import bpipe
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import BPipeSpec, ModelProfile, PipelineProblem, Plan, Stage
 from solvers.common import (
@@ -84,7 +85,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
                 link_error = e  # the pair link is too slow for this configuration
                 continue
             lower_bytes = memory_lower_bound_bytes(plan)
-            if lower_bytes > problem.cluster.device.memory_bytes:  # type: ignore[union-attr]
+            if lower_bytes > usable_memory_bytes(problem.cluster.device):  # type: ignore[arg-type]
                 if lower_bytes < smallest_peak:  # cannot fit: no need to simulate
                     smallest_peak, from_bound = lower_bytes, not lower_bound_is_exact(plan)
                 continue

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import PipelineProblem, Plan
 from solvers._partition import fixed_depth_model
@@ -101,7 +102,7 @@ def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str) -> tupl
                           options={"recompute": strategy},
                           notes=(f"first-stage recompute ratio r_0 = {ratio:.4g} ({strategy!r})",))
         lower_bytes = memory_lower_bound_bytes(plan)
-        if lower_bytes > problem.cluster.device.memory_bytes:  # type: ignore[union-attr]  # cannot fit: no need to simulate
+        if lower_bytes > usable_memory_bytes(problem.cluster.device):  # type: ignore[arg-type]  # cannot fit: no need to simulate
             if lower_bytes < smallest:
                 smallest, from_bound = lower_bytes, not lower_bound_is_exact(plan)
             continue
