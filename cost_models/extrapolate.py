@@ -14,8 +14,8 @@ refuses the plan instead of guessing.
 
 What an extrapolated result keeps from the largest simulated run: the bubbles of the fill and
 the drain (those after the steady state are shifted to the end of the iteration; steady-state
-gaps count in ``idle_s`` but are not listed one by one). Timeline events are refused: they
-would number 2 x stages x m.
+gaps count in ``idle_s`` but are not listed one by one). Timeline events are built by a full
+simulation up to ``MAX_EVENT_ACTIONS`` actions and refused above.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ from collections.abc import Callable
 from planner.errors import InvalidProblemError
 from planner.schema import Bubble, Plan, SimResult, StageResult
 
-__all__ = ["MAX_SIMULATED_ACTIONS", "needs_extrapolation", "simulate_many"]
+__all__ = ["MAX_EVENT_ACTIONS", "MAX_SIMULATED_ACTIONS", "needs_extrapolation", "num_actions", "simulate_many"]
 
 MAX_SIMULATED_ACTIONS = 100_000
 """Plans with more compute actions (2 x virtual stages x microbatches) than this are extrapolated."""
+
+MAX_EVENT_ACTIONS = 4_194_304
+"""Largest plan whose timeline events are built (a full simulation); larger ones are refused."""
 
 _REL_TOL = 1e-9
 _ATTEMPTS = 3
@@ -58,7 +61,7 @@ def simulate_many(plan: Plan, simulate: SimulateFn, *, include_events: bool = Fa
     if include_events:
         raise InvalidProblemError(
             f"num_microbatches={m}: a timeline of {num_actions(plan):,} actions is too large to build "
-            f"(at most {MAX_SIMULATED_ACTIONS:,}); simulate without --timeline/--events, or plan with fewer "
+            f"(at most {MAX_EVENT_ACTIONS:,}); simulate without --timeline/--events, or plan with fewer "
             "microbatches to look at the timeline"
         )
     p, v = plan.degrees.pipeline, plan.degrees.virtual

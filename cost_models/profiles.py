@@ -22,6 +22,7 @@ x ``PIPEDREAM_STATIC_MULTIPLIER`` (fp32 weights, gradients and two Adam states).
 from __future__ import annotations
 
 import heapq
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -29,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 from planner.errors import InvalidProblemError
+from planner import schema_io
 from planner.schema import LayerProfile, ModelProfile
 
 PIPEDREAM_STATIC_MULTIPLIER = 4.0
@@ -184,16 +186,30 @@ def _parse_node(line: str, lineno: int) -> PipedreamNode:
         return PipedreamNode(
             node_id=parts[0].strip(),
             description=" -- ".join(parts[1:-1]).strip(),
-            forward_ms=float(metrics["forward_compute_time"]),
-            backward_ms=float(metrics["backward_compute_time"]),
-            activation_sizes=tuple(float(x) for x in sizes if x.strip()),
-            parameter_bytes=float(metrics["parameter_size"]),
+            forward_ms=_metric(metrics, "forward_compute_time", lineno),
+            backward_ms=_metric(metrics, "backward_compute_time", lineno),
+            activation_sizes=tuple(_number(x, "activation_size", lineno) for x in sizes if x.strip()),
+            parameter_bytes=_metric(metrics, "parameter_size", lineno),
             stage_id=stage_id,
         )
     except KeyError as e:
         raise InvalidProblemError(f"graph.txt line {lineno}: missing metric {e.args[0]!r}") from None
     except ValueError as e:
         raise InvalidProblemError(f"graph.txt line {lineno}: bad number ({e})") from None
+
+
+def _metric(metrics: dict[str, str], key: str, lineno: int) -> float:
+    return _number(metrics[key], key, lineno)
+
+
+def _number(text: str, key: str, lineno: int) -> float:
+    """A finite, non-negative graph.txt metric (times in ms, sizes in bytes)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise InvalidProblemError(
+            f"graph.txt line {lineno}: {key}={text} must be a finite number >= 0 (times in ms, sizes in bytes)"
+        )
+    return value
 
 
 def parse_pipedream_graph(text: str) -> PipedreamGraph:
@@ -216,7 +232,8 @@ def parse_pipedream_graph(text: str) -> PipedreamGraph:
             nodes.append(_parse_node(raw, lineno))
     ids = [n.node_id for n in nodes]
     if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
+        seen: set[str] = set()
+        dup = sorted({i for i in ids if i in seen or seen.add(i)})[:5]
         raise InvalidProblemError(f"graph.txt defines nodes {dup} more than once")
     known = set(ids)
     for src, dst in edges:
@@ -282,10 +299,7 @@ def pipedream_to_profile(
 
 
 def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InvalidProblemError(f"cannot read {what} {str(path)!r}: {e.strerror}") from None
+    return schema_io.read_text(path, what=what)
 
 
 def load_pipedream_graph(
@@ -298,7 +312,11 @@ def load_pipedream_graph(
         InvalidProblemError: unreadable or malformed file.
     """
     file = Path(path)
-    graph = parse_pipedream_graph(_read_text(file, "PipeDream graph"))
+    try:
+        graph = parse_pipedream_graph(_read_text(file, "PipeDream graph"))
+    except InvalidProblemError as e:
+        message = str(e)
+        raise InvalidProblemError(message if str(file) in message else f"{file}: {message}") from None
     name = file.parent.name if file.stem == "graph" and file.parent.name else file.stem
     return pipedream_to_profile(
         graph, name=name, microbatch_size=microbatch_size, static_multiplier=static_multiplier,
@@ -346,4 +364,4 @@ def load_profile_json(text_or_path: str | Path) -> ModelProfile:
     """
     if isinstance(text_or_path, str) and text_or_path.lstrip().startswith("{"):
         return ModelProfile.from_json(text_or_path)
-    return ModelProfile.from_json(_read_text(Path(text_or_path), "profile file"))
+    return ModelProfile.from_json(_read_text(Path(text_or_path), "profile"))

@@ -67,7 +67,8 @@ def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool =
 
     Plans of more than ``extrapolate.MAX_SIMULATED_ACTIONS`` actions on a built-in schedule are
     simulated at three smaller microbatch counts and extrapolated exactly along the periodic
-    steady state (``cost_models.extrapolate``), so the cost does not grow with the microbatch count.
+    steady state (``cost_models.extrapolate``), so the cost does not grow with the microbatch count;
+    with ``include_events`` they are simulated in full up to ``extrapolate.MAX_EVENT_ACTIONS``.
 
     Returns:
         Iteration time, bubble fraction, per-rank busy/idle time, peak memory, in-flight
@@ -77,7 +78,8 @@ def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool =
         InvalidProblemError: the plan's cluster has no device, a custom action list is malformed
             or deadlocks, or the schedule needs weight-gradient times the profile lacks.
     """
-    if extrapolate.needs_extrapolation(plan):
+    if extrapolate.needs_extrapolation(plan) and (
+            not include_events or extrapolate.num_actions(plan) > extrapolate.MAX_EVENT_ACTIONS):
         exact = functools.partial(_simulate_exact, include_bubbles=include_bubbles)
         return extrapolate.simulate_many(plan, exact, include_events=include_events)
     return _simulate_exact(plan, include_events=include_events, include_bubbles=include_bubbles)

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import solvers
+from planner import schema_io
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 from planner.schema_cloud import Catalogue, CloudJob, CloudPlan, CloudProblem, PriceTrace, ReplayResult
+from planner.validate import validate_plan
 from planner.schema import (
     Cluster,
     ModelProfile,
@@ -57,8 +59,6 @@ def load_model(spec: ModelSpec) -> ModelProfile | TransformerConfig:
     text = str(spec)
     path = Path(text)
     if path.suffix in (".json", ".txt") or path.exists():
-        if not path.is_file():
-            raise InvalidProblemError(f"model file {text!r} does not exist")
         if path.suffix == ".txt":
             return _cost_model("profiles").load_pipedream_graph(path)
         data = _read_json(path, what="model")
@@ -78,23 +78,23 @@ def load_cluster(spec: ClusterSpec) -> Cluster:
     text = str(spec)
     path = Path(text)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise InvalidProblemError(f"cluster file {text!r} does not exist")
         return Cluster.from_dict(_read_json(path, what="cluster"))
     return _cost_model("hardware").cluster_preset(text)
 
 
 def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
-    """A plan from a JSON file path, JSON text, or a decoded mapping."""
+    """A plan from a JSON file path, JSON text, or a decoded mapping, checked by
+    ``planner.validate.validate_plan`` (devices, degrees, ranks, batch, BPipe, actions).
+
+    Raises:
+        InvalidProblemError: unreadable, malformed or inconsistent plan; the message lists the defects.
+    """
     if isinstance(source, Mapping):
-        return Plan.from_dict(dict(source))
+        return validate_plan(Plan.from_dict(dict(source)))
     text = str(source)
     if text.lstrip().startswith("{"):
-        return Plan.from_json(text)
-    path = Path(text)
-    if not path.is_file():
-        raise InvalidProblemError(f"plan file {text!r} does not exist")
-    return Plan.from_dict(_read_json(path, what="plan"))
+        return validate_plan(Plan.from_json(text))
+    return validate_plan(Plan.from_dict(_read_json(Path(text), what="plan")))
 
 
 def make_problem(
@@ -175,6 +175,30 @@ def make_problem(
     )
 
 
+# Solvers that search the tensor-parallel degree themselves (the others keep the problem's t).
+TENSOR_SEARCHING_SOLVERS = ("ptdp",)
+
+
+def default_solver(problem: PipelineProblem) -> str:
+    """``ptdp`` for a transformer config with a global batch and no fixed shape (it searches t,
+    p, d and b: PTD-P, [ptdp] Sec. 3), else ``even``."""
+    fixed = (problem.num_stages, problem.data_parallel, problem.num_microbatches)
+    free = all(v is None for v in fixed) and problem.num_chunks == 1 and not problem.bpipe
+    searchable = problem.transformer is not None and problem.model.tensor_parallel == 1
+    if searchable and free and problem.global_batch_size is not None and problem.schedule == "1f1b":
+        return "ptdp"
+    return "even"
+
+
+def _tensor_note(problem: PipelineProblem, plan: Plan, solver: str) -> Plan:
+    """Say so when a transformer was planned at t = 1 by a solver that does not search t."""
+    if problem.transformer is None or solver in TENSOR_SEARCHING_SOLVERS or plan.degrees.tensor != 1:
+        return plan
+    note = (f"tensor parallelism fixed at t=1: solver {plan.solver!r} does not search it; give "
+            "--tensor-parallel T, or use --solver ptdp with --global-batch B, which searches t")
+    return plan.model_copy(update={"notes": (*plan.notes, note)})
+
+
 # Solvers whose plans keep every model state in GPU memory fall back to SPipe (offload) when
 # the states cannot fit even spread over every GPU (issue 8: only when no GPU-resident plan fits).
 OFFLOAD_SOLVERS = ("spipe", "mobius", "zero-offload")
@@ -184,8 +208,9 @@ def plan(
     problem: PipelineProblem,
     *,
     solver: str = "even",
-    options: Mapping[str, Any] | None = None,
+    options: Any = None,
     offload_fallback: bool = True,
+    timings: bool = False,
 ) -> Plan:
     """Run a registered solver (``solvers.SOLVERS``); the plan's ``predicted`` comes from the simulator.
 
@@ -194,10 +219,24 @@ def plan(
     plan can fit, the ``spipe`` solver plans a GPU/CPU offloaded pipeline instead and the plan's
     notes say so. ``offload_fallback=False`` (CLI ``--no-offload``) keeps the original error.
 
+    ``options`` is a mapping of option names to values (strings are converted) or the solver's
+    own ``Options`` dataclass. The plan is a function of the problem, solver and options only:
+    the same input gives byte-identical JSON. ``timings=True`` keeps the wall-clock
+    ``solve_time_s`` in the plan (it differs between runs).
+
     Raises:
         InfeasibleError: nothing fits (and the fallback is off, does not apply or fails too).
     """
     began = time.perf_counter()
+    found = _solve_or_offload(problem, solver=solver, options=options, offload_fallback=offload_fallback,
+                              began=began)
+    found = _tensor_note(problem, found, solver)
+    return found.model_copy(update={"solve_time_s": time.perf_counter() - began if timings else None})
+
+
+def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool,
+                      began: float) -> Plan:
+    """The solver's plan, or spipe's within what is left of ``problem.time_limit_s`` (see ``plan``)."""
     try:
         return solvers.solve(problem, solver=solver, options=options)
     except InfeasibleError as error:
@@ -233,8 +272,12 @@ def _states_vs_gpu_memory(problem: PipelineProblem) -> tuple[float, float]:
 
 
 def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
-    """Simulate a plan with the one schedule simulator (``cost_models.simulate``)."""
-    return _cost_model("simulate").simulate(plan, include_events=include_events)
+    """Simulate a plan with the one schedule simulator (``cost_models.simulate``).
+
+    Raises:
+        InvalidProblemError: the plan fails ``planner.validate.validate_plan``.
+    """
+    return _cost_model("simulate").simulate(validate_plan(plan), include_events=include_events)
 
 
 def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
@@ -270,6 +313,7 @@ def export(plan: Plan, fmt: Literal["megatron", "torch-csv"]) -> str:
     # By name: ``planner.export`` is this function in the package namespace, not the module.
     from planner.export import megatron_args_text, to_torch_csv
 
+    validate_plan(plan)
     if fmt == "megatron":
         return megatron_args_text(plan)
     if fmt == "torch-csv":
@@ -365,19 +409,29 @@ def fill_options(*, policy: str = "sjf", fill_fraction: float | None = None, fre
     return FillOptions(policy=policy, bubbles=bubbles, **({"efficiency": efficiency} if efficiency else {}))
 
 
-def fill(plan: Plan, fill_jobs: str, options: Any) -> Any:
-    """Fill a plan's pipeline bubbles with the given jobs (PipeFill, ``solvers.fill.simulate.fill_plan``)."""
+def fill_jobs(spec: str) -> Any:
+    """Fill jobs from a preset, ``name:count,...``, a mix or a JSON file (``solvers.fill.jobs``)."""
     from solvers.fill.jobs import parse_fill_jobs
+
+    return parse_fill_jobs(spec)
+
+
+def fill(plan: Plan, jobs: Any, options: Any) -> Any:
+    """Fill a plan's pipeline bubbles with jobs (``fill_jobs`` or their spec; PipeFill,
+    ``solvers.fill.simulate.fill_plan``)."""
     from solvers.fill.simulate import fill_plan
 
-    return fill_plan(plan, parse_fill_jobs(fill_jobs), options)
+    return fill_plan(plan, fill_jobs(jobs) if isinstance(jobs, str) else jobs, options)
 
 
-def fill_scale(*, num_gpus: tuple[int, ...], jobs: str, horizon_s: float, seed: int, options: Any) -> Any:
-    """PipeFill's scaling sweep (the paper's 40B job on growing clusters, ``solvers.fill.scale``)."""
+def fill_scale(*, num_gpus: tuple[int, ...], jobs: str, horizon_s: float, seed: int, options: Any,
+               on_point: Any = None) -> Any:
+    """PipeFill's scaling sweep (the paper's 40B job on growing clusters, ``solvers.fill.scale``);
+    ``on_point`` is called after each cluster size."""
     from solvers.fill.scale import ScaleOptions, scale_sweep
 
-    return scale_sweep(ScaleOptions(num_gpus=num_gpus, jobs=jobs, horizon_s=horizon_s, seed=seed, fill=options))
+    return scale_sweep(ScaleOptions(num_gpus=num_gpus, jobs=jobs, horizon_s=horizon_s, seed=seed, fill=options),
+                       on_point=on_point)
 
 
 def save(obj: _Frozen, path: str | Path) -> Path:
@@ -388,14 +442,7 @@ def save(obj: _Frozen, path: str | Path) -> Path:
 
 
 def _read_json(path: Path, *, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidProblemError(
-            f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
-    except OSError as e:
-        raise InvalidProblemError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from None
+    return schema_io.load_json(path, what=what)
 
 
 # Cloud-pricing planner (dissertation ch. 6): the solver imports scipy only when called.

@@ -11,8 +11,10 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from planner import cli_types as T
 from planner import report
 from planner.errors import InvalidProblemError, PlannerError
 from planner.progress import progress
@@ -53,13 +56,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in _OPTIONAL_PACKAGES:
+            return _internal_error(e)
+        package = (e.name or "").split(".")[0]
+        print(f"error: paraplan {args.command} needs {package}, which is not installed; install the "
+              f"{_OPTIONAL_PACKAGES[package]!r} extra: pip install 'paraplan[{_OPTIONAL_PACKAGES[package]}]' "
+              "(on a GPU machine, install the torch build for its CUDA version instead)", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader of stdout went away (e.g. `| head`): not our bug
+        _silence_stdout()
+        return 0
     except Exception as e:  # an internal bug: short message, traceback only on request
-        print(f"internal error: {type(e).__name__}: {e}", file=sys.stderr)
-        if os.environ.get("PARAPLAN_DEBUG"):
-            traceback.print_exc()
-        else:
-            print("(set PARAPLAN_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
-        return 1
+        return _internal_error(e)
+
+
+# Packages of optional extras (pyproject.toml), by import name: extra name.
+_OPTIONAL_PACKAGES = {"torch": "torch"}
+
+
+def _internal_error(e: BaseException) -> int:
+    print(f"internal error: {type(e).__name__}: {e}", file=sys.stderr)
+    if os.environ.get("PARAPLAN_DEBUG"):
+        traceback.print_exception(e)
+    else:
+        print("(set PARAPLAN_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+    return 1
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (tests capture it)
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,24 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan a model on a cluster")
     p.add_argument("--model", required=True, help="preset name, pipedream:<name>, or a profile/transformer JSON or graph.txt")
     p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
-    p.add_argument("--solver", default="even", metavar="NAME", help=_solver_help())
-    p.add_argument("--schedule", default="1f1b")
-    p.add_argument("--pipeline", type=int, help="pipeline stages p (default: the solver chooses)")
-    p.add_argument("--chunks", type=int, default=1, help="model chunks per stage v (interleaved)")
-    p.add_argument("--microbatches", type=int, help="microbatches per pipeline replica m")
-    p.add_argument("--global-batch", type=int, help="global batch size B")
-    p.add_argument("--microbatch-size", type=int, help="samples per microbatch b (transformer configs)")
-    p.add_argument("--tensor-parallel", type=int, help="tensor-parallel degree t (transformer configs)")
-    p.add_argument("--data-parallel", type=int, help="data-parallel degree d (default: devices left)")
-    p.add_argument("--efficiency", type=float, help="achieved fraction of peak FLOP/s for analytic layer times")
+    p.add_argument("--solver", metavar="NAME", help=_solver_help())
+    p.add_argument("--schedule", help="pipeline schedule (default: 1f1b, or interleaved-1f1b with --chunks > 1)")
+    p.add_argument("--pipeline", type=T.DEVICES, help="pipeline stages p (default: the solver chooses)")
+    p.add_argument("--chunks", type=T.LAYERS, default=1, help="model chunks per stage v (interleaved)")
+    p.add_argument("--microbatches", type=T.MICROBATCHES, help="microbatches per pipeline replica m")
+    p.add_argument("--global-batch", type=T.BATCH, help="global batch size B")
+    p.add_argument("--microbatch-size", type=T.BATCH, help="samples per microbatch b (transformer configs)")
+    p.add_argument("--tensor-parallel", type=T.DEVICES, help="tensor-parallel degree t (transformer configs)")
+    p.add_argument("--data-parallel", type=T.DEVICES, help="data-parallel degree d (default: devices left)")
+    p.add_argument("--efficiency", type=T.fraction, help="achieved fraction of peak FLOP/s for analytic layer times")
     p.add_argument("--memory-headroom", metavar="FRACTION|AMOUNT",
                    help="device memory no plan may use: a fraction (0.1) or an amount (6GiB); default "
                         "min(1 GiB, 5%%) + 5%% (docs/cost-model.md, Memory headroom)")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
-    p.add_argument("--time-limit", type=float, help="solver time limit in seconds")
+    p.add_argument("--time-limit", type=T.positive_float(), help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
     p.add_argument("--no-offload", action="store_true",
                    help="do not fall back to an offloaded (spipe) plan when the model's states exceed all GPU memory")
+    p.add_argument("--timings", action="store_true",
+                   help="keep the wall-clock solve_time_s in the plan JSON (it then differs between runs)")
     p.add_argument("-o", "--output", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON on stdout")
     p.set_defaults(handler=cmd_plan)
@@ -110,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("model-info", help="parameters and FLOPs of a model (PTD-P Eq. 4.2/4.3)")
     m.add_argument("model")
-    m.add_argument("--global-batch", type=int, default=1, help="batch for flops_per_iteration (default 1)")
+    m.add_argument("--global-batch", type=T.BATCH, default=1, help="batch for flops_per_iteration (default 1)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(handler=cmd_model_info)
 
@@ -130,11 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from planner import api
+    from planner.schema_io import check_output_path
 
+    check_output_path(args.output, flag="-o")
+    schedule = args.schedule or ("interleaved-1f1b" if args.chunks > 1 else "1f1b")
+    if args.schedule is None and args.chunks > 1:
+        print(f"--chunks {args.chunks}: schedule interleaved-1f1b", file=sys.stderr)
     problem = api.make_problem(
         args.model,
         args.cluster,
-        schedule=args.schedule,
+        schedule=schedule,
         num_stages=args.pipeline,
         num_chunks=args.chunks,
         num_microbatches=args.microbatches,
@@ -147,22 +184,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
         efficiency=args.efficiency,
         memory_headroom=args.memory_headroom,
     )
-    with progress(f"planning with {args.solver}"):
-        plan = api.plan(problem, solver=args.solver, options=_parse_options(args.option),
-                        offload_fallback=not args.no_offload)
+    print(f"cluster {args.cluster}: {report.cluster_expansion(problem.cluster)}", file=sys.stderr)
+    solver = args.solver or api.default_solver(problem)
+    if args.solver is None:
+        print(f"solver {solver} (the default for this problem; --solver to choose another)", file=sys.stderr)
+    began = time.perf_counter()
+    with progress(f"planning with {solver}"):
+        plan = api.plan(problem, solver=solver, options=_parse_options(args.option),
+                        offload_fallback=not args.no_offload, timings=args.timings)
+    solve_time_s = time.perf_counter() - began
     if args.output:
         api.save(plan, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
     if args.json:
         print(plan.model_dump_json(indent=2))
     else:
-        print(report.plan_table(plan))
+        print(report.plan_table(plan, solve_time_s=solve_time_s))
     return 0
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from planner import api
+    from planner.schema_io import check_output_path
 
+    check_output_path(args.timeline, flag="--timeline")
+    check_output_path(args.trace, flag="--trace", create_parent=True)  # write_trace makes the folders
+    window = _window(args.window)
+    if args.events and not args.json:
+        raise InvalidProblemError("--events adds the timeline events to --json output; add --json (or use --timeline)")
     plan = api.load_plan(args.plan)
     with progress("simulating"):
         result = api.simulate(plan, include_events=bool(args.timeline or args.events or args.trace))
@@ -180,7 +229,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         rows = stage_labels(plan) if plan.offload is None else None  # offloaded results have a row per GPU
         with progress("drawing the timeline"):
             draw_timeline(result, args.timeline, title=report.plan_title(plan), resources=api.resource_timelines(plan),
-                          row_labels=rows, window=_window(args.window), memory=api.memory_timelines(plan, result))
+                          row_labels=rows, window=window, memory=api.memory_timelines(plan, result))
         print(f"wrote {args.timeline}", file=sys.stderr)
     if args.json:
         print(result.to_json(include_events=args.events, indent=2))
@@ -203,12 +252,17 @@ def _window(text: str) -> str | tuple[float, float]:
         lo, hi = (float(x) for x in text.split(":"))
     except ValueError:
         raise InvalidProblemError(f"--window {text!r} is not auto, all or START:END in seconds (e.g. 0:2.5)") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise InvalidProblemError(f"--window {text!r}: START and END must be finite seconds with 0 <= START < END")
     return (lo, hi)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from planner import api
 
+    from planner.schema_io import check_output_path
+
+    check_output_path(args.output, flag="-o")
     text = api.export(api.load_plan(args.plan), args.format)
     if args.output:
         Path(args.output).write_text(text)
@@ -221,8 +275,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_model_info(args: argparse.Namespace) -> int:
     from planner import api
 
-    if args.global_batch < 1:
-        raise InvalidProblemError(f"--global-batch={args.global_batch} must be at least 1")
     info = api.model_info(args.model, global_batch_size=args.global_batch)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -236,7 +288,8 @@ def _solver_help() -> str:
     import solvers
 
     names = ", ".join(info.name + ("*" if info.searches_tensor_parallelism else "") for info in solvers.REGISTRY)
-    return f"pipeline solver (default even): {names}; * searches tensor parallelism; see 'paraplan solvers'"
+    return (f"pipeline solver: {names} (* searches tensor parallelism; see 'paraplan solvers'); default: ptdp "
+            "for a transformer with --global-batch and no fixed shape, else even")
 
 
 def cmd_solvers(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from planner import cli_types as T
 from planner.errors import InvalidProblemError
 from planner.schema_cloud import MARKETS, CloudJobsFile, CloudPlan
 
@@ -36,8 +37,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--markets", default="on-demand,spot", help=f"comma list of {', '.join(MARKETS)}")
     p.add_argument("--clouds", help="comma list of clouds (default: all in the catalogue)")
     p.add_argument("--instances", help="comma list of instance types (cloud/region/name or unique names)")
-    p.add_argument("--budget", type=float, help="total dollars (min-makespan; a cap for min-cost)")
-    p.add_argument("--budget-per-hour", type=float, help="spending rate in dollars per hour (max-throughput)")
+    p.add_argument("--budget", type=T.positive_float(), help="total dollars (min-makespan; a cap for min-cost)")
+    p.add_argument("--budget-per-hour", type=T.positive_float(), help="spending rate in dollars per hour (max-throughput)")
     p.add_argument("--quota", action="append", default=[], metavar="INSTANCE=N", help="instances held at once (repeatable)")
     p.add_argument("--trace", help="price-trace CSV: spot prices become its time-weighted means")
     p.add_argument("--no-preemption", action="store_true", help="do not discount spot throughput by preemptions")
@@ -49,8 +50,8 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("file", nargs="?", help="trace CSV to check (omit with --generate)")
     t.add_argument("--catalogue", default="ch6-2020")
     t.add_argument("--generate", action="store_true", help="write a seeded synthetic trace")
-    t.add_argument("--days", type=float, default=90.0)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--days", type=T.positive_float(3650.0, "ten years of hourly prices"), default=90.0)
+    t.add_argument("--seed", type=T.SEED, default=0)
     t.add_argument("-o", "--output", help="where --generate writes (default stdout)")
     t.add_argument("--json", action="store_true")
     t.set_defaults(handler=cmd_trace)
@@ -59,11 +60,11 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--jobs", required=True, help="cloud jobs JSON; --job picks one (default: the first)")
     r.add_argument("--job")
     r.add_argument("--trace", help="price-trace CSV (default: the generated trace of --seed)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=T.SEED, default=0)
     r.add_argument("--catalogue", default="ch6-2020")
     r.add_argument("--strategy", default="all", help="baseline, gpu-type, multi-gpu, multi-cloud, dynamic or all")
-    r.add_argument("--max-switches", type=int, default=3)
-    r.add_argument("--start-h", type=float, default=0.0)
+    r.add_argument("--max-switches", type=T.non_negative_int, default=3)
+    r.add_argument("--start-h", type=T.non_negative_float, default=0.0)
     r.add_argument("--preemptions", action="store_true", help="draw preemptions at the catalogue's rates")
     r.add_argument("--json", action="store_true")
     r.set_defaults(handler=cmd_replay)
@@ -105,6 +106,9 @@ def cmd_catalogue(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from planner import api
 
+    from planner.schema_io import check_output_path
+
+    check_output_path(args.output, flag="-o")
     jobs = load_cloud_jobs(args.jobs)
     problem = api.cloud_problem(
         jobs.jobs, objective=args.objective, markets=_split(args.markets), clouds=_split(args.clouds),
@@ -122,6 +126,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from planner import api
     from solvers.cloud.traces import GeneratorOptions, trace_stats, trace_to_csv
 
+    from planner.schema_io import check_output_path
+
+    check_output_path(args.output, flag="-o")
     cat = api.load_cloud_catalogue(args.catalogue)
     if args.generate:
         if args.days <= 0:
@@ -236,10 +243,6 @@ def _quotas(pairs: list[str]) -> dict[str, float]:
 
 
 def _read_json(path: str, what: str) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidProblemError(f"{what} file {path!r} does not exist")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidProblemError(f"{what} file {path!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    from planner.schema_io import load_json
+
+    return load_json(path, what=what)

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from planner import cli_types as T
+
 __all__ = ["add_parsers"]
 
 
@@ -19,14 +21,15 @@ def add_parsers(sub: Any) -> None:
     f = sub.add_parser("fill", help="fill a plan's pipeline bubbles with other jobs (PipeFill)")
     f.add_argument("plan", nargs="?", help="plan JSON (not with --scale)")
     f.add_argument("--fill-jobs", help="preset (bert-large-inference), name:count,..., a mix (paper-mix) or JSON")
-    f.add_argument("--policy", default="sjf", help="scheduler score: sjf, makespan or fifo")
-    f.add_argument("--fill-fraction", type=float, default=0.68, help="share of each bubble to fill (paper 0.68)")
-    f.add_argument("--free-memory-gb", type=float, help="fixed free memory per bubble (paper 4.5); default: simulated")
-    f.add_argument("--fill-efficiency", type=float, help="fraction of peak FLOP/s fill kernels reach (default 0.5)")
+    f.add_argument("--policy", default="sjf", choices=["sjf", "makespan", "fifo"], help="scheduler score (default sjf)")
+    f.add_argument("--fill-fraction", type=T.fraction, default=0.68, help="share of each bubble to fill (paper 0.68)")
+    f.add_argument("--free-memory-gb", type=T.positive_float(), help="fixed free memory per bubble (paper 4.5); default: simulated")
+    f.add_argument("--fill-efficiency", type=T.fraction, help="fraction of peak FLOP/s fill kernels reach (default 0.5)")
     f.add_argument("--scale", action="store_true", help="the paper's 40B job on 1K-16K GPUs with a job stream")
-    f.add_argument("--gpus", default="1024,2048,4096,8192,16384", help="cluster sizes of --scale")
-    f.add_argument("--horizon-h", type=float, default=12.0, help="simulated hours of --scale")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--gpus", help="cluster sizes of --scale (default 1024,2048,4096,8192,16384)")
+    f.add_argument("--horizon-h", type=T.positive_float(8760.0, "one year of simulated time"),
+                   help="simulated hours of --scale (default 12)")
+    f.add_argument("--seed", type=T.SEED, default=0, help="random seed, 0 to 2^32-1")
     f.add_argument("--plot", help="--scale: draw utilization against cluster size to a .png/.svg")
     f.add_argument("-o", "--output", help="write the JSON result here")
     f.add_argument("--json", action="store_true")
@@ -44,13 +47,26 @@ def _fill_options(args: argparse.Namespace, *, scale: bool) -> Any:
 def cmd_fill(args: argparse.Namespace) -> int:
     from planner import api
     from planner.errors import InvalidProblemError
+    from planner.schema_io import check_output_path
 
+    check_output_path(args.output, flag="-o")
+    check_output_path(args.plot, flag="--plot")
     if args.scale:
+        if args.plan:
+            raise InvalidProblemError(f"--scale runs the paper's own main job; drop the plan {args.plan!r} (or --scale)")
         return _cmd_scale(args)
+    given = [flag for flag, value in (("--gpus", args.gpus), ("--horizon-h", args.horizon_h), ("--plot", args.plot))
+             if value is not None]
+    if given:
+        raise InvalidProblemError(f"{', '.join(given)} apply to --scale only; add --scale or drop them")
     if not args.plan or not args.fill_jobs:
         raise InvalidProblemError("paraplan fill needs PLAN.json and --fill-jobs F (or --scale)")
-    result = api.fill(api.load_plan(args.plan), args.fill_jobs, _fill_options(args, scale=False))
-    _emit(args, result, _fill_table(result))
+    from planner.progress import progress
+
+    plan, jobs = api.load_plan(args.plan), api.fill_jobs(args.fill_jobs)
+    with progress(f"filling the bubbles of {plan.cluster.num_devices} GPUs with {len(jobs)} jobs"):
+        result = api.fill(plan, jobs, _fill_options(args, scale=False))
+    _emit(args, result, _fill_table(result, plan.cluster.num_devices))
     return 0
 
 
@@ -58,14 +74,24 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     from planner import api
     from planner.errors import InvalidProblemError
 
+    args.gpus = args.gpus or "1024,2048,4096,8192,16384"
+    args.horizon_h = args.horizon_h or 12.0
     try:
         gpus = tuple(int(x) for x in args.gpus.split(",") if x.strip())
     except ValueError:
         raise InvalidProblemError(f"--gpus {args.gpus!r} must be comma-separated integers, e.g. 1024,8192") from None
+    from planner.schema_io import MAX_DEVICES, bounded
+
+    if not gpus or min(gpus) < 1:
+        raise InvalidProblemError(f"--gpus {args.gpus!r} must list positive GPU counts, e.g. 1024,8192")
+    bounded("--gpus", max(gpus), MAX_DEVICES, "set above the largest published training clusters")
     if args.horizon_h <= 0:
         raise InvalidProblemError(f"--horizon-h={args.horizon_h} must be positive")
-    result = api.fill_scale(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
-                            seed=args.seed, options=_fill_options(args, scale=True))
+    from planner.progress import progress
+
+    with progress(f"PipeFill scale sweep over {len(gpus)} cluster sizes", total=len(gpus)) as ticker:
+        result = api.fill_scale(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
+                                seed=args.seed, options=_fill_options(args, scale=True), on_point=ticker.advance)
     if args.plot:
         plot_scale(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -82,8 +108,10 @@ def _emit(args: argparse.Namespace, result: Any, table: str) -> None:
     print(result.model_dump_json(indent=2) if args.json else table)
 
 
-def _fill_table(r: Any) -> str:
-    lines = [f"iteration {r.iteration_time_s:.4g} s, bubble fraction {r.bubble_fraction:.3f}, {r.num_devices} GPUs",
+def _fill_table(r: Any, plan_gpus: int) -> str:
+    gpus = (f"{plan_gpus} GPUs" if plan_gpus == r.num_devices else
+            f"{plan_gpus} GPUs (one pipeline replica of {r.num_devices} simulated; the other replicas fill alike)")
+    lines = [f"iteration {r.iteration_time_s:.4g} s, bubble fraction {r.bubble_fraction:.3f}, {gpus}",
              f"{len(r.assignments)} fill jobs, makespan {r.makespan_s:.4g} s, mean JCT {r.mean_completion_time_s:.4g} s",
              f"main {r.main_flops_per_device_s / 1e12:.3g} TFLOP/s/GPU, fill {r.fill_flops_per_device_s / 1e12:.3g} "
              f"TFLOP/s/GPU: recovered utilization {100 * r.recovered_utilization:.1f}%, "

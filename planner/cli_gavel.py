@@ -15,17 +15,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from planner import cli_types as T
 from planner.errors import InvalidProblemError
 from planner.progress import progress
 from planner.schema_gavel import Allocation, ClusterProblem, ClusterSimResult, JobsFile
 
-_WORKERS_RE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*[:=]\s*(\d+)\s*$")
+_WORKERS_RE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*[:=]\s*(\d+)(?:x(\d+))?\s*$")
+"""``type:count`` or, as in ``paraplan plan``, ``type:NODESxPER_NODE`` (N x M accelerators)."""
 
 
 def add_parsers(sub: Any) -> None:
     """Register the Gavel sub-commands on the ``paraplan`` sub-parser set."""
     s = sub.add_parser("schedule", help="one Gavel allocation of a cluster among jobs")
-    s.add_argument("--jobs", required=True, help="jobs JSON (paraplan.jobs/v1) or a Gavel .trace file")
+    s.add_argument("--jobs", required=True, help="jobs JSON (paraplan.jobs/v1), a Gavel .trace file or a bundled trace name")
     s.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or e.g. v100:1,k80:1")
     s.add_argument("--policy", required=True, help="policy name (`paraplan policies` lists them)")
     _common_flags(s)
@@ -35,12 +37,13 @@ def add_parsers(sub: Any) -> None:
     c = sub.add_parser("cluster-sim", help="simulate a cluster under a Gavel policy with 6-minute rounds")
     c.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or e.g. v100:36,p100:36,k80:36")
     c.add_argument("--policy", required=True)
-    c.add_argument("--trace", help="jobs JSON or Gavel .trace with arrival times")
-    c.add_argument("--jobs", type=int, help="number of Poisson-arrival jobs from Gavel's job mix")
-    c.add_argument("--rate", type=float, help="arrival rate, jobs per hour")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--trace", help="jobs JSON or Gavel .trace with arrival times, or a bundled trace by name "
+                   "(small_test, medium_test, debug, debug_v2, artifact_evaluation)")
+    c.add_argument("--jobs", type=T.JOBS, help="number of Poisson-arrival jobs from Gavel's job mix")
+    c.add_argument("--rate", type=T.positive_float(), help="arrival rate, jobs per hour")
+    c.add_argument("--seed", type=T.SEED, default=0, help="random seed, 0 to 2^32-1")
     c.add_argument("--multi-gpu", action="store_true", help="scale factors 1/2/4/8 (continuous-multiple)")
-    c.add_argument("--round", type=float, default=360.0, help="round length in seconds (default 360)")
+    c.add_argument("--round", type=T.between(10.0, 86_400.0, "Gavel evaluates rounds of minutes; each round is simulated"), default=360.0, help="round length in seconds (default 360)")
     c.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel",
                    help="round mechanism: Gavel's simulator code (gavel, default) or the chapter's Algorithm 2 (paper)")
     c.add_argument("--measure", help="FIRST:LAST job indices the averages cover (steady state)")
@@ -62,10 +65,11 @@ def _add_cluster_run(sub: Any) -> None:
     r.add_argument("--cluster", required=True, help="accelerator counts, e.g. v100:1,p100:1 (Ray custom resources)")
     r.add_argument("--policy", required=True)
     r.add_argument("--trace", required=True, help="jobs JSON or Gavel .trace with arrival times")
-    r.add_argument("--round", type=float, default=1.0, help="round length in wall-clock seconds (default 1)")
+    r.add_argument("--round", type=T.positive_float(3600.0, "an hour of wall-clock time per round"), default=1.0,
+                   help="round length in wall-clock seconds (default 1)")
     r.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel",
                    help="round mechanism, as cluster-sim's (default gavel)")
-    r.add_argument("--time-scale", type=float, default=1.0,
+    r.add_argument("--time-scale", type=T.positive_float(1e6, "a million times faster than the trace"), default=1.0,
                    help="divide the trace's times by K and multiply throughputs by K (360: a 6-minute round in 1 s)")
     r.add_argument("--checkpoint-dir", help="where job checkpoints go (default: a temporary folder)")
     r.add_argument("--address", help="join a running Ray cluster (it must offer one custom resource per type)")
@@ -75,7 +79,7 @@ def _add_cluster_run(sub: Any) -> None:
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--partitions", type=int, default=1, help="POP sub-problems k (default 1: the full LP)")
+    p.add_argument("--partitions", type=T.JOBS, default=1, help="POP sub-problems k (default 1: the full LP)")
     p.add_argument("--space-sharing", action="store_true", help="add co-location pairs from Gavel's table")
     p.add_argument("--throughputs", help="a Gavel throughput table JSON (default: the bundled simulation table)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
@@ -85,6 +89,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from planner import api
 
     workers = load_worker_types(args.cluster)
+    _check_table(args)
     problem = load_problem(args.jobs, workers, table=args.throughputs, with_pairs=args.space_sharing)
     with progress(f"solving {args.policy}"):
         allocation = api.schedule(problem, policy=args.policy, options=_options(args))
@@ -95,8 +100,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_cluster_sim(args: argparse.Namespace) -> int:
     from planner import api
 
+    from planner.schema_io import check_output_path
+
+    check_output_path(args.cdf, flag="--cdf")
     api.gavel_policy(args.policy)
     workers = load_worker_types(args.cluster)
+    _check_table(args)
     jobs = _sim_jobs(args, workers)
     measure = _window(args.measure)
     bar = _Bar(len(jobs.jobs))
@@ -113,6 +122,14 @@ def cmd_cluster_sim(args: argparse.Namespace) -> int:
         print(f"wrote {args.cdf}", file=sys.stderr)
     print(result.model_dump_json(indent=2) if args.json else sim_table(result))
     return 0
+
+
+def _check_table(args: argparse.Namespace) -> None:
+    """Read ``--throughputs`` before any work: a missing or malformed table is refused, not ignored."""
+    if args.throughputs is not None:
+        from solvers.gavel.throughputs import load_table
+
+        load_table(args.throughputs)
 
 
 def cmd_cluster_run(args: argparse.Namespace) -> int:
@@ -190,9 +207,16 @@ def load_worker_types(spec: str) -> dict[str, int]:
             raise InvalidProblemError(
                 f"cannot parse cluster {spec!r}; give a cluster JSON or type:count pairs such as 'v100:36,p100:36,k80:36'"
             )
-        if int(match.group(2)) < 1:
-            raise InvalidProblemError(f"cluster {spec!r}: {match.group(1)} has {match.group(2)} accelerators; need at least 1")
-        out[match.group(1).lower()] = int(match.group(2))
+        count = int(match.group(2)) * int(match.group(3) or 1)
+        if count < 1:
+            raise InvalidProblemError(f"cluster {spec!r}: {match.group(1)} has {count} accelerators; need at least 1")
+        name = match.group(1).lower()
+        out[name] = out.get(name, 0) + count
+    from planner.schema_io import MAX_DEVICES, bounded
+
+    bounded("accelerators in cluster " + repr(spec), sum(out.values()), MAX_DEVICES,
+            "set above the largest published training clusters")
+    print(f"cluster {spec}: " + ", ".join(f"{n} {t}" for t, n in out.items()) + " accelerators", file=sys.stderr)
     return out
 
 
@@ -200,16 +224,43 @@ def load_jobs(source: str, workers: dict[str, int], *, table: str | None = None,
     """A jobs file: ``paraplan.jobs/v1`` JSON, or a Gavel trace (10 tab-separated columns)."""
     from solvers.gavel import throughputs
 
-    path = Path(source)
+    path = _bundled_trace(source) or Path(source)
     if not path.is_file():
-        raise InvalidProblemError(f"jobs file {source!r} does not exist")
+        raise InvalidProblemError(
+            f"jobs file {source!r} does not exist (bundled Gavel traces by name: {', '.join(bundled_traces())})"
+        )
     if path.suffix != ".json":
         return throughputs.read_trace(path, worker_types=workers, table=throughputs.load_table(table), with_pairs=with_pairs)
     jobs = JobsFile.from_dict(_read_json(path, "jobs"))
+    if table is not None and not with_pairs:
+        raise InvalidProblemError(
+            f"--throughputs {table!r} applies to Gavel traces and --space-sharing; the jobs JSON {source!r} gives "
+            "each job's throughputs (or model and batch_size to derive them): drop --throughputs or add --space-sharing"
+        )
     if with_pairs and all(j.job_type for j in jobs.jobs):
         pairs = throughputs.table_pairs(throughputs.load_table(table), jobs.jobs, workers)
         jobs = jobs.model_copy(update={"pairs": jobs.pairs + pairs})
     return jobs
+
+
+def bundled_traces() -> list[str]:
+    """Names of the Gavel traces shipped with paraplan (``--trace small_test`` finds them)."""
+    from importlib import resources
+
+    root = resources.files("solvers.gavel").joinpath("data/traces")
+    return sorted(p.name.removesuffix(".trace") for p in root.iterdir() if p.name.endswith(".trace"))
+
+
+def _bundled_trace(source: str) -> Path | None:
+    """The bundled trace named ``source`` (with or without ``.trace``) unless a file of that name exists."""
+    from importlib import resources
+
+    if Path(source).exists() or "/" in source:
+        return None
+    name = source.removesuffix(".trace")
+    if name not in bundled_traces():
+        return None
+    return Path(str(resources.files("solvers.gavel").joinpath(f"data/traces/{name}.trace")))
 
 
 def load_problem(source: str, workers: dict[str, int], *, table: str | None = None, with_pairs: bool = False) -> ClusterProblem:
@@ -255,6 +306,11 @@ def _sim_jobs(args: argparse.Namespace, workers: dict[str, int]) -> JobsFile:
     if (args.trace is None) == (args.jobs is None):
         raise InvalidProblemError("give either --trace FILE or --jobs N --rate R (Poisson arrivals)")
     if args.trace is not None:
+        ignored = [flag for flag, on in (("--rate", getattr(args, "rate", None) is not None),
+                                         ("--multi-gpu", getattr(args, "multi_gpu", False))) if on]
+        if ignored:
+            raise InvalidProblemError(f"{', '.join(ignored)} shape generated jobs (--jobs N); the trace "
+                                      f"{args.trace!r} gives its own: drop {', '.join(ignored)}")
         jobs = load_jobs(args.trace, workers, table=args.throughputs, with_pairs=args.space_sharing)
         return jobs if all(j.throughputs is not None for j in jobs.jobs) else _resolved(jobs, workers)
     if args.rate is None:
@@ -311,9 +367,6 @@ class _Bar:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidProblemError(f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    except OSError as e:
-        raise InvalidProblemError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from None
+    from planner.schema_io import load_json
+
+    return load_json(path, what=what)

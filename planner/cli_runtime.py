@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any
 
+from planner import cli_types as T
+
 __all__ = ["add_parsers"]
 
 _GIB = 2.0**30
@@ -22,18 +24,18 @@ def add_parsers(sub: Any) -> None:
     r = sub.add_parser("run", help="execute a plan under torchrun: pipeline (torch.distributed.pipelining) x "
                                    "data (DDP/FSDP2) x tensor/sequence parallel (DTensor)")
     r.add_argument("plan")
-    r.add_argument("--steps", type=int, default=3, help="training steps (the first is not timed)")
+    r.add_argument("--steps", type=T.count(10_000, "a check run, not a training job"), default=3, help="training steps (the first is not timed)")
     r.add_argument("--check", action="store_true", help="compare losses and gradients with one process")
     r.add_argument("--json", action="store_true")
     r.add_argument("--model", help="transformer to build: a preset, a transformer JSON or anything `paraplan plan --model` reads (default: the plan's, or the preset named like it)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--executor", choices=["auto", "builtin", "actions"], default="auto",
                    help="torch's schedule class, or the plan's own action list (default: class if any)")
-    r.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--nproc-per-node", type=int, help="ranks on this node (default: all the plan's)")
-    r.add_argument("--nnodes", type=int, default=1)
-    r.add_argument("--node-rank", type=int, default=0)
+    r.add_argument("--timeout", type=T.positive_float(), default=30.0, help="process-group timeout in seconds")
+    r.add_argument("--seed", type=T.SEED, default=0, help="random seed, 0 to 2^32-1")
+    r.add_argument("--nproc-per-node", type=T.count(1024, "processes on one node"), help="ranks on this node (default: all the plan's)")
+    r.add_argument("--nnodes", type=T.DEVICES, default=1)
+    r.add_argument("--node-rank", type=T.non_negative_int, default=0)
     r.add_argument("--rdzv-endpoint", help="host:port of the rendezvous (several nodes)")
     r.add_argument("--rdzv-id", default="paraplan", help="rendezvous id, the same on every node of one run")
     r.add_argument("--rdzv-backend", default="c10d", help="torchrun rendezvous backend (several nodes)")
@@ -46,11 +48,11 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure the bundled model's per-layer costs (a layer profile)")
     p.add_argument("--model", required=True, help="preset name or transformer JSON")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--microbatch-size", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--num-microbatches", type=int, default=4,
+    p.add_argument("--microbatch-size", type=T.BATCH, default=1)
+    p.add_argument("--repeats", type=T.count(10_000, "timing repeats per layer"), default=5)
+    p.add_argument("--num-microbatches", type=T.MICROBATCHES, default=4,
                    help="microbatches per step the per-step work (optimizer, zero_grad) is spread over")
-    p.add_argument("--optimizer-bytes-per-param", type=float, default=0.0,
+    p.add_argument("--optimizer-bytes-per-param", type=T.non_negative_float, default=0.0,
                    help="optimizer state in static_bytes (0: the bridge's SGD; 8: fp32 Adam)")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed time (default); cpu: process CPU time, not inflated by other jobs on a shared "
@@ -72,6 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not isinstance(model, TransformerConfig):
             raise InvalidProblemError(f"--model {args.model!r} is a layer profile; give a transformer config or preset")
     cfg = resolve_config(plan, model)
+    if args.node_rank >= args.nnodes:
+        raise InvalidProblemError(f"--node-rank={args.node_rank} must be below --nnodes={args.nnodes} (ranks count from 0)")
     world = args.nproc_per_node * args.nnodes if args.nproc_per_node else None
     check_plan(plan, cfg, world_size=world)  # before torch is even imported
     from runtime_bridge.fill import load_fill_job
@@ -120,6 +124,7 @@ def run_table(report: dict[str, Any]) -> str:
         lines.append(_fill_line(report["fill"]))
     if "max_grad_diff" in report:
         verdict = "passed" if report["check_passed"] else "FAILED"
+        lines += [f"check failure: {failure}" for failure in report.get("check_failures", [])]
         lines.append(f"check {verdict}: max_loss_diff {report['max_loss_diff']:.3g}, "
                      f"max_grad_diff {report['max_grad_diff']:.3g}")
     return "\n".join(lines)
@@ -143,6 +148,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from planner.errors import InvalidProblemError
     from planner.schema import TransformerConfig
 
+    from planner.schema_io import check_output_path
+
+    check_output_path(args.output, flag="-o")
     cfg = api.load_model(args.model)
     if not isinstance(cfg, TransformerConfig):
         raise InvalidProblemError(f"--model {args.model!r} is a layer profile already; give a transformer config or preset")

@@ -5,8 +5,7 @@ torch CSV (compute_only): one row per pipeline rank, no header, one action per c
 like torch's ``_Action`` (``"2F0"``, ``"1I3"``, ``"0W3"``). ``_PipelineScheduleRuntime._load_csv(path,
 format="compute_only")`` reads it and lowers it (adds sends and receives); torchtitan takes the
 same file through ``pipeline_parallel_schedule_csv`` (its ``tests/assets/custom_schedule.csv``
-is the reference, shared/data/torchtitan/custom_schedule.csv). See shared/design/ecosystem.md
-Sec. 2.4-2.5.
+is the reference); see [torch-pipelining] in docs/references.md.
 
 Megatron-LM arguments: names and semantics from NVIDIA/Megatron-LM
 ``megatron/training/arguments.py`` (``--decoder-first-pipeline-num-layers``,

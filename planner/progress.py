@@ -9,16 +9,41 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+class Ticker:
+    """Counts finished units of work so that the progress line can show ``3/5, ETA 8 s``."""
+
+    def __init__(self, total: int | None) -> None:
+        self.total, self.done = total, 0
+        self.start = time.perf_counter()
+
+    def advance(self, done: int | None = None, total: int | None = None) -> None:
+        """One more unit finished (or ``done`` of ``total`` units)."""
+        self.done = self.done + 1 if done is None else done
+        self.total = total if total is not None else self.total
+
+    def suffix(self) -> str:
+        if not self.total:
+            return ""
+        text = f" ({self.done}/{self.total}"
+        if 0 < self.done < self.total:
+            remaining_s = (time.perf_counter() - self.start) / self.done * (self.total - self.done)
+            text += f", ETA {remaining_s:.0f} s"
+        return text + ")"
+
+
 @contextmanager
-def progress(label: str, *, delay_s: float = 1.0, stream=None) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def progress(label: str, *, delay_s: float = 1.0, stream=None, total: int | None = None) -> Iterator[Ticker]:  # type: ignore[no-untyped-def]
     """Print ``label... 3.2 s`` on stderr while the block runs, once it has taken ``delay_s``.
 
-    On a terminal the line updates in place; otherwise one line is printed when the delay
-    passes and one when the work ends, so logs stay short.
+    With ``total`` units of work, the block calls ``ticker.advance()`` after each one and the
+    line adds ``(done/total, ETA s)``. On a terminal the line updates in place; otherwise one
+    line is printed when the delay passes, one per 10 s while it runs, and one when the work
+    ends, so logs stay short.
     """
     out = stream or sys.stderr
     done = threading.Event()
-    start = time.perf_counter()
+    ticker = Ticker(total)
+    start = ticker.start
     shown = threading.Event()
     tty = hasattr(out, "isatty") and out.isatty()
 
@@ -29,17 +54,17 @@ def progress(label: str, *, delay_s: float = 1.0, stream=None) -> Iterator[None]
         while True:
             elapsed = time.perf_counter() - start
             if tty:
-                out.write(f"\r{label}... {elapsed:5.1f} s")
+                out.write(f"\r{label}... {elapsed:5.1f} s{ticker.suffix()}   ")
             else:
-                out.write(f"{label}...\n")
+                out.write(f"{label}... {elapsed:.0f} s{ticker.suffix()}\n")
             out.flush()
-            if not tty or done.wait(0.2):
+            if done.wait(0.2 if tty else 10.0):
                 return
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        yield
+        yield ticker
     finally:
         done.set()
         thread.join()

@@ -5,9 +5,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from planner.schema import Plan, SimResult
+from planner.schema import Cluster, Plan, SimResult
 
 _GIB = 2.0**30
+
+
+def _distinct(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows that differ from every earlier row in something other than their rank."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        key = repr(sorted((k, v) for k, v in row.items() if k != "rank"))
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
+def cluster_expansion(cluster: Cluster) -> str:
+    """What a cluster spec expanded to: ``2 nodes x 8 a100-80gb = 16 devices``."""
+    if cluster.device is None:
+        return ", ".join(f"{n} {t}" for t, n in (cluster.worker_types or {}).items()) + f" = {cluster.num_devices} devices"
+    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
+    return f"{nodes} x {cluster.devices_per_node} {cluster.device.name} = {cluster.num_devices} devices"
+
+
+def devices_line(plan: Plan) -> str:
+    """How many of the cluster's devices the plan uses, and how they split."""
+    d = plan.degrees
+    used = sum(stage.replicas for stage in plan.stages) * d.tensor * d.context
+    total = plan.cluster.num_devices
+    split = f"{d.pipeline} stages x {d.data} replicas x {d.tensor} tensor" + (f" x {d.context} context" if d.context > 1 else "")
+    if used == total:
+        return f"devices: all {total} ({split})"
+    return f"devices: {used} of the cluster's {total} ({split}); {total - used} idle"
 
 
 def plan_title(plan: Plan) -> str:
@@ -31,8 +62,10 @@ def mfu(plan: Plan, iteration_time_s: float) -> float | None:
     return per_iteration / (iteration_time_s * devices * plan.cluster.device.peak_flops)
 
 
-def plan_table(plan: Plan, *, max_candidates: int = 10) -> str:
-    lines = [plan_title(plan), f"status {plan.status}, solved in {plan.solve_time_s:.3f} s"]
+def plan_table(plan: Plan, *, max_candidates: int = 10, solve_time_s: float | None = None) -> str:
+    """The plan as text; ``solve_time_s`` is the wall-clock time measured by the caller."""
+    solved = plan.solve_time_s if solve_time_s is None else solve_time_s
+    lines = [plan_title(plan), f"status {plan.status}" + (f", solved in {solved:.3f} s" if solved is not None else "")]
     pred = plan.predicted
     if pred is not None:
         util = mfu(plan, pred.iteration_time_s)
@@ -49,6 +82,7 @@ def plan_table(plan: Plan, *, max_candidates: int = 10) -> str:
                          f"{usable_memory_bytes(device) / _GIB:.1f} GiB, total {device.memory_bytes / _GIB:.1f} GiB "
                          "(usable = total - headroom, --memory-headroom)")
     replicas = [stage.replicas for stage in plan.stages]
+    lines.append(devices_line(plan))
     if len(set(replicas)) > 1 or replicas[0] != plan.degrees.data:
         lines.append(f"global batch {plan.global_batch_size} = {plan.num_microbatches} microbatches x "
                      f"{plan.microbatch_size} x {replicas[0]} input-stage replicas; replicas per stage "
@@ -71,8 +105,11 @@ def plan_table(plan: Plan, *, max_candidates: int = 10) -> str:
     for note in plan.notes:
         lines.append(f"note: {note}")
     if plan.candidates:
-        shown = plan.candidates[:max_candidates]
-        lines += ["", f"top {len(shown)} of {len(plan.candidates)} configurations (--json has them all):"]
+        distinct = _distinct(plan.candidates)
+        shown = distinct[:max_candidates]
+        hidden = len(plan.candidates) - len(distinct)
+        lines += ["", f"top {len(shown)} of {len(plan.candidates)} configurations"
+                  + (f" ({hidden} repeating an earlier row not shown)" if hidden else "") + " (--json has them all):"]
         lines.append(table(shown))
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Every type that crosses a module boundary in paraplan.
 
-The formats follow ``shared/design/architecture.md`` (the sections marked contract):
+The formats are documented in docs/input-formats.md (the plan JSON's fields are a contract):
 layer profiles, clusters, transformer configs, pipeline problems, plans and simulation
 results. All types are immutable pydantic models that reject unknown keys, round-trip
 through JSON and export a JSON Schema (``docs/schema/``).
@@ -11,20 +11,39 @@ counts are ``num_*``, sequences are tuples.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from planner import schema_io
 from planner.errors import InvalidProblemError
 
 SCHEMA_VERSION = "paraplan.plan/v1"
 
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+from planner.schema_types import (  # noqa: F401 (re-exported: other modules import them from here)
+    BatchCount,
+    Bytes,
+    DeviceCount,
+    ExtraTime,
+    Latency,
+    LayerCount,
+    LayerIndex,
+    LayerTime,
+    MicrobatchCount,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    _at_most,
+    _count,
+    _DEVICES_WHY,
+    _field_accepts,
+    _wrong_scalar,
+    _WIDTH,
+    _LENGTH,
+)
 
 # Pipeline schedules the simulator runs ("custom" = the plan's own per-rank action list).
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "2bw", "flush", "custom"]
@@ -36,7 +55,25 @@ _STRATEGY_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: every float must be finite (docs/input-formats.md, "Input rules").
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true`` is not the number 1 and ``"1"`` is not a number: where a field (or its items)
+        holds no bool or no str, refuse one (JSON types as the schema states them)."""
+        if info.field_name is None:
+            return value
+        bool_ok, str_ok = _field_accepts(cls, info.field_name)
+        if bool_ok and str_ok:
+            return value
+        wrong = _wrong_scalar(value, bool_ok=bool_ok, str_ok=str_ok)
+        if wrong == "boolean":
+            raise ValueError("a boolean is not a number here; write the number itself")
+        if wrong == "string":
+            raise ValueError("a string is not a number here; write the number without quotes")
+        return value
 
     def to_json(self, **kwargs: Any) -> str:
         """Serialize to a JSON string (keyword arguments go to ``model_dump_json``)."""
@@ -45,13 +82,9 @@ class _Frozen(BaseModel):
     @classmethod
     def from_json(cls: type[_T], text: str | bytes) -> _T:
         """Parse and validate JSON text; raise ``InvalidProblemError`` on any defect."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InvalidProblemError(
-                f"malformed JSON for {cls.__name__}: {e.msg} at line {e.lineno} column {e.colno}"
-            ) from None
-        return cls.from_dict(data)
+        from planner.schema_io import loads_json
+
+        return cls.from_dict(loads_json(text, what=cls.__name__))
 
     @classmethod
     def from_dict(cls: type[_T], data: Any) -> _T:
@@ -63,6 +96,13 @@ class _Frozen(BaseModel):
 
 
 _T = TypeVar("_T", bound=_Frozen)
+
+
+class _Result(_Frozen):
+    """Base of output-only types (simulation, scheduling and fill results): they may carry an
+    unbounded value (``inf``: no memory limit given) and are never read back as input."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True)
 
 
 def format_validation_error(type_name: str, error: ValidationError) -> str:
@@ -97,9 +137,9 @@ def format_validation_error(type_name: str, error: ValidationError) -> str:
 class RecomputeOption(_Frozen):
     """Cost of one recompute strategy for one layer, per microbatch."""
 
-    activation_bytes: NonNegativeFloat
+    activation_bytes: Bytes
     """Bytes the layer keeps alive from its forward to its backward under this strategy."""
-    extra_s: NonNegativeFloat = 0.0
+    extra_s: ExtraTime = 0.0
     """Time added to the backward pass to recompute what was not kept."""
 
 
@@ -109,20 +149,20 @@ class LayerProfile(_Frozen):
     name: str
     kind: str = "layer"
     """Layer type (e.g. ``embedding``, ``decoder``, ``head``); layers of one kind are interchangeable."""
-    forward_s: PositiveFloat
-    backward_s: PositiveFloat
+    forward_s: LayerTime
+    backward_s: LayerTime
     """The whole backward (input and weight gradients), without recomputation."""
-    backward_weight_s: NonNegativeFloat | None = None
+    backward_weight_s: ExtraTime | None = None
     """The weight-gradient part of ``backward_s``; enables the zero-bubble schedules."""
-    activation_bytes: NonNegativeFloat | None = None
+    activation_bytes: Bytes | None = None
     """Bytes kept for backward with no recomputation (when ``recompute`` has no ``none``)."""
-    static_bytes: NonNegativeFloat = 0.0
+    static_bytes: Bytes = 0.0
     """Resident bytes on a device holding the layer: weights, gradients, optimizer state."""
-    output_bytes: NonNegativeFloat = 0.0
+    output_bytes: Bytes = 0.0
     """Bytes of the layer's output, sent to the next stage when a stage boundary follows."""
-    param_bytes: NonNegativeFloat = 0.0
+    param_bytes: Bytes = 0.0
     """Gradient bytes all-reduced across data-parallel replicas."""
-    flops: NonNegativeFloat | None = None
+    flops: Annotated[float, Field(ge=0), _at_most(1e24, "a yotta-FLOP per layer and microbatch")] | None = None
     """Model FLOPs of forward plus backward (no recompute) per microbatch on this device."""
     recompute: dict[str, RecomputeOption] | None = None
 
@@ -160,10 +200,10 @@ class ModelProfile(_Frozen):
 
     format: Literal["paraplan.profile/v1"] = "paraplan.profile/v1"
     name: str
-    layers: tuple[LayerProfile, ...] = Field(min_length=1)
-    microbatch_size: PositiveInt = 1
+    layers: tuple[LayerProfile, ...] = Field(min_length=1, max_length=schema_io.MAX_LAYERS)
+    microbatch_size: BatchCount = 1
     """Samples per microbatch that the per-microbatch costs were measured or derived for."""
-    tensor_parallel: PositiveInt = 1
+    tensor_parallel: DeviceCount = 1
     """Tensor-parallel degree that the per-device costs assume."""
     tokens_per_sample: PositiveInt | None = None
     device: str | None = None
@@ -181,14 +221,14 @@ class TransformerConfig(_Frozen):
 
     format: Literal["paraplan.transformer/v1"] = "paraplan.transformer/v1"
     name: str
-    hidden_size: PositiveInt
-    num_layers: PositiveInt
-    num_heads: PositiveInt
-    seq_length: PositiveInt
-    vocab_size: PositiveInt
-    ffn_hidden_size: PositiveInt | None = None
+    hidden_size: _WIDTH
+    num_layers: LayerCount
+    num_heads: _WIDTH
+    seq_length: _LENGTH
+    vocab_size: _LENGTH
+    ffn_hidden_size: _WIDTH | None = None
     """Defaults to 4 x hidden_size."""
-    num_kv_heads: PositiveInt | None = None
+    num_kv_heads: _WIDTH | None = None
     """Grouped-query attention; defaults to num_heads."""
     mlp: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
@@ -201,11 +241,11 @@ class TransformerConfig(_Frozen):
     norm_eps: PositiveFloat | None = None
     """Norm epsilon as the source config states it; None = tool default."""
     # Mixture of experts (all None/0 = a dense model). Costs: cost_models; sources: docs/cost-model.md.
-    num_experts: PositiveInt | None = None
+    num_experts: _WIDTH | None = None
     """Routed experts per MoE layer (Mixtral 8x7B: 8; DeepSeek-V3: 256)."""
-    experts_per_token: PositiveInt | None = None
+    experts_per_token: _WIDTH | None = None
     """Top-k routed experts each token goes to (Mixtral: 2; DeepSeek-V3: 8)."""
-    moe_ffn_hidden_size: PositiveInt | None = None
+    moe_ffn_hidden_size: _WIDTH | None = None
     """FFN size of one routed expert; defaults to ffn_hidden_size."""
     num_shared_experts: NonNegativeInt = 0
     """Always-active shared experts per MoE layer (DeepSeek-V3: 1)."""
@@ -270,11 +310,11 @@ class Device(_Frozen):
     """One accelerator."""
 
     name: str
-    memory_bytes: PositiveFloat
-    peak_flops: PositiveFloat
+    memory_bytes: Annotated[float, Field(gt=0), _at_most(1e24, "a yottabyte, above any device")]
+    peak_flops: Rate
     """Dense 16-bit (fp16/bf16) peak, FLOP/s."""
-    memory_bandwidth_bytes_per_s: PositiveFloat | None = None
-    host_link_bytes_per_s: PositiveFloat | None = None
+    memory_bandwidth_bytes_per_s: Rate | None = None
+    host_link_bytes_per_s: Rate | None = None
     """Device-host link (PCIe) bandwidth, for offloading."""
     compute: ComputeModel | None = None
     """Per-operation compute constants; None = the preset's of the same name, else defaults."""
@@ -289,19 +329,20 @@ class Cluster(_Frozen):
     format: Literal["paraplan.cluster/v1"] = "paraplan.cluster/v1"
     name: str
     device: Device | None = None
-    num_nodes: PositiveInt = 1
-    devices_per_node: PositiveInt = 1
-    intra_node_bytes_per_s: PositiveFloat | None = None
-    inter_node_bytes_per_s: PositiveFloat | None = None
-    intra_node_latency_s: NonNegativeFloat = 0.0
-    inter_node_latency_s: NonNegativeFloat = 0.0
-    worker_types: dict[str, PositiveInt] | None = None
+    num_nodes: DeviceCount = 1
+    devices_per_node: DeviceCount = 1
+    intra_node_bytes_per_s: Rate | None = None
+    inter_node_bytes_per_s: Rate | None = None
+    intra_node_latency_s: Latency = 0.0
+    inter_node_latency_s: Latency = 0.0
+    worker_types: dict[str, DeviceCount] | None = None
     """Accelerator counts by type (Gavel form); replaces ``device`` for cluster scheduling."""
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:
         if self.device is None and self.worker_types is None:
             raise ValueError("a cluster needs either 'device' (pipeline planning) or 'worker_types' (scheduling)")
+        schema_io.bounded("num_devices", self.num_devices, schema_io.MAX_DEVICES, _DEVICES_WHY)
         if self.device is not None:
             for key in ("intra_node_bytes_per_s", "inter_node_bytes_per_s"):
                 if getattr(self, key) is None:
@@ -342,11 +383,11 @@ class PipelineProblem(_Frozen):
     transformer: TransformerConfig | None = None
     """Set when the model came from a transformer config; solvers varying t or b re-derive it."""
     schedule: ScheduleName = "1f1b"
-    num_stages: PositiveInt | None = None
-    num_chunks: PositiveInt = 1
-    num_microbatches: PositiveInt | None = None
-    global_batch_size: PositiveInt | None = None
-    data_parallel: PositiveInt | None = None
+    num_stages: DeviceCount | None = None
+    num_chunks: LayerCount = 1
+    num_microbatches: MicrobatchCount | None = None
+    global_batch_size: BatchCount | None = None
+    data_parallel: DeviceCount | None = None
     bpipe: bool = False
     time_limit_s: PositiveFloat | None = None
 
@@ -356,6 +397,12 @@ class PipelineProblem(_Frozen):
             raise ValueError("pipeline planning needs a cluster with a 'device' (not only 'worker_types')")
         # Stages vs layers and devices are checked by the solvers (solvers.common.resolve_layout):
         # they are infeasibility (exit 3, with the largest depth that works), not malformed input.
+        if self.bpipe and self.num_stages is not None and self.num_stages < 4:
+            raise ValueError(
+                f"bpipe=true with num_stages={self.num_stages}: BPipe pairs stage s with stage p-1-s and moves "
+                "activations only from 4 stages on (below that every stage already holds at most the balanced "
+                "count); use num_stages >= 4 (--pipeline 4) or drop bpipe"
+            )
         if self.schedule == "interleaved-1f1b" and self.num_chunks < 2:
             raise ValueError("schedule 'interleaved-1f1b' needs num_chunks >= 2 (use '1f1b' for one chunk)")
         if self.num_chunks > 1 and self.schedule not in ("interleaved-1f1b", "custom"):
@@ -371,9 +418,24 @@ class PipelineProblem(_Frozen):
             lo = self.num_microbatches // self.num_stages * self.num_stages
             raise ValueError(
                 f"the interleaved schedule needs num_microbatches to be a multiple of num_stages="
-                f"{self.num_stages} (dissertation L3612); got {self.num_microbatches}, use "
+                f"{self.num_stages} (dissertation [narayanan-thesis] ch. 4); got {self.num_microbatches}, use "
                 f"{lo or self.num_stages} or {lo + self.num_stages}"
             )
+        if self.num_stages is not None and self.num_microbatches is not None:
+            schema_io.bounded("num_microbatches x num_stages x num_chunks",
+                              self.num_microbatches * self.num_stages * self.num_chunks, schema_io.MAX_PIPELINE_WORK,
+                              "the simulator steps each microbatch on each stage; 32 times PTD-P's largest run")
+        if self.global_batch_size is not None:
+            # the fewest microbatches any layout gets: every device a data-parallel replica
+            replicas = self.data_parallel or self.cluster.num_devices
+            fewest = -(-self.global_batch_size // (self.model.microbatch_size * replicas))
+            if fewest > schema_io.MAX_MICROBATCHES:
+                raise ValueError(
+                    f"global_batch_size={self.global_batch_size} gives at least {fewest:,} microbatches per pipeline "
+                    f"(microbatch size {self.model.microbatch_size}, {replicas} replicas at most); the limit is "
+                    f"{schema_io.MAX_MICROBATCHES:,} (the simulator steps each one): use a smaller global batch "
+                    "or a larger microbatch size"
+                )
         if self.global_batch_size is not None and self.global_batch_size % self.model.microbatch_size:
             raise ValueError(
                 f"global_batch_size={self.global_batch_size} is not a multiple of the microbatch "
@@ -414,22 +476,22 @@ _ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
 class Degrees(_Frozen):
-    data: PositiveInt = 1
-    tensor: PositiveInt = 1
-    pipeline: PositiveInt = 1
-    virtual: PositiveInt = 1
-    context: PositiveInt = 1
+    data: DeviceCount = 1
+    tensor: DeviceCount = 1
+    pipeline: DeviceCount = 1
+    virtual: LayerCount = 1
+    context: DeviceCount = 1
     """Context parallelism: the sequence split over this many ranks (attention exchanges K/V)."""
-    expert: PositiveInt = 1
+    expert: DeviceCount = 1
     """Expert parallelism: MoE experts split over this many ranks (carved out of data x context)."""
 
 
 class Chunk(_Frozen):
     """A contiguous run of layers placed on one stage (a virtual stage when interleaved)."""
 
-    layers: tuple[NonNegativeInt, NonNegativeInt]
+    layers: tuple[LayerIndex, LayerIndex]
     """[first, last_exclusive)."""
-    recompute: dict[str, NonNegativeInt | tuple[NonNegativeInt, ...]] = Field(default_factory=dict)
+    recompute: dict[str, LayerIndex | tuple[LayerIndex, ...]] = Field(default_factory=dict)
     """Strategy -> a count (the chunk's first layers, in the order listed) or absolute layer
     indices. Layers not named use ``none``."""
 
@@ -469,17 +531,17 @@ class Chunk(_Frozen):
 
 class Stage(_Frozen):
     index: NonNegativeInt
-    replicas: PositiveInt = 1
+    replicas: DeviceCount = 1
     """Copies of the stage. Left out, a plan sets it to ``degrees.data``; a different value on
     some stage is PipeDream's per-stage replication (1F1B-RR, simulated without flush)."""
-    ranks: tuple[NonNegativeInt, ...] = ()
+    ranks: tuple[NonNegativeInt, ...] = Field(default=(), max_length=schema_io.MAX_DEVICES)
     """Global ranks holding the stage: replicas x tensor-parallel ranks, replica-major."""
     chunks: tuple[Chunk, ...] = Field(min_length=1)
 
 
 class BPipeSpec(_Frozen):
-    pairs: tuple[tuple[NonNegativeInt, NonNegativeInt], ...]
-    target_inflight: PositiveInt
+    pairs: tuple[tuple[NonNegativeInt, NonNegativeInt], ...] = Field(max_length=schema_io.MAX_DEVICES)
+    target_inflight: _count(schema_io.MAX_LAYERS + 1, "activation sets a stage holds: one per chunk and one more")  # type: ignore[valid-type]
 
 
 class OffloadHost(_Frozen):
@@ -550,16 +612,18 @@ class Plan(_Frozen):
     solver: str
     options: dict[str, Any] = Field(default_factory=dict)
     status: PlanStatus = "optimal"
-    solve_time_s: NonNegativeFloat = 0.0
+    solve_time_s: NonNegativeFloat | None = None
+    """Wall-clock seconds the solver took. Left out by ``planner.api.plan`` unless asked for
+    (``timings=True``, CLI ``--timings``): a plan is byte-identical for identical input."""
     model: ModelProfile
     cluster: Cluster
     transformer: TransformerConfig | None = None
     """The transformer the profile was derived from, when there is one (Megatron export)."""
     degrees: Degrees
     schedule: ScheduleName
-    microbatch_size: PositiveInt
-    num_microbatches: PositiveInt
-    global_batch_size: PositiveInt
+    microbatch_size: BatchCount
+    num_microbatches: MicrobatchCount
+    global_batch_size: BatchCount
     stages: tuple[Stage, ...] = Field(min_length=1)
     bpipe: BPipeSpec | None = None
     offload: OffloadSpec | None = None
@@ -660,13 +724,13 @@ class TimelineEvent(NamedTuple):
     end_s: float
 
 
-class Bubble(_Frozen):
+class Bubble(_Result):
     start_s: float
     end_s: float
     free_memory_bytes: float
 
 
-class StageResult(_Frozen):
+class StageResult(_Result):
     index: int
     busy_s: float
     idle_s: float
@@ -676,7 +740,7 @@ class StageResult(_Frozen):
     bubbles: tuple[Bubble, ...] = ()
 
 
-class SimResult(_Frozen):
+class SimResult(_Result):
     """Output of the one schedule simulator (architecture.md, simulator output)."""
 
     iteration_time_s: float

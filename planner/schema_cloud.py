@@ -10,11 +10,11 @@ replaying a strategy over a price trace (sec. 6.3.2). Every price is in US dolla
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from planner.schema import NonNegativeFloat, PositiveFloat, PositiveInt, _Frozen
+from planner.schema import DeviceCount, NonNegativeFloat, PositiveFloat, PositiveInt, _at_most, _Frozen
 
 CATALOGUE_FORMAT = "paraplan.cloud-catalogue/v1"
 CLOUD_JOBS_FORMAT = "paraplan.cloud-jobs/v1"
@@ -172,21 +172,21 @@ class CloudJob(_Frozen):
     """
 
     id: str = Field(min_length=1)
-    throughputs: dict[str, NonNegativeFloat] | None = None
+    throughputs: dict[str, Annotated[float, Field(ge=0), _at_most(1e9, "steps per second, set far above any job")]] | None = None
     model: str | None = None
     batch_size: PositiveInt | None = None
-    num_accelerators: PositiveInt = 1
-    num_steps: PositiveFloat
-    slo_h: PositiveFloat | None = None
+    num_accelerators: DeviceCount = 1
+    num_steps: Annotated[float, Field(ge=1), _at_most(1e15, "a year at a million steps per second is 3.2e13")]
+    slo_h: Annotated[float, Field(gt=0), _at_most(876_000.0, "a century")] | None = None
     """Deadline: the job must finish within this many hours (sec. 6.4.3)."""
-    dataset_gb: NonNegativeFloat = 0.0
+    dataset_gb: Annotated[float, Field(ge=0), _at_most(1e9, "an exabyte")] = 0.0
     dataset_cloud: str | None = None
     """Cloud holding the dataset; running elsewhere pays its egress once (Table 6.2)."""
-    checkpoint_gb: NonNegativeFloat = 0.0
-    checkpoint_s: NonNegativeFloat = 0.0
+    checkpoint_gb: Annotated[float, Field(ge=0), _at_most(1e9, "an exabyte")] = 0.0
+    checkpoint_s: Annotated[float, Field(ge=0), _at_most(86_400.0, "a day per checkpoint")] = 0.0
     """Time to write a checkpoint; within the preemption notice nothing is lost."""
-    checkpoint_interval_s: PositiveFloat = 3600.0
-    restart_s: NonNegativeFloat = 0.0
+    checkpoint_interval_s: Annotated[float, Field(gt=0), _at_most(3.2e9, "a century")] = 3600.0
+    restart_s: Annotated[float, Field(ge=0), _at_most(86_400.0, "a day per restart")] = 0.0
     """Time from a new instance to training again (boot, load checkpoint)."""
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""Boundary types of PipeFill (Arfeen et al., seed 000; reading shared/design/pipefill.md).
+"""Boundary types of PipeFill (Arfeen et al., [pipefill] in docs/references.md).
 
 Fill jobs (``paraplan.fill-jobs/v1``), the bubbles a fill job may use (one cycle per pipeline
 stage, Sec. 1.2 of the reading), the Executor's plan for one job on one device (Algorithm 1,
@@ -10,7 +10,7 @@ assignments (Sec. 3) and the fill simulator's results: ``FillPlan`` for one main
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -21,7 +21,10 @@ from planner.schema import (
     PositiveFloat,
     PositiveInt,
     _Frozen,
+    _Result,
+    _at_most,
 )
+from planner.schema_io import MAX_JOBS
 
 FILL_JOBS_FORMAT = "paraplan.fill-jobs/v1"
 FILL_PLAN_FORMAT = "paraplan.fill/v1"
@@ -31,7 +34,7 @@ FillPolicy = Literal["sjf", "makespan", "fifo"]
 
 
 class FillJob(_Frozen):
-    """One fill job: training or batch inference of another model (seed 000 L109, L182-191).
+    """One fill job: training or batch inference of another model ([pipefill]).
 
     Give ``model`` (a fill-model preset such as ``bert-large`` or ``resnet50``, see
     ``paraplan fill --help``) or ``profile`` (a layer profile; its costs are per microbatch of
@@ -42,15 +45,16 @@ class FillJob(_Frozen):
     model: str | None = None
     profile: ModelProfile | None = None
     mode: FillMode = "inference"
-    batch_sizes: tuple[PositiveInt, ...] = Field(default=(1, 2, 4, 8, 16, 32), min_length=1)
-    """Valid batch sizes; the Executor picks the one with the highest fill throughput (L107)."""
-    num_samples: PositiveFloat = 1e5
+    batch_sizes: tuple[Annotated[int, Field(ge=1), _at_most(2**24, "samples per fill batch")], ...] = Field(
+        default=(1, 2, 4, 8, 16, 32), min_length=1, max_length=64)
+    """Valid batch sizes; the Executor picks the one with the highest fill throughput ([pipefill])."""
+    num_samples: Annotated[float, Field(ge=1), _at_most(1e15, "samples of one fill job")] = 1e5
     """Samples to process (inference) or to train on (training)."""
-    arrival_time_s: NonNegativeFloat = 0.0
+    arrival_time_s: Annotated[float, Field(ge=0), _at_most(3.2e9, "a century")] = 0.0
     allow_checkpointing: bool = True
-    """Training only: the Executor may recompute activations in the backward (L125)."""
+    """Training only: the Executor may recompute activations in the backward ([pipefill])."""
     allow_offload: bool = True
-    """Training only: the Executor may keep the optimizer state on the CPU (ZeRO-Offload, L178)."""
+    """Training only: the Executor may keep the optimizer state on the CPU (ZeRO-Offload, [pipefill])."""
 
     @model_validator(mode="after")
     def _check(self) -> FillJob:
@@ -63,10 +67,19 @@ class FillJobsFile(_Frozen):
     """A list of fill jobs (``paraplan fill --fill-jobs F.json``)."""
 
     format: Literal["paraplan.fill-jobs/v1"] = FILL_JOBS_FORMAT
-    jobs: tuple[FillJob, ...] = Field(min_length=1)
+    jobs: tuple[FillJob, ...] = Field(min_length=1, max_length=MAX_JOBS)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> FillJobsFile:
+        seen: set[str] = set()
+        for job in self.jobs:
+            if job.id in seen:
+                raise ValueError(f"fill-job id {job.id!r} appears twice; ids must be unique")
+            seen.add(job.id)
+        return self
 
 
-class FillBubble(_Frozen):
+class FillBubble(_Result):
     """One bubble of a stage's cycle (repeats every main-job iteration)."""
 
     kind: BubbleKind
@@ -74,17 +87,17 @@ class FillBubble(_Frozen):
     """Start within the iteration; a fill-drain bubble wraps into the next iteration."""
     duration_s: NonNegativeFloat
     usable_s: NonNegativeFloat
-    """``fill_fraction`` x duration: the time a piece may take (68% in the paper, L231)."""
+    """``fill_fraction`` x duration: the time a piece may take (68% in the paper, [pipefill])."""
     free_memory_bytes: float
     """Memory a fill job may use during the bubble (after ``memory_fraction`` or the cap)."""
 
 
-class StageBubbles(_Frozen):
+class StageBubbles(_Result):
     stage: NonNegativeInt
     bubbles: tuple[FillBubble, ...]
 
 
-class Piece(_Frozen):
+class Piece(_Result):
     """A run of consecutive fill-job nodes executed inside one bubble (Algorithm 1's P[i])."""
 
     cycle: NonNegativeInt
@@ -98,7 +111,7 @@ class Piece(_Frozen):
     peak_memory_bytes: NonNegativeFloat
 
 
-class ExecutorPlan(_Frozen):
+class ExecutorPlan(_Result):
     """The Executor's plan for one fill job on one stage's bubbles (Algorithm 1 + config choice)."""
 
     job_id: str
@@ -116,7 +129,7 @@ class ExecutorPlan(_Frozen):
     pieces: tuple[Piece, ...]
 
 
-class FillAssignment(_Frozen):
+class FillAssignment(_Result):
     """One fill job run on one device (GPU) by the scheduler."""
 
     job_id: str
@@ -129,7 +142,7 @@ class FillAssignment(_Frozen):
     flops: NonNegativeFloat
 
 
-class FillPlan(_Frozen):
+class FillPlan(_Result):
     """``paraplan fill PLAN.json --fill-jobs F --json``: bubbles, Executor plans, schedule, totals."""
 
     format: Literal["paraplan.fill/v1"] = FILL_PLAN_FORMAT
@@ -153,8 +166,8 @@ class FillPlan(_Frozen):
     notes: tuple[str, ...] = ()
 
 
-class ScalePoint(_Frozen):
-    """One cluster size of the scale sweep (seed 000 Sec. 6.1, reading Sec. 4.3)."""
+class ScalePoint(_Result):
+    """One cluster size of the scale sweep ([pipefill] Sec. 6.1, reading Sec. 4.3)."""
 
     num_gpus: PositiveInt
     num_microbatches: PositiveInt
@@ -167,10 +180,10 @@ class ScalePoint(_Frozen):
     main_job_slowdown: NonNegativeFloat
     num_jobs_completed: NonNegativeInt
     gpus_worth_of_fill: NonNegativeFloat
-    """Fill work in GPUs running it exclusively (the paper's C x B x P, L253)."""
+    """Fill work in GPUs running it exclusively (the paper's C x B x P, [pipefill])."""
 
 
-class ScaleResult(_Frozen):
+class ScaleResult(_Result):
     policy: FillPolicy
     fill_fraction: float
     free_memory_bytes: float

@@ -1,16 +1,16 @@
-"""Boundary types of Gavel cluster scheduling (dissertation ch. 5, seed 001 L4777-6451).
+"""Boundary types of Gavel cluster scheduling (dissertation ch. 5, [narayanan-thesis] ch. 5).
 
-Formats follow ``shared/design/architecture.md``: the jobs file ``paraplan.jobs/v1`` (one job
+Formats (docs/input-formats.md): the jobs file ``paraplan.jobs/v1`` (one job
 per training run: steps per second on each accelerator type, accelerators needed, weight,
 steps to run), a ``ClusterProblem`` (jobs + accelerator counts by type) that every policy
 takes, the ``Allocation`` every policy returns (time fraction per job and type, the matrix X
-of L5061-5069) and the cluster simulator's result. Immutable pydantic models on the
+of [narayanan-thesis] ch. 5) and the cluster simulator's result. Immutable pydantic models on the
 ``_Frozen`` base of ``planner.schema`` (unknown keys rejected, JSON round trip).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,7 +20,10 @@ from planner.schema import (
     PositiveFloat,
     PositiveInt,
     _Frozen,
+    _Result,
+    _at_most,
 )
+from planner.schema_io import MAX_DEVICES, MAX_JOBS, MAX_STEPS
 
 JOBS_FORMAT = "paraplan.jobs/v1"
 ALLOCATION_FORMAT = "paraplan.allocation/v1"
@@ -36,20 +39,20 @@ class Job(_Frozen):
     """
 
     id: str = Field(min_length=1)
-    throughputs: dict[str, NonNegativeFloat] | None = None
+    throughputs: dict[str, Annotated[float, Field(ge=0), _at_most(1e9, "steps per second, set far above any job")]] | None = None
     model: str | None = None
     """A paraplan model preset (or profile path); with ``batch_size``, throughputs are derived."""
     batch_size: PositiveInt | None = None
-    scale_factor: PositiveInt = 1
-    """Accelerators of one type the job holds at once (multi-GPU job, L5130-5137)."""
-    weight: PositiveFloat = 1.0
-    """Priority weight w_m of the fairness policies (L5303-5310)."""
-    num_steps: PositiveFloat = 1.0
+    scale_factor: Annotated[int, Field(ge=1), _at_most(MAX_DEVICES, "accelerators of one cluster")] = 1
+    """Accelerators of one type the job holds at once (multi-GPU job, [narayanan-thesis] ch. 5)."""
+    weight: Annotated[float, Field(gt=0), _at_most(1e6, "priority weights are relative; a million to one is plenty")] = 1.0
+    """Priority weight w_m of the fairness policies ([narayanan-thesis] ch. 5)."""
+    num_steps: Annotated[float, Field(gt=0), _at_most(float(MAX_STEPS), "a year at a million steps per second is 3.2e13")] = 1.0
     """Training steps (iterations) left to run."""
-    arrival_time_s: NonNegativeFloat = 0.0
+    arrival_time_s: Annotated[float, Field(ge=0), _at_most(3.2e9, "a century")] = 0.0
     """Submission time; orders FIFO and drives the cluster simulator."""
     elapsed_s: NonNegativeFloat = 0.0
-    """Time since submission t_m, for finish-time fairness (L5443-5477)."""
+    """Time since submission t_m, for finish-time fairness ([narayanan-thesis] ch. 5)."""
     slo_s: PositiveFloat | None = None
     """Deadline from now: the job must finish its num_steps within this many seconds."""
     entity: str | None = None
@@ -68,7 +71,7 @@ class Job(_Frozen):
 
 
 class JobPair(_Frozen):
-    """Two jobs space-sharing one accelerator set (L5139-5196): each job's steps/s while co-located."""
+    """Two jobs space-sharing one accelerator set ([narayanan-thesis] ch. 5): each job's steps/s while co-located."""
 
     jobs: tuple[str, str]
     throughputs: dict[str, tuple[NonNegativeFloat, NonNegativeFloat]]
@@ -82,19 +85,32 @@ class JobPair(_Frozen):
 
 
 class EntitySpec(_Frozen):
-    """An entity of a hierarchical policy (L5522-5575): its weight and how its jobs share it."""
+    """An entity of a hierarchical policy ([narayanan-thesis] ch. 5): its weight and how its jobs share it."""
 
     weight: PositiveFloat = 1.0
     policy: Literal["fairness", "fifo"] = "fairness"
+
+
+def _refuse_duplicate_ids(ids: Any) -> None:
+    seen: set[str] = set()
+    for job_id in ids:
+        if job_id in seen:
+            raise ValueError(f"job id {job_id!r} appears twice; job ids must be unique")
+        seen.add(job_id)
 
 
 class JobsFile(_Frozen):
     """The ``paraplan.jobs/v1`` document."""
 
     format: Literal["paraplan.jobs/v1"] = JOBS_FORMAT
-    jobs: tuple[Job, ...] = Field(min_length=1)
+    jobs: tuple[Job, ...] = Field(min_length=1, max_length=MAX_JOBS)
     pairs: tuple[JobPair, ...] = ()
     entities: dict[str, EntitySpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> JobsFile:
+        _refuse_duplicate_ids(job.id for job in self.jobs)
+        return self
 
 
 class ClusterProblem(_Frozen):
@@ -157,15 +173,15 @@ class ClusterProblem(_Frozen):
         return len(self.jobs)
 
 
-class PairShare(_Frozen):
+class PairShare(_Result):
     """Time fractions of one space-sharing pair by accelerator type."""
 
     jobs: tuple[str, str]
     fractions: dict[str, NonNegativeFloat]
 
 
-class Allocation(_Frozen):
-    """A policy's answer: the allocation matrix X (L5061-5069) by job id and accelerator type.
+class Allocation(_Result):
+    """A policy's answer: the allocation matrix X ([narayanan-thesis] ch. 5) by job id and accelerator type.
 
     ``allocation[job][type]`` is the fraction of wall-clock time the job holds ``scale_factor``
     accelerators of that type, alone or inside a pair; ``pairs`` splits out the co-located part.
@@ -180,12 +196,12 @@ class Allocation(_Frozen):
     allocation: dict[str, dict[str, NonNegativeFloat]]
     pairs: tuple[PairShare, ...] = ()
     effective_throughputs: dict[str, NonNegativeFloat] = Field(default_factory=dict)
-    """Steps/s each job gets on average under the allocation (L5094-5106)."""
+    """Steps/s each job gets on average under the allocation ([narayanan-thesis] ch. 5)."""
     num_partitions: PositiveInt = 1
     notes: tuple[str, ...] = ()
 
 
-class JobResult(_Frozen):
+class JobResult(_Result):
     """One job of a cluster simulation."""
 
     id: str
@@ -201,7 +217,7 @@ class JobResult(_Frozen):
     cost_usd: NonNegativeFloat = 0.0
 
 
-class ClusterSimResult(_Frozen):
+class ClusterSimResult(_Result):
     """Output of ``paraplan cluster-sim``: completion times, makespan, utilization, fairness, cost."""
 
     policy: str

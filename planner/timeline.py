@@ -1,7 +1,7 @@
 """The timeline picture of a simulated plan: one row per pipeline rank, one box per compute event.
 
-The picture follows the pipeline diagrams of the PTD-P chapter (dissertation seed 001, Figs.
-4.3-4.4, L3512-3652) and of Zero Bubble (Qi et al. 2023, Fig. 3): rank 0 on top, time to the
+The picture follows the pipeline diagrams of the PTD-P chapter (dissertation [narayanan-thesis], Figs.
+4.3-4.4, [narayanan-thesis] ch. 4) and of Zero Bubble (Qi et al. 2023, Fig. 3): rank 0 on top, time to the
 right, forward (F), backward (B), input-gradient (I), weight-gradient (W), recompute (R) and
 data-parallel all-reduce (AR) in distinct colours, idle time hatched grey, microbatch numbers in
 boxes wide enough to hold them. Rows are labelled with the global ranks each stage runs on;

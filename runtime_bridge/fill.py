@@ -33,7 +33,6 @@ work without it (the CLI parses ``--fill`` before anything starts).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -44,6 +43,7 @@ from typing import Any, Literal
 
 from planner.errors import InvalidProblemError
 from planner.schema import Plan
+from planner.schema_io import load_json
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,7 @@ def load_fill_job(text: str) -> FillTask:
     path = Path(text)
     if not path.is_file():
         raise InvalidProblemError(f"--fill {text!r} is neither a preset ({sorted(PRESETS)}) nor a JSON file")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidProblemError(f"--fill {text!r}: not valid JSON ({e})") from None
+    data = load_json(path, what="--fill job")
     if not isinstance(data, dict):
         raise InvalidProblemError(f"--fill {text!r}: expected a JSON object of fill-job fields")
     return FillTask.from_dict(data)

@@ -73,7 +73,8 @@ def summarize(job: Any, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         diffs = compare(plan, records, ref_losses, ref_grads)
         report.update(diffs)
         report["tolerance"] = TOLERANCE
-        report["check_passed"] = max(diffs.values()) <= TOLERANCE
+        report["check_passed"] = (not diffs["check_failures"]
+                                  and max(diffs["max_loss_diff"], diffs["max_grad_diff"]) <= TOLERANCE)
     if job.fill is not None:
         from runtime_bridge.fill import summarize_fill
 

@@ -8,8 +8,9 @@ numpy). The registry is an explicit tuple (house style: no decorators with impor
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,6 @@ class SolverInfo:
 
     def option_fields(self) -> dict[str, str]:
         """Option name -> type and default, e.g. ``{"recompute": "str | None = None"}`` (imports the solver)."""
-        import dataclasses
-
         out = {}
         for f in dataclasses.fields(self.options_type()):
             default = "" if f.default is dataclasses.MISSING else f" = {f.default!r}"
@@ -66,52 +65,52 @@ REGISTRY: tuple[SolverInfo, ...] = (
     SolverInfo(
         name="even", module="even",
         description="Megatron-even baseline: equal layer counts per stage and chunk, cheapest uniform recompute "
-        "that fits memory (Narayanan et al., SC'21)",
+        "that fits memory [megatron], [ptdp]",
         searches=("pipeline depth", "uniform recompute"), schedules=(*FLUSHED, "custom")),
     SolverInfo(
         name="pipedream", module="pipedream_dp",
         description="PipeDream's partitioning DP: contiguous stages with per-stage replication over a "
-        "hierarchical topology (Narayanan et al., SOSP'19)",
+        "hierarchical topology [pipedream], [narayanan-thesis] ch. 2",
         searches=("pipeline depth", "stage boundaries", "per-stage replication"), schedules=("1f1b",)),
     SolverInfo(
         name="pipedream-2bw", module="pipedream_2bw",
         description="PipeDream-2BW's planner: depth, width, microbatch size and recompute for the 2BW and "
-        "Flush schedules (Narayanan et al., ICML'21)",
+        "Flush schedules [pipedream-2bw]",
         searches=("pipeline depth", "data parallelism", "microbatch size", "uniform recompute"),
         schedules=("2bw", "flush")),
     SolverInfo(
         name="ptdp", module="ptdp",
         description="PTD-P configuration search: tensor x pipeline x data degrees, interleaving, microbatch "
-        "size and recompute for Megatron-LM (Narayanan et al., SC'21)",
+        "size and recompute for Megatron-LM [ptdp]",
         searches=("tensor parallelism", "pipeline depth", "data parallelism", "interleaving", "microbatch size",
                   "uniform recompute"),
         schedules=("1f1b", "interleaved-1f1b")),
     SolverInfo(
         name="stage-ilp", module="stage_ilp",
         description="holistic ILP over layer-to-stage/chunk assignment and per-layer recompute, minimizing "
-        "recompute, imbalance and warm-up bubbles together",
+        "recompute, imbalance and warm-up bubbles together [stage-ilp]",
         searches=("stage boundaries", "per-layer recompute", "pipeline depth"),
         schedules=("1f1b", "flush", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2")),
     SolverInfo(
         name="merak", module="merak",
-        description="Merak baseline: even split with stage-aware recompute (more recompute on early stages)",
+        description="Merak baseline: even split with stage-aware recompute (more recompute on early stages) [merak]",
         searches=("per-stage recompute",), schedules=FLUSHED),
     SolverInfo(
         name="adapipe", module="adapipe",
-        description="AdaPipe baseline: per-stage recompute by knapsack plus a partitioning DP",
+        description="AdaPipe baseline: per-stage recompute by knapsack plus a partitioning DP [adapipe]",
         searches=("stage boundaries", "per-stage recompute"), schedules=FLUSHED),
     SolverInfo(
         name="spipe", module="spipe",
         description="SPipe: hybrid GPU/CPU pipeline for models whose states exceed GPU memory (parameters "
-        "and optimizer on the CPU, forward and backward stages per GPU)",
+        "and optimizer on the CPU, forward and backward stages per GPU) [spipe]",
         searches=("stage boundaries",), schedules=("1f1b",), offload=True),
     SolverInfo(
         name="mobius", module="mobius",
-        description="Mobius-style offloaded pipeline baseline (stages swapped in from CPU memory)",
+        description="Mobius-style offloaded pipeline baseline (stages swapped in from CPU memory) [mobius]",
         searches=("stage boundaries",), schedules=("1f1b",), offload=True),
     SolverInfo(
         name="zero-offload", module="zero_offload",
-        description="ZeRO-Offload-style data parallelism baseline (optimizer state and step on the CPU)",
+        description="ZeRO-Offload-style data parallelism baseline (optimizer state and step on the CPU) [zero-offload]",
         searches=(), schedules=("1f1b",), offload=True),
 )
 
@@ -142,9 +141,8 @@ def get_solver(name: str) -> SolveFn:
 
 def solve(problem: PipelineProblem, *, solver: str = "even", options: Any = None) -> Plan:
     """Run a registered solver on a problem with string or typed options (its ``Options``)."""
-    if options is not None and not isinstance(options, Mapping):
-        return get_solver(solver)(problem, options=options)
-    return get_solver(solver)(problem, options=dict(options or {}))
+    typed = dataclasses.is_dataclass(options) and not isinstance(options, type)
+    return get_solver(solver)(problem, options=options if typed else dict(options or {}))
 
 
 def describe(info: SolverInfo, *, options: bool = False) -> str:

@@ -250,7 +250,7 @@ def _finish(problem: PipelineProblem, model: StageModel, best: Counts, search: S
     bounds, strategies = plan_layers(model, best)
     status = "time_limit" if result.status in ("time_limit", "no_solution") else "optimal"
     notes = [f"ILP ({opts.engine}, terms={opts.terms}): status {result.status}, objective {result.objective:.6g}, "
-             f"gap {result.gap:.3g}, {result.solve_time_s:.3g} s"]
+             f"gap {result.gap:.3g}"]
     if result.counts is not None:
         notes.append(f"ILP optimum: modelled {modelled_time_s(model, result.counts):.6g} s, simulated "
                      f"{search.simulated.get(result.counts, math.nan):.6g} s")
@@ -268,9 +268,18 @@ def _finish(problem: PipelineProblem, model: StageModel, best: Counts, search: S
     table = search.table()
     if result.counts in search.simulated and all(c != result.counts for c, _, _ in table):
         table.append((result.counts, search.simulated[result.counts], "ilp"))  # always report the ILP's own plan
-    rows = tuple({"rank": i, "source": src, "modelled_time_s": modelled_time_s(model, c), "simulated_time_s": t}
-                 for i, (c, t, src) in enumerate(table))
+    rows = tuple({"rank": i, "source": src, **_shape(model, c), "modelled_time_s": modelled_time_s(model, c),
+                  "simulated_time_s": t} for i, (c, t, src) in enumerate(table))
     return plan.model_copy(update={"solve_time_s": time.perf_counter() - began, "candidates": rows})
+
+
+def _shape(model: StageModel, counts: Counts) -> dict[str, str]:
+    """What tells candidates apart in the table: layers per virtual stage and recomputed layers."""
+    bounds, strategies = plan_layers(model, counts)
+    spans = list(zip(bounds, bounds[1:]))
+    recomputed = ["+".join(f"{strategies[a:b].count(s)}{s[0]}" for s in sorted(set(strategies[a:b]) - {"none"})) or "0"
+                  for a, b in spans]
+    return {"layers": "-".join(str(b - a) for a, b in spans), "recompute": "-".join(recomputed)}
 
 
 def _plan_options(opts: Options) -> dict[str, Any]:

@@ -35,13 +35,9 @@ def load_catalogue(spec: str | Path | Catalogue = DEFAULT_CATALOGUE) -> Catalogu
     text = str(spec)
     path = Path(text)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise InvalidProblemError(f"catalogue file {text!r} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise InvalidProblemError(f"catalogue file {text!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
-        return Catalogue.from_dict(data)
+        from planner.schema_io import load_json
+
+        return Catalogue.from_dict(load_json(path, what="catalogue"))
     if text not in bundled_catalogues():
         raise InvalidProblemError(f"unknown catalogue {text!r}; bundled ones: {list(bundled_catalogues())}, or give a JSON path")
     raw = resources.files("solvers.cloud").joinpath(f"data/{text}.json").read_text()

@@ -55,12 +55,13 @@ def load_trace(path: str | Path) -> PriceTrace:
         InvalidProblemError: missing file, a unit other than dollars per hour, a negative or
             unparsable price, or a series whose timestamps are not increasing (line named).
     """
+    from planner.schema_io import read_text
+
     p = Path(path)
-    if not p.is_file():
-        raise InvalidProblemError(f"price trace {str(path)!r} does not exist")
+    text = read_text(p, what="price trace")
     if p.suffix == ".json":
-        return PriceTrace.from_json(p.read_text())
-    return parse_trace_csv(p.read_text(), name=str(path))
+        return PriceTrace.from_json(text)
+    return parse_trace_csv(text, name=str(path))
 
 
 def parse_trace_csv(text: str, *, name: str = "<trace>") -> PriceTrace:

@@ -10,7 +10,6 @@ paper's "divide" is read as multiply, reading Sec. 8 item 7), models drawn from 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 from planner.errors import InvalidProblemError
 from planner.schema import Device, ModelProfile
 from planner.schema_fill import FillJob, FillJobsFile
+from planner.schema_io import MAX_JOBS, load_json
 from solvers.fill.executor import Config, NodeChain, node_chain
 from solvers.fill.models import FILL_JOB_PRESETS, MIXES, fill_model_profile
 
@@ -55,10 +55,7 @@ def parse_fill_jobs(spec: str) -> tuple[FillJob, ...]:
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
             raise InvalidProblemError(f"fill-jobs file {text!r} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise InvalidProblemError(f"fill-jobs file {text!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        data = load_json(path, what="fill-jobs")
         if isinstance(data, list):
             data = {"jobs": data}
         return FillJobsFile.from_dict(data).jobs
@@ -73,6 +70,9 @@ def parse_fill_jobs(spec: str) -> tuple[FillJob, ...]:
             n = 0
         if n < 1:
             raise InvalidProblemError(f"fill-jobs entry {item!r}: the count after ':' must be a positive integer")
+        if len(jobs) + n > MAX_JOBS:
+            raise InvalidProblemError(f"fill-jobs {spec!r} asks for more than {MAX_JOBS:,} jobs (ten times Gavel's "
+                                      "largest simulated trace); use fewer")
         jobs.extend(preset_job(name, job_id=f"{name}-{i}") for i in range(n))
     if not jobs:
         raise InvalidProblemError("--fill-jobs is empty; give a preset such as 'bert-large-inference' or a JSON file")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cost_models import hardware, models, transformer
@@ -150,14 +150,19 @@ def _flops_per_sample(name: str, device, eff: float) -> float:  # noqa: ANN001 -
     return total if job.mode == "training" else total / 3
 
 
-def scale_sweep(options: ScaleOptions = ScaleOptions()) -> ScaleResult:
-    """The sweep over ``options.num_gpus`` (default the paper's 1K-16K)."""
+def scale_sweep(options: ScaleOptions = ScaleOptions(), *, on_point: Callable[[], None] | None = None) -> ScaleResult:
+    """The sweep over ``options.num_gpus`` (default the paper's 1K-16K); ``on_point`` is called
+    after each cluster size (progress)."""
     if not options.num_gpus:
         raise InvalidProblemError("the scale sweep needs at least one cluster size (num_gpus)")
-    points = tuple(scale_point(n, options) for n in options.num_gpus)
+    points = []
+    for n in options.num_gpus:
+        points.append(scale_point(n, options))
+        if on_point is not None:
+            on_point()
     return ScaleResult(
         policy=options.fill.policy,  # type: ignore[arg-type]
         fill_fraction=options.fill.bubbles.fill_fraction,
         free_memory_bytes=options.fill.bubbles.free_memory_bytes or 0.0, horizon_s=options.horizon_s,
-        jobs=options.jobs, points=points,
+        jobs=options.jobs, points=tuple(points),
     )

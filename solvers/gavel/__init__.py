@@ -1,4 +1,4 @@
-"""Gavel: heterogeneity-aware cluster scheduling policies (dissertation ch. 5, seed 001).
+"""Gavel: heterogeneity-aware cluster scheduling policies ([gavel]; dissertation ch. 5, [narayanan-thesis]).
 
 Every policy takes a ``ClusterProblem`` and returns an ``Allocation``; they are
 interchangeable by name through one registry (``REGISTRY``/``POLICIES``: Gavel's names, the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema_gavel import ClusterProblem, EntitySpec, Job, JobPair, JobsFile
+from planner.schema_io import MAX_JOBS, MAX_STEPS, load_json, read_text
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +53,10 @@ def load_table(path: str | Path | None = None) -> ThroughputTable:
     """
     if path is None:
         return _default_table()
+    data = load_json(path, what="Gavel throughput table")
     try:
-        return _parse_table(json.loads(Path(path).read_text()))
-    except (OSError, json.JSONDecodeError, AttributeError, TypeError, KeyError) as e:
+        return _parse_table(data)
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as e:
         raise InvalidProblemError(f"cannot read Gavel throughput table {str(path)!r}: {e}") from None
 
 
@@ -136,10 +139,7 @@ def read_trace(
         InvalidProblemError: unreadable file, a line without 10 columns, or unparsable numbers.
     """
     table = table or load_table()
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise InvalidProblemError(f"cannot read trace {str(path)!r}: {e.strerror}") from None
+    lines = read_text(path, what="Gavel trace").splitlines()
     jobs: list[Job] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -155,6 +155,14 @@ def read_trace(
             steps, scale, weight, slo, arrival = int(cols[5]), int(cols[6]), float(cols[7]), float(cols[8]), float(cols[9])
         except ValueError as e:
             raise InvalidProblemError(f"trace {str(path)!r} line {number}: {e}") from None
+        if not all(math.isfinite(v) for v in (weight, slo, arrival)) or steps < 1 or steps > MAX_STEPS:
+            raise InvalidProblemError(
+                f"trace {str(path)!r} line {number}: total_steps={cols[5]}, priority_weight={cols[7]}, SLO={cols[8]} "
+                f"and arrival_time={cols[9]} must be finite, with 1 <= total_steps <= {MAX_STEPS:.0e}"
+            )
+        if len(jobs) >= MAX_JOBS:
+            raise InvalidProblemError(f"trace {str(path)!r} has more than {MAX_JOBS:,} jobs (the limit of one "
+                                      "cluster-scheduling problem); split the trace")
         job = table_job(table, str(len(jobs)), cols[0], scale_factor=scale, worker_types=worker_types,
                         num_steps=steps, weight=weight, arrival_time_s=arrival)
         if slo > 0:

@@ -51,17 +51,21 @@ def test_extrapolation_equals_full_simulation(
         assert a.peak_inflight_microbatches == e.peak_inflight_microbatches
 
 
-def test_a_trillion_microbatches_simulate_in_bounded_time() -> None:
-    plan = h.plan(h.uniform_layers(4, 1.0, 2.0), num_stages=4, num_microbatches=10**12)
+def test_the_largest_microbatch_count_is_extrapolated_exactly() -> None:
+    plan = h.plan(h.uniform_layers(4, 1.0, 2.0), num_stages=4, num_microbatches=16_384)
+    assert extrapolate.needs_extrapolation(plan)
     result = sim.simulate(plan, include_events=False)
     # 1F1B on identical stages: (m + p - 1) (F + B)  (dissertation ch. 4 bubble formula)
-    assert result.iteration_time_s == pytest.approx((10**12 + 3) * 3.0, rel=1e-12)
+    assert result.iteration_time_s == pytest.approx((16_384 + 3) * 3.0, rel=1e-12)
     assert result.stages[0].peak_inflight_microbatches == 4
 
 
-def test_timeline_of_a_trillion_microbatches_is_refused() -> None:
-    plan = h.plan(h.uniform_layers(4, 1.0, 2.0), num_stages=4, num_microbatches=10**12)
-    with pytest.raises(InvalidProblemError, match="num_microbatches=1000000000000"):
+def test_timelines_are_built_in_full_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = h.plan(h.uniform_layers(4, 1.0, 2.0), num_stages=4, num_microbatches=16_384)
+    full = sim.simulate(plan, include_events=True)  # below MAX_EVENT_ACTIONS: every event
+    assert len(full.events) == extrapolate.num_actions(plan)
+    monkeypatch.setattr(extrapolate, "MAX_EVENT_ACTIONS", 1000)
+    with pytest.raises(InvalidProblemError, match="num_microbatches=16384"):
         sim.simulate(plan, include_events=True)
 
 

@@ -3,7 +3,6 @@ results are rejected, and a 16-rank x 64-microbatch 1F1B picture renders quickly
 
 from __future__ import annotations
 
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -87,24 +86,20 @@ def test_result_without_events_is_rejected(tmp_path: Path) -> None:
         draw_timeline(sim, tmp_path / "t.png")
 
 
-def test_16_ranks_64_microbatches_renders_quickly(tmp_path: Path) -> None:
+def test_16_ranks_64_microbatches_render(tmp_path: Path) -> None:
     sim = _sim_result("1f1b", 16, 64)
     assert len(sim.events) == 16 * 128
-    start = time.perf_counter()
-    out = draw_timeline(sim, tmp_path / "big.png")
-    assert time.perf_counter() - start < 20.0
+    out = draw_timeline(sim, tmp_path / "big.png")  # its speed: bench/speed_targets.py
     data = out.read_bytes()
     assert data[:8] == _PNG_MAGIC
     width = int.from_bytes(data[16:20], "big")  # IHDR width
     assert 1500 <= width <= 8000
 
 
-def test_65k_events_render_in_seconds(tmp_path: Path) -> None:
+def test_65k_events_render(tmp_path: Path) -> None:
     sim = _sim_result("1f1b", 16, 2048)
     assert len(sim.events) == 65_536
-    start = time.perf_counter()
-    out = draw_timeline(sim, tmp_path / "huge.png", window="all")
-    assert time.perf_counter() - start < 20.0
+    out = draw_timeline(sim, tmp_path / "huge.png", window="all")  # its speed: bench/speed_targets.py
     data = out.read_bytes()
     assert data[:8] == _PNG_MAGIC
     assert int.from_bytes(data[16:20], "big") == 8000  # capped width: 80 in at 100 dpi

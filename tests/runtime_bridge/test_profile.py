@@ -3,6 +3,8 @@ profile -> plan -> run on the bundled model."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")

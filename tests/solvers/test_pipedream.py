@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -346,12 +345,10 @@ def test_artifact_transfers_only_with_a_compression_ratio() -> None:
 
 
 @pytest.mark.parametrize("name", ["inception_v3", "densenet121", "nasnetalarge"])
-def test_branchy_profiles_solve_within_the_time_target(name: str) -> None:
+def test_branchy_profiles_solve(name: str) -> None:
     model = pipedream_profile(name)
     for cluster in (_cluster(16, intra=1e10), _cluster(8, 2, intra=1e10, inter=1e9)):
-        start = time.perf_counter()
-        plan = solve(PipelineProblem(model=model, cluster=cluster))
-        assert time.perf_counter() - start < 2.0
+        plan = solve(PipelineProblem(model=model, cluster=cluster))  # its speed: bench/speed_targets.py
         assert sum(s.replicas for s in plan.stages) == 16
         assert plan.stages[-1].chunks[0].layers[1] == model.num_layers
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import shlex
-import time
 
 import pytest
 
@@ -315,11 +314,9 @@ def test_recompute_flops_counted_only_when_recomputing() -> None:
     assert none["hfu"] <= 1 and full["mfu"] == none["mfu"]
 
 
-def test_search_for_gpt_1t_on_3072_gpus_is_fast() -> None:
+def test_search_for_gpt_1t_on_3072_gpus() -> None:
     problem = api.make_problem("gpt-1t", "a100-80gb:384", global_batch_size=3072)
-    start = time.perf_counter()
-    plan = ptdp.solve(problem)
-    assert time.perf_counter() - start < 10
+    plan = ptdp.solve(problem)  # its speed: bench/speed_targets.py
     assert plan.degrees.tensor == 8 and plan.degrees.tensor * plan.degrees.pipeline * plan.degrees.data == 3072
 
 
