@@ -26,6 +26,7 @@ import functools
 import logging
 from collections.abc import Sequence
 
+from cost_models import extrapolate
 from cost_models.sim import bpipe as bpipe_sim
 from cost_models.sim import engine as sim_engine
 from cost_models.sim import pipeline as engine
@@ -64,6 +65,11 @@ def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool =
             only rank candidates by time and memory skip them (offloaded, BPipe and 1F1B-RR
             plans always have them).
 
+    Plans of more than ``extrapolate.MAX_SIMULATED_ACTIONS`` actions on a built-in schedule are
+    simulated at three smaller microbatch counts and extrapolated exactly along the periodic
+    steady state (``cost_models.extrapolate``), so the cost does not grow with the microbatch count;
+    with ``include_events`` they are simulated in full up to ``extrapolate.MAX_EVENT_ACTIONS``.
+
     Returns:
         Iteration time, bubble fraction, per-rank busy/idle time, peak memory, in-flight
         microbatches and bubbles with their free memory.
@@ -72,6 +78,15 @@ def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool =
         InvalidProblemError: the plan's cluster has no device, a custom action list is malformed
             or deadlocks, or the schedule needs weight-gradient times the profile lacks.
     """
+    if extrapolate.needs_extrapolation(plan) and (
+            not include_events or extrapolate.num_actions(plan) > extrapolate.MAX_EVENT_ACTIONS):
+        exact = functools.partial(_simulate_exact, include_bubbles=include_bubbles)
+        return extrapolate.simulate_many(plan, exact, include_events=include_events)
+    return _simulate_exact(plan, include_events=include_events, include_bubbles=include_bubbles)
+
+
+def _simulate_exact(plan: Plan, *, include_events: bool = False, include_bubbles: bool = True) -> SimResult:
+    """Every action of the plan's iteration through the engine (``simulate`` without extrapolation)."""
     if plan.bpipe is not None:
         return bpipe_sim.simulate_bpipe(plan, include_events=include_events)  # evictions and loads
     if plan.offload is not None:

@@ -12,6 +12,8 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -19,8 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import solvers
-from cost_models import hardware, memory, models, moe, profiles, transformer
-from cost_models import simulate as _simulate
 from planner import config_readers
 from planner import schema_io
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
@@ -41,6 +41,11 @@ ClusterSpec = str | Path | Cluster
 
 
 log = logging.getLogger(__name__)
+
+
+def _cost_model(name: str) -> Any:
+    """A ``cost_models`` module, imported on first use: ``import planner.api`` stays cheap."""
+    return importlib.import_module(f"cost_models.{name}")
 
 
 def load_model(spec: ModelSpec, *, seq_length: int | None = None) -> ModelProfile | TransformerConfig:
@@ -76,7 +81,7 @@ def _load_model(spec: ModelSpec, *, seq_length: int | None) -> ModelProfile | Tr
     path = Path(text)
     if path.suffix in (".json", ".txt") or path.exists():
         if path.suffix == ".txt":
-            return profiles.load_pipedream_graph(path)
+            return _cost_model("profiles").load_pipedream_graph(path)
         data = _read_json(path, what="model")
         kind = data.get("format") if isinstance(data, dict) else None
         if kind is None and isinstance(data, dict) and ("model_type" in data or "architectures" in data):
@@ -86,8 +91,8 @@ def _load_model(spec: ModelSpec, *, seq_length: int | None) -> ModelProfile | Tr
             return TransformerConfig.from_dict(data)
         return ModelProfile.from_dict(data)
     if text.startswith("pipedream:"):
-        return profiles.pipedream_profile(text.split(":", 1)[1])
-    return models.model_preset(text)
+        return _cost_model("profiles").pipedream_profile(text.split(":", 1)[1])
+    return _cost_model("models").model_preset(text)
 
 
 def load_cluster(spec: ClusterSpec) -> Cluster:
@@ -98,7 +103,7 @@ def load_cluster(spec: ClusterSpec) -> Cluster:
     path = Path(text)
     if path.suffix == ".json" or path.exists():
         return Cluster.from_dict(_read_json(path, what="cluster"))
-    return hardware.cluster_preset(text)
+    return _cost_model("hardware").cluster_preset(text)
 
 
 def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
@@ -150,14 +155,14 @@ def make_problem(
             f"cluster {cluster_obj.name!r} gives only worker_types; pipeline planning needs a 'device'"
         )
     if memory_headroom is not None:  # --memory-headroom: a fraction or an amount (cost_models.memory)
-        cluster_obj = cluster_obj.model_copy(update={"device": memory.with_headroom(cluster_obj.device, memory_headroom)})
+        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("memory").with_headroom(cluster_obj.device, memory_headroom)})
     config: TransformerConfig | None = None
     if isinstance(model_obj, TransformerConfig):
         config = model_obj
         kwargs: dict[str, Any] = {}
         if efficiency is not None:
             kwargs["efficiency"] = efficiency
-        profile = transformer.transformer_profile(
+        profile = _cost_model("transformer").transformer_profile(
             config,
             device=cluster_obj.device,
             microbatch_size=microbatch_size or 1,
@@ -248,22 +253,29 @@ def plan(
         InfeasibleError: nothing fits (and the fallback is off, does not apply or fails too).
     """
     began = time.perf_counter()
-    found = _solve_or_offload(problem, solver=solver, options=options, offload_fallback=offload_fallback)
+    found = _solve_or_offload(problem, solver=solver, options=options, offload_fallback=offload_fallback,
+                              began=began)
     found = _tensor_note(problem, found, solver)
     return found.model_copy(update={"solve_time_s": time.perf_counter() - began if timings else None})
 
 
-def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool) -> Plan:
+def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool,
+                      began: float) -> Plan:
+    """The solver's plan, or spipe's within what is left of ``problem.time_limit_s`` (see ``plan``)."""
     try:
         return solvers.solve(problem, solver=solver, options=options)
     except InfeasibleError as error:
         state, aggregate = _states_vs_gpu_memory(problem)
         if not offload_fallback or solver in OFFLOAD_SOLVERS or state <= aggregate:
             raise
+        left_s = None if problem.time_limit_s is None else problem.time_limit_s - (time.perf_counter() - began)
+        if left_s is not None and left_s <= 0:
+            raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) was not tried: time_limit_s="
+                                  f"{problem.time_limit_s} was spent") from None
         try:
-            # SPipe chooses the stages and places them on every GPU itself
+            # SPipe chooses the stages and places them on every GPU itself, within what is left of the budget
             free = problem.model_copy(update={"num_stages": None, "data_parallel": None, "num_chunks": 1,
-                                              "bpipe": False, "schedule": "1f1b"})
+                                              "bpipe": False, "schedule": "1f1b", "time_limit_s": left_s})
             fallback = solvers.solve(free, solver="spipe")
         except PlannerError as offload_error:
             raise InfeasibleError(f"{error}\nthe offloaded fallback (solver spipe) failed too: {offload_error}") from None
@@ -281,7 +293,7 @@ def _states_vs_gpu_memory(problem: PipelineProblem) -> tuple[float, float]:
     device = problem.cluster.device
     assert device is not None  # PipelineProblem requires a device
     state = sum(layer.static_bytes for layer in problem.model.layers) * problem.model.tensor_parallel
-    return state, memory.usable_memory_bytes(device) * problem.cluster.num_devices
+    return state, _cost_model("memory").usable_memory_bytes(device) * problem.cluster.num_devices
 
 
 def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
@@ -290,22 +302,26 @@ def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
     Raises:
         InvalidProblemError: the plan fails ``planner.validate.validate_plan``.
     """
-    return _simulate.simulate(validate_plan(plan), include_events=include_events)
+    return _cost_model("simulate").simulate(validate_plan(plan), include_events=include_events)
 
 
 def resource_timelines(plan: Plan) -> dict[str, list[tuple[str, float, float]]]:
     """Host-link, CPU and BPipe-link rows for the timeline picture (``cost_models.simulate``)."""
-    return _simulate.resource_timelines(plan)
+    return _cost_model("simulate").resource_timelines(plan)
+
+
+MAX_CSV_ACTIONS = 10_000_000
+"""Largest per-rank action CSV ``export`` writes (about 100 MB)."""
 
 
 def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, float]]]:
     """Memory in use per stage over time (``cost_models.simulate.memory_timelines``)."""
-    return _simulate.memory_timelines(plan, sim)
+    return _cost_model("simulate").memory_timelines(plan, sim)
 
 
 def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, float]]]:
     """Every point-to-point transfer per directed link (``cost_models.simulate.link_timelines``)."""
-    return _simulate.link_timelines(plan)
+    return _cost_model("simulate").link_timelines(plan)
 
 
 def trace(plan: Plan, sim: SimResult | None = None) -> dict[str, Any]:
@@ -329,6 +345,13 @@ def export(plan: Plan, fmt: Literal["megatron", "torch-csv", "torchtitan"], *,
     if fmt == "megatron":
         return megatron_args_text(plan)
     if fmt == "torch-csv":
+        num_actions = 2 * plan.degrees.pipeline * plan.degrees.virtual * plan.num_microbatches
+        if num_actions > MAX_CSV_ACTIONS:
+            raise InvalidProblemError(
+                f"num_microbatches={plan.num_microbatches}: the torch-csv export lists every action, "
+                f"{num_actions:,} here (at most {MAX_CSV_ACTIONS:,}); export with --format megatron, or plan "
+                "fewer, larger microbatches"
+            )
         return to_torch_csv(plan)
     if fmt == "torchtitan":
         return torchtitan_args_text(plan, schedule_csv_path=schedule_csv_path)
@@ -347,12 +370,12 @@ def model_info(model: ModelSpec, *, global_batch_size: int = 1, seq_length: int 
             "num_heads": obj.num_heads,
             "seq_length": obj.seq_length,
             "vocab_size": obj.vocab_size,
-            "num_parameters": transformer.num_parameters(obj),
-            "num_active_parameters": moe.num_active_parameters(obj),
+            "num_parameters": _cost_model("transformer").num_parameters(obj),
+            "num_active_parameters": _cost_model("moe").num_active_parameters(obj),
             **_architecture_info(obj),
             "global_batch_size": global_batch_size,
-            "flops_per_iteration": transformer.flops_per_iteration(obj, global_batch_size=global_batch_size),
-            "flops_per_iteration_no_recompute": transformer.flops_per_iteration(
+            "flops_per_iteration": _cost_model("transformer").flops_per_iteration(obj, global_batch_size=global_batch_size),
+            "flops_per_iteration_no_recompute": _cost_model("transformer").flops_per_iteration(
                 obj, global_batch_size=global_batch_size, recompute=False
             ),
         }
@@ -380,8 +403,77 @@ def _architecture_info(cfg: TransformerConfig) -> dict[str, Any]:
             "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "kv_lora_rank", "q_lora_rank")
     info: dict[str, Any] = {key: getattr(cfg, key) for key in keys if getattr(cfg, key) not in (None, 0)}
     if cfg.is_mla or cfg.kv_heads != cfg.num_heads:
-        info["kv_cache_elements_per_token_per_layer"] = moe.kv_cache_elements_per_token(cfg)
+        info["kv_cache_elements_per_token_per_layer"] = _cost_model("moe").kv_cache_elements_per_token(cfg)
     return info
+
+
+def gavel_policies() -> tuple[Any, ...]:
+    """The Gavel policy registry (``solvers.gavel.REGISTRY``): name, description, capabilities."""
+    from solvers import gavel
+
+    return gavel.REGISTRY
+
+
+def gavel_policy(name: str) -> Any:
+    """One Gavel policy's registry entry.
+
+    Raises:
+        InvalidProblemError: unknown name; the message lists the valid names.
+    """
+    from solvers import gavel
+
+    return gavel.get_policy(name)
+
+
+def schedule(problem: Any, *, policy: str, options: Mapping[str, Any] | None = None) -> Any:
+    """One Gavel allocation of a ``ClusterProblem`` under a registered policy (``solvers.gavel.solve``)."""
+    from solvers import gavel
+
+    return gavel.solve(problem, policy=policy, options=options)
+
+
+def cluster_simulate(jobs: Any, **kwargs: Any) -> Any:
+    """Gavel's round-based cluster simulation of a job trace (``solvers.gavel.simulator.simulate``)."""
+    from solvers.gavel.simulator import simulate as simulate_cluster
+
+    return simulate_cluster(jobs, **kwargs)
+
+
+def fill_options(*, policy: str = "sjf", fill_fraction: float | None = None, free_memory_bytes: float | None = None,
+                 efficiency: float | None = None, paper_memory: bool = False) -> Any:
+    """PipeFill's options (``solvers.fill.simulate.FillOptions``); ``paper_memory`` uses the
+    paper's fixed free memory per bubble when none is given."""
+    from solvers.fill.bubbles import PAPER_FREE_MEMORY_BYTES, BubbleOptions
+    from solvers.fill.simulate import FillOptions
+
+    memory = free_memory_bytes or (PAPER_FREE_MEMORY_BYTES if paper_memory else None)
+    bubbles = BubbleOptions(free_memory_bytes=memory, **({"fill_fraction": fill_fraction} if fill_fraction is not None else {}))
+    return FillOptions(policy=policy, bubbles=bubbles, **({"efficiency": efficiency} if efficiency else {}))
+
+
+def fill_jobs(spec: str) -> Any:
+    """Fill jobs from a preset, ``name:count,...``, a mix or a JSON file (``solvers.fill.jobs``)."""
+    from solvers.fill.jobs import parse_fill_jobs
+
+    return parse_fill_jobs(spec)
+
+
+def fill(plan: Plan, jobs: Any, options: Any) -> Any:
+    """Fill a plan's pipeline bubbles with jobs (``fill_jobs`` or their spec; PipeFill,
+    ``solvers.fill.simulate.fill_plan``)."""
+    from solvers.fill.simulate import fill_plan
+
+    return fill_plan(plan, fill_jobs(jobs) if isinstance(jobs, str) else jobs, options)
+
+
+def fill_scale(*, num_gpus: tuple[int, ...], jobs: str, horizon_s: float, seed: int, options: Any,
+               on_point: Any = None) -> Any:
+    """PipeFill's scaling sweep (the paper's 40B job on growing clusters, ``solvers.fill.scale``);
+    ``on_point`` is called after each cluster size."""
+    from solvers.fill.scale import ScaleOptions, scale_sweep
+
+    return scale_sweep(ScaleOptions(num_gpus=num_gpus, jobs=jobs, horizon_s=horizon_s, seed=seed, fill=options),
+                       on_point=on_point)
 
 
 def save(obj: _Frozen, path: str | Path) -> Path:

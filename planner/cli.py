@@ -103,8 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "megatron:<args file>, or a profile/transformer JSON or graph.txt")
     p.add_argument("--seq-length", type=SEQ_LENGTH, help="training sequence length (transformer configs; default: the config's)")
     p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
-    p.add_argument("--solver", help="solver (`paraplan solvers`); default: ptdp for a transformer with --global-batch "
-                   "and no fixed shape (it searches t, p, d and b), else even")
+    p.add_argument("--solver", metavar="NAME", help=_solver_help())
     p.add_argument("--schedule", help="pipeline schedule (default: 1f1b, or interleaved-1f1b with --chunks > 1)")
     p.add_argument("--pipeline", type=T.DEVICES, help="pipeline stages p (default: the solver chooses)")
     p.add_argument("--chunks", type=T.LAYERS, default=1, help="model chunks per stage v (interleaved)")
@@ -157,7 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(module) is not None:  # sub-commands of packages being built
             importlib.import_module(module).add_parsers(sub)
 
-    sub.add_parser("solvers", help="list the solvers").set_defaults(handler=cmd_solvers)
+    so = sub.add_parser("solvers", help="list the solvers with what they search and the schedules they plan")
+    so.add_argument("--json", action="store_true")
+    so.add_argument("--options", action="store_true", help="also list each solver's --option keys with types")
+    so.set_defaults(handler=cmd_solvers)
     pr = sub.add_parser("presets", help="list device, cluster and model presets")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(handler=cmd_presets)
@@ -288,11 +290,25 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _solver_help() -> str:
+    """``--solver`` help from the solver registry (no solver module is imported)."""
+    import solvers
+
+    names = ", ".join(info.name + ("*" if info.searches_tensor_parallelism else "") for info in solvers.REGISTRY)
+    return (f"pipeline solver: {names} (* searches tensor parallelism; see 'paraplan solvers'); default: ptdp "
+            "for a transformer with --global-batch and no fixed shape, else even")
+
+
 def cmd_solvers(args: argparse.Namespace) -> int:
     import solvers
 
-    for name in sorted(solvers.SOLVERS):
-        print(f"{name:16s} {solvers.DESCRIPTIONS.get(name, '')}")
+    if getattr(args, "json", False):
+        print(json.dumps([{"name": i.name, "description": i.description, "searches": list(i.searches),
+                           "schedules": list(i.schedules), "offload": i.offload, "options": i.option_fields()}
+                          for i in solvers.REGISTRY], indent=2))
+        return 0
+    for info in solvers.REGISTRY:
+        print(f"{info.name:16s} {solvers.describe(info, options=args.options)}")
     return 0
 
 

@@ -37,13 +37,11 @@ def add_parsers(sub: Any) -> None:
 
 
 def _fill_options(args: argparse.Namespace, *, scale: bool) -> Any:
-    from solvers.fill.bubbles import PAPER_FREE_MEMORY_BYTES, BubbleOptions
-    from solvers.fill.simulate import FillOptions
+    from planner import api
 
-    memory = args.free_memory_gb * 1e9 if args.free_memory_gb else (PAPER_FREE_MEMORY_BYTES if scale else None)
-    kwargs = {"efficiency": args.fill_efficiency} if args.fill_efficiency else {}
-    return FillOptions(policy=args.policy, bubbles=BubbleOptions(fill_fraction=args.fill_fraction,
-                                                                 free_memory_bytes=memory), **kwargs)
+    return api.fill_options(policy=args.policy, fill_fraction=args.fill_fraction,
+                            free_memory_bytes=args.free_memory_gb * 1e9 if args.free_memory_gb else None,
+                            efficiency=args.fill_efficiency, paper_memory=scale)
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
@@ -63,21 +61,18 @@ def cmd_fill(args: argparse.Namespace) -> int:
         raise InvalidProblemError(f"{', '.join(given)} apply to --scale only; add --scale or drop them")
     if not args.plan or not args.fill_jobs:
         raise InvalidProblemError("paraplan fill needs PLAN.json and --fill-jobs F (or --scale)")
-    from solvers.fill.jobs import parse_fill_jobs
-    from solvers.fill.simulate import fill_plan
-
     from planner.progress import progress
 
-    plan, jobs = api.load_plan(args.plan), parse_fill_jobs(args.fill_jobs)
+    plan, jobs = api.load_plan(args.plan), api.fill_jobs(args.fill_jobs)
     with progress(f"filling the bubbles of {plan.cluster.num_devices} GPUs with {len(jobs)} jobs"):
-        result = fill_plan(plan, jobs, _fill_options(args, scale=False))
+        result = api.fill(plan, jobs, _fill_options(args, scale=False))
     _emit(args, result, _fill_table(result, plan.cluster.num_devices))
     return 0
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
+    from planner import api
     from planner.errors import InvalidProblemError
-    from solvers.fill.scale import ScaleOptions, scale_sweep
 
     args.gpus = args.gpus or "1024,2048,4096,8192,16384"
     args.horizon_h = args.horizon_h or 12.0
@@ -94,10 +89,9 @@ def _cmd_scale(args: argparse.Namespace) -> int:
         raise InvalidProblemError(f"--horizon-h={args.horizon_h} must be positive")
     from planner.progress import progress
 
-    options = ScaleOptions(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
-                           seed=args.seed, fill=_fill_options(args, scale=True))
     with progress(f"PipeFill scale sweep over {len(gpus)} cluster sizes", total=len(gpus)) as ticker:
-        result = scale_sweep(options, on_point=ticker.advance)
+        result = api.fill_scale(num_gpus=gpus, jobs=args.fill_jobs or "paper-mix", horizon_s=args.horizon_h * 3600,
+                                seed=args.seed, options=_fill_options(args, scale=True), on_point=ticker.advance)
     if args.plot:
         plot_scale(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -86,25 +86,24 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    import solvers.gavel as gavel
+    from planner import api
 
     workers = load_worker_types(args.cluster)
     _check_table(args)
     problem = load_problem(args.jobs, workers, table=args.throughputs, with_pairs=args.space_sharing)
     with progress(f"solving {args.policy}"):
-        allocation = gavel.solve(problem, policy=args.policy, options=_options(args))
+        allocation = api.schedule(problem, policy=args.policy, options=_options(args))
     print(allocation.model_dump_json(indent=2) if args.json else allocation_table(allocation, problem))
     return 0
 
 
 def cmd_cluster_sim(args: argparse.Namespace) -> int:
-    from solvers.gavel import get_policy
-    from solvers.gavel.simulator import simulate
+    from planner import api
 
     from planner.schema_io import check_output_path
 
     check_output_path(args.cdf, flag="--cdf")
-    get_policy(args.policy)
+    api.gavel_policy(args.policy)
     workers = load_worker_types(args.cluster)
     _check_table(args)
     jobs = _sim_jobs(args, workers)
@@ -112,9 +111,9 @@ def cmd_cluster_sim(args: argparse.Namespace) -> int:
     bar = _Bar(len(jobs.jobs))
     # A live bar on a terminal; in logs, progress() prints one line when it starts and ends.
     with progress(f"simulating {len(jobs.jobs)} jobs under {args.policy}", delay_s=1.0 if not bar.tty else 1e9):
-        result = simulate(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
-                          options=_options(args), seed=args.seed, measure=measure, on_round=bar.update,
-                          mechanism=args.mechanism)
+        result = api.cluster_simulate(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
+                                      options=_options(args), seed=args.seed, measure=measure, on_round=bar.update,
+                                      mechanism=args.mechanism)
     bar.close()
     if args.cdf:
         from solvers.gavel.plots import draw_jct_cdf
@@ -134,10 +133,10 @@ def _check_table(args: argparse.Namespace) -> None:
 
 
 def cmd_cluster_run(args: argparse.Namespace) -> int:
+    from planner import api
     from planner.cluster_run import import_ray, run_on_ray
-    from solvers.gavel import get_policy
 
-    get_policy(args.policy)
+    api.gavel_policy(args.policy)
     if args.round <= 0 or args.time_scale <= 0:
         raise InvalidProblemError(f"--round {args.round} and --time-scale {args.time_scale} must be positive")
     import_ray()
@@ -169,13 +168,19 @@ def scale_time(jobs: JobsFile, k: float) -> JobsFile:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from solvers.gavel import POLICIES
+    from planner import api
 
+    registry = api.gavel_policies()
     if args.json:
-        print(json.dumps({name: spec.description for name, spec in POLICIES.items()}, indent=2))
+        print(json.dumps({info.name: {"description": info.description, "objective": info.objective,
+                                      "heterogeneity_aware": info.heterogeneity_aware, "space_sharing": info.packed,
+                                      "partitioned_aggregate": info.aggregate, "backends": list(info.backends)}
+                          for info in registry}, indent=2))
     else:
-        for name in sorted(POLICIES):
-            print(f"{name:48s} {POLICIES[name].description}")
+        for info in sorted(registry, key=lambda i: i.name):
+            traits = ", ".join(t for t, on in (("heterogeneity-aware", info.heterogeneity_aware),
+                                                 ("space sharing", info.packed)) if on) or "heterogeneity-agnostic"
+            print(f"{info.name:48s} {info.description} [{traits}; objective: {info.objective}]")
     return 0
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import struct
+import sys
 import time
 from collections.abc import Callable, Mapping
 from functools import lru_cache
@@ -36,29 +38,39 @@ Frontier = tuple[tuple[float, float, tuple[tuple[int, ...], ...]], ...]
 """(activation bytes, recompute seconds, counts per type and strategy), bytes ascending, time descending."""
 
 
-def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, int], float]) -> tuple[float, list[int]]:
+def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, int], float], *,
+                     part_trend: str | None = None) -> tuple[float, list[int]]:
     """Min over contiguous partitions into non-empty parts of the largest part cost.
 
     Args:
         cost: cost(i, j, q) of layers [i, j) as part q; ``math.inf`` when they cannot be part q.
+            It must not decrease when the range grows at a fixed q (true of time plus a memory
+            check: a subset of a part that fits also fits, and takes no longer).
 
     Returns:
         (value, bounds) with bounds[0] = 0, bounds[-1] = num_layers; value inf if none is feasible.
         Ties go to the smallest last boundary at every step (deterministic).
+
+    With ``part_trend`` ("increasing" or "decreasing": how a range's cost moves with the part
+    index q) long chains use ``parametric_partition`` instead (same optimum, its own tie-break).
+
+    For each (q, j) the last part [i, j) is found by bisection: with G(i) the smallest prefix
+    value over [i, j) (nondecreasing in i, from a sparse table) and C(i) = cost(i, j, q)
+    (non-increasing), min_i max(prev(i), C(i)) = min_i max(G(i), C(i)) lies where G and C
+    cross. With N layers this takes O(P N log N) part costs instead of O(P N^2).
     """
+    if part_trend is not None and num_layers * num_parts > _DP_CELLS:
+        return parametric_partition(num_layers, num_parts, cost, part_trend=part_trend)
     inf = math.inf
     best = [[inf] * (num_layers + 1) for _ in range(num_parts + 1)]
     arg = [[0] * (num_layers + 1) for _ in range(num_parts + 1)]
     best[0][0] = 0.0
     for q in range(1, num_parts + 1):
         left = num_parts - q  # parts still to come need a layer each
+        prev = best[q - 1]
+        table = _min_table(prev)
         for j in range(q, num_layers - left + 1):
-            for i in range(q - 1, j):
-                if best[q - 1][i] >= best[q][j]:
-                    continue
-                value = max(best[q - 1][i], cost(i, j, q - 1))
-                if value < best[q][j]:
-                    best[q][j], arg[q][j] = value, i
+            best[q][j], arg[q][j] = _best_last_part(prev, table, q - 1, j, q - 1, cost)
     value = best[num_parts][num_layers]
     if math.isinf(value):
         return value, []
@@ -68,9 +80,135 @@ def partition_bounds(num_layers: int, num_parts: int, cost: Callable[[int, int, 
     return value, bounds[::-1]
 
 
+_DP_CELLS = 4096
+"""Above this many (layer, part) cells ``partition_bounds`` uses the parametric search."""
+
+
+def parametric_partition(num_layers: int, num_parts: int, cost: Callable[[int, int, int], float], *,
+                         part_trend: str = "increasing") -> tuple[float, list[int]]:
+    """The same optimum as ``partition_bounds`` in O(64 P log N) part costs, for long chains.
+
+    Parametric search (Frederickson's scheme for min-max partitioning): whether every part can
+    cost at most V is decided greedily, each part taking the most layers whose cost stays <= V
+    (optimal for costs that grow with the range: the greedy boundaries are never behind those of
+    any feasible partition). V* is the smallest feasible V; it is a part cost, found by bisection
+    over the ordered bit patterns of non-negative floats (at most 64 steps), exactly. Ties go to
+    the greedy partition at V* (parts as long as possible from the front), which is deterministic
+    but may differ from the DP's choice among equally good partitions.
+
+    The greedy argument needs a range to cost no less at a later part than at an earlier one
+    (``part_trend="increasing"``, greedy from the first layer); with ``"decreasing"`` (e.g. 1F1B's
+    memory: early stages hold more microbatches) the chain is partitioned from its last layer.
+    """
+    if part_trend == "decreasing":
+        n, last = num_layers, num_parts - 1
+        value, bounds = parametric_partition(num_layers, num_parts, lambda i, j, q: cost(n - j, n - i, last - q))
+        return value, [n - b for b in reversed(bounds)]
+    feasible = _greedy(num_layers, num_parts, cost, sys.float_info.max)
+    if feasible is None:
+        return math.inf, []
+    hi = _max_part(feasible, cost)
+    lo_bits, hi_bits = -1, _bits(hi)  # lo: known infeasible (below 0.0 for the first step)
+    best = feasible
+    while hi_bits - lo_bits > 1:
+        mid_bits = (lo_bits + hi_bits) // 2
+        bounds = _greedy(num_layers, num_parts, cost, _float(mid_bits))
+        if bounds is None:
+            lo_bits = mid_bits
+        else:
+            best, hi_bits = bounds, _bits(_max_part(bounds, cost))
+    return _float(hi_bits), best
+
+
+def _greedy(n: int, parts: int, cost: Callable[[int, int, int], float], limit: float) -> list[int] | None:
+    """Bounds of the greedy partition whose parts all cost <= limit, or None if there is none."""
+    bounds = [0]
+    for q in range(parts):
+        first, last = bounds[-1], n - (parts - q - 1)  # leave a layer for each part still to come
+        if first >= last or cost(first, first + 1, q) > limit:
+            return None
+        a, b = first + 1, last
+        while a < b:
+            mid = (a + b + 1) // 2
+            if cost(first, mid, q) <= limit:
+                a = mid
+            else:
+                b = mid - 1
+        bounds.append(a)
+    return bounds if bounds[-1] == n else None
+
+
+def _max_part(bounds: list[int], cost: Callable[[int, int, int], float]) -> float:
+    return max(cost(bounds[q], bounds[q + 1], q) for q in range(len(bounds) - 1))
+
+
+def _bits(value: float) -> int:
+    """Non-negative floats in order as integers."""
+    return int(struct.unpack("<q", struct.pack("<d", max(value, 0.0)))[0])
+
+
+def _float(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", max(bits, 0)))[0])
+
+
+def _min_table(values: list[float]) -> list[list[float]]:
+    """Sparse table: table[k][i] = min(values[i : i + 2**k])."""
+    table = [values]
+    width = 1
+    while 2 * width <= len(values):
+        row = table[-1]
+        table.append([min(row[i], row[i + width]) for i in range(len(values) - 2 * width + 1)])
+        width *= 2
+    return table
+
+
+def _range_min(table: list[list[float]], lo: int, hi: int) -> float:
+    """min(values[lo:hi]) for lo < hi."""
+    k = (hi - lo).bit_length() - 1
+    return min(table[k][lo], table[k][hi - (1 << k)])
+
+
+def _best_last_part(prev: list[float], table: list[list[float]], lo: int, j: int, part: int,
+                    cost: Callable[[int, int, int], float]) -> tuple[float, int]:
+    """min over lo <= i < j of max(prev[i], cost(i, j, part)), smallest i on ties."""
+    if cost(j - 1, j, part) == math.inf or _range_min(table, lo, j) == math.inf:
+        return math.inf, 0  # every longer last part costs at least as much, or no prefix is feasible
+    # smallest i in [lo, j) with cost(i) <= G(i): G rises and cost falls with i
+    a, b = lo, j - 1
+    while a < b:
+        mid = (a + b) // 2
+        if cost(mid, j, part) <= _range_min(table, mid, j):
+            b = mid
+        else:
+            a = mid + 1
+    value = max(_range_min(table, a, j), cost(a, j, part))
+    if a > lo:
+        value = min(value, max(_range_min(table, a - 1, j), cost(a - 1, j, part)))
+    if value == math.inf:
+        return math.inf, 0
+    # the smallest i attaining it: its part must cost at most `value`, so i >= the first such i
+    a, b = lo, j - 1
+    while a < b:
+        mid = (a + b) // 2
+        if cost(mid, j, part) <= value:
+            b = mid
+        else:
+            a = mid + 1
+    for i in range(a, j):
+        if prev[i] <= value:
+            return value, i
+    raise AssertionError("the minimum is attained")  # pragma: no cover
+
+
 def composition(types: tuple[LayerType, ...], i: int, j: int) -> tuple[int, ...]:
-    """Layers of each type in the range [i, j)."""
-    return tuple(max(0, min(j, t.first + t.num_layers) - max(i, t.first)) for t in types)
+    """Layers of each type in the range [i, j): a range is costed by its composition only, so
+    the repeated layers of a type are grouped (the partition DPs' caches key on it)."""
+    out = []
+    for t in types:
+        end = t.first + t.num_layers
+        lo, hi = (i if i > t.first else t.first), (j if j < end else end)
+        out.append(hi - lo if hi > lo else 0)
+    return tuple(out)
 
 
 @lru_cache(maxsize=4096)
@@ -117,6 +255,19 @@ def chunk_inflight(model: StageModel, k: int) -> int:
     """Peak in-flight count of virtual stage k's chunk on its rank."""
     p = model.num_stages
     return max(vec[k // p] for vec in model.inflight[k % p])
+
+
+def inflight_trend(model: StageModel) -> str | None:
+    """How the part costs of the baselines move with the part index: they depend on it only
+    through the chunk's in-flight count (more in flight, less memory per microbatch), so
+    "decreasing" when the counts never rise over the virtual stages (1F1B: p - s), "increasing"
+    when they never fall, else None (``partition_bounds`` then runs the DP)."""
+    counts = [chunk_inflight(model, k) for k in range(model.num_virtual)]
+    if all(a >= b for a, b in zip(counts, counts[1:])):
+        return "decreasing"
+    if all(a <= b for a, b in zip(counts, counts[1:])):
+        return "increasing"
+    return None
 
 
 def static_bytes(types: tuple[LayerType, ...], comp: tuple[int, ...]) -> float:
@@ -184,14 +335,21 @@ def pipedream_fixed(problem: PipelineProblem, options: Mapping[str, Any] | None 
     for name in names:
         pick = [t.strategies.index(name) if name in t.strategies else t.strategies.index("none") for t in types]
 
-        def cost(i: int, j: int, q: int, pick: list[int] = pick) -> float:
-            comp = composition(types, i, j)
-            act = math.fsum(n * t.activation_bytes[s] for n, t, s in zip(comp, types, pick))
-            if static_bytes(types, comp) + chunk_inflight(model, q) * act > share:
-                return math.inf
-            return compute_s(types, comp) + math.fsum(n * t.extra_s[s] for n, t, s in zip(comp, types, pick))
+        cache: dict[tuple[tuple[int, ...], int], float] = {}  # ranges of one composition cost the same
 
-        value, bounds = partition_bounds(model.num_layers, num_k, cost)
+        def cost(i: int, j: int, q: int, pick: list[int] = pick,
+                 cache: dict[tuple[tuple[int, ...], int], float] = cache) -> float:
+            comp = composition(types, i, j)
+            key = (comp, chunk_inflight(model, q))
+            if key not in cache:
+                act = math.fsum(n * t.activation_bytes[s] for n, t, s in zip(comp, types, pick))
+                if static_bytes(types, comp) + key[1] * act > share:
+                    cache[key] = math.inf
+                else:
+                    cache[key] = compute_s(types, comp) + math.fsum(n * t.extra_s[s] for n, t, s in zip(comp, types, pick))
+            return cache[key]
+
+        value, bounds = partition_bounds(model.num_layers, num_k, cost, part_trend=inflight_trend(model))
         if math.isinf(value):
             continue
         strategies = [types[next(a for a, t in enumerate(types) if t.first <= i < t.first + t.num_layers)].strategies[

@@ -166,7 +166,10 @@ def first_chunk_inflight(p: int, v: int, m: int) -> int:
     total = m * v
     warmup = min(p - 1, m) if v == 1 else min(2 * (p - 1) + (v - 1) * p, total)
     held = peak = 0
-    for k in range(total + warmup):
+    # Past the warm-up each step runs one forward and one backward, and the chunk pattern
+    # repeats every p v steps with no net change: two periods hold the peak of the whole run.
+    steps = total + warmup if total <= warmup + 2 * p * v else warmup + 2 * p * v
+    for k in range(steps):
         if k < total and (k % (p * v)) // p == 0:  # forward k
             held += 1
             peak = max(peak, held)

@@ -39,6 +39,9 @@ from solvers.common import Layout, stage_ranks
 # Counts of a plan: counts[k][t][j] = layers of type t with the type's j-th strategy on virtual stage k.
 Counts = tuple[tuple[tuple[int, ...], ...], ...]
 
+MAX_MODEL_ACTIONS = 4_000_000
+"""Largest action list (2 x virtual stages x microbatches) the stage model builds (seconds of work)."""
+
 SUPPORTED_SCHEDULES = ("1f1b", "flush", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2")
 KAPPA = {"zb-h1": 2, "zb-h2": 3}  # A.6.6: fill/drain (P-1)(F + B - kappa W) with B the whole backward
 TERMS = ("dual", "tri")
@@ -186,6 +189,12 @@ def build_model(problem: PipelineProblem, layout: Layout, *, strategies: Sequenc
             "use one of them (2bw and custom action lists have no modelled bubble terms)"
         )
     p, v, m = layout.num_stages, layout.num_chunks, layout.num_microbatches
+    if 2 * p * v * m > MAX_MODEL_ACTIONS:
+        raise InvalidProblemError(
+            f"num_microbatches={m}: the stage model walks the schedule's {2 * p * v * m:,} actions per iteration "
+            f"(at most {MAX_MODEL_ACTIONS:,}, i.e. {MAX_MODEL_ACTIONS // (2 * p * v):,} microbatches on {p} stages x "
+            f"{v} chunks); use fewer, larger microbatches, or solver 'even', whose simulation extrapolates the steady state"
+        )
     assert problem.cluster.device is not None  # PipelineProblem requires a device
     split, links = None, ()
     if (problem.bpipe if bpipe_on is None else bpipe_on) and p >= 4:

@@ -33,6 +33,7 @@ from solvers._partition import (
     compute_s,
     finish_plan,
     fixed_depth_model,
+    inflight_trend,
     partition_bounds,
     recompute_frontier,
     static_bytes,
@@ -73,7 +74,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         got = knapsack(i, j, q)
         return math.inf if got is None else got[0]
 
-    value, bounds = partition_bounds(model.num_layers, model.num_virtual, cost)
+    value, bounds = partition_bounds(model.num_layers, model.num_virtual, cost, part_trend=inflight_trend(model))
     if math.isinf(value):
         raise InfeasibleError(memory_shortfall_message(
             problem, _lightest_bytes(model), f"every AdaPipe partition of {problem.model.name} on {model.num_stages} stages"))

@@ -199,6 +199,30 @@ def with_prediction(plan: Plan) -> tuple[Plan, SimResult]:
     return plan.model_copy(update={"predicted": sim.predicted(plan, result)}), result
 
 
+def lower_bound_is_exact(plan: Plan) -> bool:
+    """Whether ``memory_lower_bound_bytes`` equals the simulated peak (1F1B, one chunk, no BPipe)."""
+    return plan.schedule == "1f1b" and plan.degrees.virtual == 1 and plan.bpipe is None
+
+
+def memory_lower_bound_bytes(plan: Plan) -> float:
+    """A lower bound on the plan's simulated peak memory per device (its largest rank), without
+    simulating: rank s holds its static bytes plus at least min(p - s, m) activation sets, the
+    1F1B warm-up (BPipe, sec. 2, the in-flight count of 1F1B; GPipe, the interleaved and the
+    zero-bubble schedules hold at least as many). Exact for 1F1B with one chunk per stage.
+    Plans whose memory this does not bound (BPipe moves activations, custom orders, offload)
+    get 0.
+    """
+    if plan.bpipe is not None or plan.schedule == "custom" or plan.offload is not None:
+        return 0.0
+    costs = sim.pipeline_costs(plan)
+    p, m = plan.degrees.pipeline, plan.num_microbatches
+    bound = 0.0
+    for s in range(p):
+        activation = min(costs.activation_bytes[k] for k in range(s, costs.num_virtual_stages, p))
+        bound = max(bound, costs.static_bytes[s] + min(p - s, m) * activation)
+    return bound
+
+
 def bpipe_would_apply(problem: PipelineProblem, num_stages: int | None = None) -> bool:
     """Whether ``--bpipe`` is a fix worth naming: it is off, the schedule is one BPipe balances
     (1F1B or interleaved 1F1B) and the pipeline has at least 4 stages (below that BPipe moves
@@ -210,12 +234,13 @@ def bpipe_would_apply(problem: PipelineProblem, num_stages: int | None = None) -
 
 
 def memory_shortfall_message(problem: PipelineProblem, needed_bytes: float, what: str, *,
-                             num_stages: int | None = None) -> str:
+                             num_stages: int | None = None, at_least: bool = False) -> str:
     """The standard 'does not fit' message: the memory per device it would need, and fixes.
 
     Args:
         num_stages: the depth that was tried, if not ``problem.num_stages``; decides whether
             BPipe is suggested (``bpipe_would_apply``).
+        at_least: ``needed_bytes`` is a lower bound (``memory_lower_bound_bytes``), not a simulated peak.
     """
     device = problem.cluster.device
     assert device is not None
@@ -226,7 +251,8 @@ def memory_shortfall_message(problem: PipelineProblem, needed_bytes: float, what
         bpipe = ("BPipe (--bpipe: stage s hands activations to stage p-1-s, so no stage holds more than "
                  "about (p+2)/2 microbatches), ")
     return (
-        f"{what} does not fit in device memory: it needs {format_bytes(needed_bytes)} per device but "
+        f"{what} does not fit in device memory: it needs {'at least ' if at_least else ''}"
+        f"{format_bytes(needed_bytes)} per device but "
         f"{device.name} has {format_bytes(usable)} usable of {format_bytes(device.memory_bytes)} "
         f"(headroom {format_bytes(device.memory_bytes - usable)}, --memory-headroom) ({ratio:.2f}x). To make it feasible: "
         f"use more pipeline stages (about {math.ceil(ratio)}x as many), a larger tensor-parallel "

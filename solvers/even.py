@@ -24,11 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cost_models import bpipe
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import BPipeSpec, ModelProfile, PipelineProblem, Plan, Stage
 from solvers.common import (
     build_plan,
     even_split,
+    lower_bound_is_exact,
+    memory_lower_bound_bytes,
     memory_shortfall_message,
     resolve_layout,
     with_prediction,
@@ -59,7 +62,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     start = time.perf_counter()
     link_error: InfeasibleError | None = None
     strategies = _strategy_order(problem.model, opts)
-    smallest_peak = float("inf")
+    smallest_peak, from_bound = float("inf"), False
     layout_error: InvalidProblemError | None = None
     for p in _depth_candidates(problem):
         try:
@@ -81,13 +84,20 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
             except InfeasibleError as e:
                 link_error = e  # the pair link is too slow for this configuration
                 continue
+            lower_bytes = memory_lower_bound_bytes(plan)
+            if lower_bytes > usable_memory_bytes(problem.cluster.device):  # type: ignore[arg-type]
+                if lower_bytes < smallest_peak:  # cannot fit: no need to simulate
+                    smallest_peak, from_bound = lower_bytes, not lower_bound_is_exact(plan)
+                continue
             plan, result = with_prediction(plan)
             if result.fits_memory:
                 notes = (f"uniform recompute {strategy!r} on every layer that offers it", *bpipe_notes)
                 return plan.model_copy(
                     update={"solve_time_s": time.perf_counter() - start, "notes": notes}
                 )
-            smallest_peak = min(smallest_peak, max(s.peak_memory_bytes for s in result.stages))
+            peak = max(s.peak_memory_bytes for s in result.stages)
+            if peak < smallest_peak:
+                smallest_peak, from_bound = peak, False
     if smallest_peak == float("inf") and layout_error is not None:
         raise InvalidProblemError(f"no pipeline depth can split the batch: {layout_error}")
     if smallest_peak == float("inf") and link_error is not None:
@@ -95,7 +105,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     what = f"the even split of {problem.model.name}" + (
         f" on {problem.num_stages} stages" if problem.num_stages else " at every pipeline depth"
     )
-    raise InfeasibleError(memory_shortfall_message(problem, smallest_peak, what))
+    raise InfeasibleError(memory_shortfall_message(problem, smallest_peak, what, at_least=from_bound))
 
 
 def with_bpipe(plan: Plan) -> tuple[Plan, tuple[str, ...]]:

@@ -26,10 +26,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import PipelineProblem, Plan
 from solvers._partition import fixed_depth_model
-from solvers.common import build_plan, memory_shortfall_message, with_prediction
+from solvers.common import (
+    build_plan,
+    lower_bound_is_exact,
+    memory_lower_bound_bytes,
+    memory_shortfall_message,
+    with_prediction,
+)
 from solvers.even import even_bounds
 from solvers.options import parse_options
 
@@ -62,26 +69,29 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         raise InvalidProblemError(f"option recompute={opts.recompute!r}: no layer of {problem.model.name} offers it "
                                   f"as a recompute strategy; choose from {offered}")
     best: Plan | None = None
-    smallest = math.inf
+    smallest, from_bound = math.inf, False
     for strategy in [opts.recompute] if opts.recompute else offered or ["none"]:
-        plan, peak = _smallest_ratio(problem, model, strategy)
-        smallest = min(smallest, peak)
+        plan, peak, bounded = _smallest_ratio(problem, model, strategy)
+        if peak < smallest:
+            smallest, from_bound = peak, bounded
         if plan is not None and (best is None or plan.predicted.iteration_time_s < best.predicted.iteration_time_s):  # type: ignore[union-attr]
             best = plan
     if best is None:
         raise InfeasibleError(memory_shortfall_message(
-            problem, smallest, f"the Merak plan of {problem.model.name} on {model.num_stages} stages (r_0 = 1)"))
+            problem, smallest, f"the Merak plan of {problem.model.name} on {model.num_stages} stages (r_0 = 1)",
+            at_least=from_bound))
     return best.model_copy(update={"solve_time_s": time.perf_counter() - began})
 
 
-def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str) -> tuple[Plan | None, float]:
-    """The plan of the smallest r_0 that fits with this strategy, or None and the lightest peak."""
+def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str) -> tuple[Plan | None, float, bool]:
+    """The plan of the smallest r_0 that fits with this strategy, or None and the lightest peak;
+    and whether that peak is only a lower bound (a candidate not simulated, schedule not 1F1B)."""
     layers, num_k = problem.model.layers, model.num_virtual
     bounds = even_bounds(problem.model, num_k)
     offers = [[i for i in range(bounds[k], bounds[k + 1]) if strategy in layers[i].strategies()] for k in range(num_k)]
     depth, position = (model.num_stages, lambda k: k % model.num_stages) if model.num_chunks == 1 else (num_k, lambda k: k)
     n0 = len(offers[0])
-    smallest = math.inf
+    smallest, from_bound = math.inf, False
     for step in range(n0 + 1):
         ratio = step / n0 if n0 else 1.0
         strategies = ["none"] * len(layers)
@@ -91,8 +101,15 @@ def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str) -> tupl
         plan = build_plan(problem, model.layout, bounds=bounds, strategies=strategies, solver="merak",
                           options={"recompute": strategy},
                           notes=(f"first-stage recompute ratio r_0 = {ratio:.4g} ({strategy!r})",))
+        lower_bytes = memory_lower_bound_bytes(plan)
+        if lower_bytes > usable_memory_bytes(problem.cluster.device):  # type: ignore[arg-type]  # cannot fit: no need to simulate
+            if lower_bytes < smallest:
+                smallest, from_bound = lower_bytes, not lower_bound_is_exact(plan)
+            continue
         plan, result = with_prediction(plan)
+        peak = max(s.peak_memory_bytes for s in result.stages)
         if result.fits_memory:
-            return plan, max(s.peak_memory_bytes for s in result.stages)
-        smallest = min(smallest, max(s.peak_memory_bytes for s in result.stages))
-    return None, smallest
+            return plan, peak, False
+        if peak < smallest:
+            smallest, from_bound = peak, False
+    return None, smallest, from_bound

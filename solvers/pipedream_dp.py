@@ -38,6 +38,7 @@ import numpy as np
 from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Chunk, Degrees, PipelineProblem, Plan, Predicted, Stage
+from solvers import _pipedream_blocks as blocks
 from solvers._pipedream_artifact import (
     COST_MODES,
     Chain,
@@ -93,7 +94,8 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     start = time.perf_counter()
     _check_problem(problem, opts)
     levels = topology(problem, opts.levels)
-    chain = Chain.from_model(problem.model)
+    starts = blocks.block_starts(problem.model)
+    chain = Chain.from_model(problem.model if starts is None else blocks.grouped_model(problem.model, starts))
     num_workers = int(np.prod([lv.num_workers for lv in levels]))
     memory = None
     if opts.memory:
@@ -110,7 +112,13 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
                               compression_ratio=opts.activation_compression_ratio)
     if not np.isfinite(value):
         raise InfeasibleError(_memory_message(problem, chain, levels, num_workers))
+    if starts is not None:
+        stages = [(starts[a], starts[b + 1] - 1, workers) for a, b, workers in stages]
     plan = build_plan(problem, stages, bottleneck_s=value, options=_plan_options(opts, levels))
+    if starts is not None:
+        note = (f"{problem.model.num_layers} layers grouped into {len(starts) - 1} blocks of identical layers to bound "
+                "the DP: stage boundaries on block edges, the optimum over those")
+        plan = plan.model_copy(update={"status": "feasible", "notes": (*plan.notes, note)})
     return plan.model_copy(update={"solve_time_s": time.perf_counter() - start})
 
 

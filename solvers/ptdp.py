@@ -31,6 +31,7 @@ from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters, transf
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_model as model
+from solvers.budget import Budget
 from solvers.common import Layout, build_plan, format_bytes, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
 from solvers.options import parse_options
@@ -116,12 +117,19 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     scored.sort(key=lambda item: (not item[1].fits, item[1].iteration_s, _tie_key(item[0])))
     if not scored[0][1].fits:
         raise InfeasibleError(_memory_message(search, scored))
-    best, simulated = _simulate_best(search, opts, scored)
+    budget = Budget(None if problem.time_limit_s is None else start + problem.time_limit_s)
+    best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
     notes = _notes(search, opts, scored, simulated)
+    wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
+    status = "feasible"
+    if len(simulated) < wanted:
+        status = "time_limit"
+        notes = (*notes, f"time_limit_s={problem.time_limit_s} spent after simulating {len(simulated)} of the "
+                         f"{wanted} best closed-form configurations; the fastest simulated one is returned")
     return plan.model_copy(update={"solve_time_s": time.perf_counter() - start, "notes": notes,
-                                   "candidates": rows, "status": "feasible"})
+                                   "candidates": rows, "status": status})
 
 
 def _tie_key(c: model.Config) -> tuple[int, ...]:
@@ -235,8 +243,22 @@ def _settings(search: Search, b: int) -> model.ProfileSettings:
 # --------------------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    """Divisors of n up to ``limit`` (default n), ascending; O(min(limit, sqrt n)) steps."""
+    limit = n if limit is None else min(n, limit)
+    small, large = [], []
+    k = 1
+    while k * k <= n and k <= limit:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n and n // k <= limit:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
+MAX_MICROBATCH_SIZE = 1 << 16
+"""Largest microbatch size the search tries (a bound that keeps --global-batch 10^18 finite)."""
 
 
 def tensor_degrees(search: Search, opts: Options) -> list[int]:
@@ -260,7 +282,7 @@ def microbatch_sizes(search: Search, opts: Options, per_replica: int) -> list[in
     """b that divides B / d; fixed by the option, a profile derived at b > 1, or the efficiency table."""
     fixed = opts.microbatch_size or (search.problem.model.microbatch_size
                                      if search.problem.model.microbatch_size > 1 else None)
-    sizes = [fixed] if fixed else (sorted(search.efficiencies) if search.efficiencies else _divisors(per_replica))
+    sizes = [fixed] if fixed else (sorted(search.efficiencies) if search.efficiencies else _divisors(per_replica, MAX_MICROBATCH_SIZE))
     return [b for b in sizes if per_replica % b == 0]
 
 
@@ -329,14 +351,16 @@ def _plan_options(opts: Options) -> dict[str, Any]:
 Simulated = dict[model.Config, tuple[Plan, SimResult]]
 
 
-def _simulate_best(search: Search, opts: Options,
-                   scored: list[tuple[model.Config, model.Estimate]]) -> tuple[tuple[Plan, SimResult], Simulated]:
+def _simulate_best(search: Search, opts: Options, scored: list[tuple[model.Config, model.Estimate]], *,
+                   budget: Budget | None = None) -> tuple[tuple[Plan, SimResult], Simulated]:
     """Simulate the best ``num_simulated`` closed-form configurations that fit; go further down the
-    list while none of them fits in simulation."""
+    list while none of them fits in simulation. Once ``budget`` is spent, stop at the first
+    configuration that fits in simulation."""
     simulated: Simulated = {}
     best: tuple[Plan, SimResult] | None = None
     for c, est in scored:
-        if not est.fits or (len(simulated) >= opts.num_simulated and best is not None):
+        if not est.fits or (best is not None and (len(simulated) >= opts.num_simulated
+                                                  or (budget is not None and budget.spent()))):
             break
         if best is not None and est.iteration_s > best[1].iteration_time_s * (1 + CLOSED_FORM_MARGIN):
             break  # sorted by closed form: no later configuration can beat the best simulated one

@@ -49,6 +49,7 @@ from solvers._stage_ilp_model import (
 from solvers._stage_ilp_model import objective as model_objective
 from solvers._stage_ilp_model import plan_layers
 from solvers._stage_ilp_search import Search
+from solvers.budget import Budget
 from solvers.common import bpipe_would_apply, build_plan, format_bytes, resolve_layout, with_prediction
 from solvers.options import parse_options
 
@@ -91,13 +92,19 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
             any plan needs and what gets there (more stages, full recompute, BPipe).
     """
     opts = _check(parse_options(Options, options, solver="stage-ilp"))
+    budget = Budget.of(problem)
     if problem.num_stages is not None:
-        return solve_depth(problem, problem.num_stages, opts)
+        return solve_depth(problem, problem.num_stages, opts, budget=budget)
     best: Plan | None = None
     error: PlannerError | None = None
-    for p in _depths(problem):
+    depths = _depths(problem)
+    skipped: list[int] = []
+    for index, p in enumerate(depths):
+        if best is not None and budget.spent():
+            skipped = depths[index:]
+            break
         try:
-            plan = solve_depth(problem, p, opts)
+            plan = solve_depth(problem, p, opts, budget=budget.share(len(depths) - index))
         except PlannerError as e:
             error = e
             continue
@@ -107,6 +114,10 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     if best is None:
         assert error is not None
         raise error
+    if skipped:
+        note = (f"time_limit_s={problem.time_limit_s} spent before depths {skipped} were searched; the best plan of "
+                f"depths {depths[: len(depths) - len(skipped)]} is returned")
+        best = best.model_copy(update={"status": "time_limit", "notes": (*best.notes, note)})
     return best
 
 
@@ -142,9 +153,11 @@ def _strategies(problem: PipelineProblem, opts: Options) -> list[str] | None:
     return names
 
 
-def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options) -> Plan:
-    """The stage-ILP plan at one pipeline depth (see the module docstring)."""
+def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options, *, budget: Budget | None = None) -> Plan:
+    """The stage-ILP plan at one pipeline depth (see the module docstring), within ``budget``
+    (default: ``problem.time_limit_s`` from now)."""
     began = time.perf_counter()
+    budget = budget or Budget.of(problem)
     layout = resolve_layout(problem, num_stages)
     model = build_model(problem, layout, strategies=_strategies(problem, opts))
     fixed = problem.model_copy(update={"num_stages": num_stages})
@@ -154,19 +167,20 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options) -> Pla
     if seeds:
         warm = min(seeds, key=lambda s: model_objective(model, s[1], opts.terms))[1]
         start = milp.start_values(model, form, warm)
-    total_s = problem.time_limit_s if problem.time_limit_s is not None else opts.budget_s
-    cap_s = problem.time_limit_s if problem.time_limit_s is not None else opts.ilp_time_s
+    left = budget.left_s()
+    total_s = left + (time.perf_counter() - began) if left is not None else opts.budget_s
+    cap_s = total_s if left is not None else opts.ilp_time_s
     spent = time.perf_counter() - began  # the baselines and the model build took part of it
-    limit = max(min(cap_s, total_s - min(2.0, total_s / 4)) - spent, 0.1)  # leave time to re-rank
+    limit = max(min(cap_s, total_s - min(2.0, total_s / 4)) - spent, 0.05)  # leave time to re-rank
     result = milp.solve_milp(model, form, engine=opts.engine, time_limit_s=limit,
                              mip_gap=opts.mip_gap, start=start, offset=model_constant(model))
     if result.status == "infeasible" or (result.counts is None and not seeds):
-        raise InfeasibleError(infeasible_message(problem, model, result.status, opts))
+        raise InfeasibleError(infeasible_message(problem, model, result.status, opts, budget=budget))
     candidates = list(seeds)
     if result.counts is not None:
         assert fits(model, result.counts), "the MILP's memory rows are exact; a misfit is a formulation bug"
         candidates.insert(0, ("ilp", result.counts))
-    rerank_s = max(total_s - 0.5 - (time.perf_counter() - began), 0.2)
+    rerank_s = max(total_s - 0.5 - (time.perf_counter() - began), 0.05)
     search = Search(model, max_simulations=max(opts.rerank, len(candidates)), time_budget_s=min(rerank_s, 2.0),
                     evaluate=_bpipe_evaluator(problem, model) if model.bpipe_split is not None else None)
     best = search.run(candidates) if opts.rerank else candidates[0][1]
@@ -275,17 +289,23 @@ def _plan_options(opts: Options) -> dict[str, Any]:
 
 
 def min_memory_bytes(problem: PipelineProblem, num_stages: int, strategies: list[str] | None, *,
-                     bpipe_on: bool | None = None) -> float:
+                     bpipe_on: bool | None = None, time_limit_s: float = 30.0) -> float:
     """The smallest per-device peak memory of any plan at a depth (the min-memory MILP); with
     BPipe (default ``problem.bpipe``) by its balanced own + foreign counts."""
     model = build_model(problem, resolve_layout(problem, num_stages), strategies=strategies, bpipe_on=bpipe_on)
     form = milp.formulate(model, "tri", min_memory=True)
-    got = milp.solve_milp(model, form, engine="highs", time_limit_s=30.0, mip_gap=1e-6, start=None)
+    got = milp.solve_milp(model, form, engine="highs", time_limit_s=time_limit_s, mip_gap=1e-6, start=None)
     return got.objective if got.counts is not None else math.inf
 
 
-def infeasible_message(problem: PipelineProblem, model: StageModel, status: str, opts: Options) -> str:
-    """What the smallest feasible memory is and which setting reaches the device's memory."""
+def infeasible_message(problem: PipelineProblem, model: StageModel, status: str, opts: Options, *,
+                       budget: Budget | None = None) -> str:
+    """What the smallest feasible memory is and which setting reaches the device's memory.
+
+    Its min-memory solves share the command's ``budget``; fixes it has no time left to check
+    are named without their memory figure.
+    """
+    budget = budget or Budget(None)
     device = problem.cluster.device
     assert device is not None  # PipelineProblem requires a device
     p = model.num_stages
@@ -293,22 +313,26 @@ def infeasible_message(problem: PipelineProblem, model: StageModel, status: str,
         return (f"stage-ilp found no plan within time_limit_s={problem.time_limit_s} on {p} stages and no baseline "
                 "fits; raise time_limit_s or use more stages")
     allowed = _strategies(problem, opts)
-    here = min_memory_bytes(problem, p, allowed)
+    here = min_memory_bytes(problem, p, allowed, time_limit_s=budget.limit_s(30.0))
     fixes = []
     if allowed is not None:
         fixes.append(f"allow every recompute strategy incl. full (drop option strategies): needs "
-                     f"{format_bytes(min_memory_bytes(problem, p, None))}")
+                     f"{format_bytes(min_memory_bytes(problem, p, None, time_limit_s=budget.limit_s(30.0)))}")
     for deeper in _depths(problem):
         if deeper > p and (problem.schedule != "interleaved-1f1b" or model.num_microbatches % deeper == 0):
+            if budget.spent():
+                fixes.append(f"use more stages ({deeper} or more; the time limit left no time to size them)")
+                break
             try:
-                need = min_memory_bytes(problem.model_copy(update={"num_stages": deeper}), deeper, None)
+                need = min_memory_bytes(problem.model_copy(update={"num_stages": deeper}), deeper, None,
+                                        time_limit_s=budget.limit_s(30.0))
             except PlannerError:
                 continue
             fixes.append(f"use {deeper} stages: needs {format_bytes(need)}")
             if need <= usable_memory_bytes(device):
                 break
     if bpipe_would_apply(problem, p):
-        need = min_memory_bytes(problem, p, allowed, bpipe_on=True)
+        need = min_memory_bytes(problem, p, allowed, bpipe_on=True, time_limit_s=budget.limit_s(30.0))
         fixes.append(f"BPipe (--bpipe, stage s hands activations to stage p-1-s): needs {format_bytes(need)}")
     return (f"no stage-ilp plan of {problem.model.name} on {p} stages fits device memory: the smallest peak any plan "
             f"needs is {format_bytes(here)} per device but {device.name} has {format_bytes(usable_memory_bytes(device))} "

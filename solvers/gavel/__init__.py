@@ -1,19 +1,20 @@
-"""Gavel: heterogeneity-aware cluster scheduling policies (dissertation ch. 5, [narayanan-thesis]).
+"""Gavel: heterogeneity-aware cluster scheduling policies ([gavel]; dissertation ch. 5, [narayanan-thesis]).
 
 Every policy takes a ``ClusterProblem`` and returns an ``Allocation``; they are
-interchangeable by name (``POLICIES``, Gavel's names: the ``_perf`` variants are
-heterogeneity-aware, ``_packed`` add space sharing). ``solve`` also runs the partitioned
+interchangeable by name through one registry (``REGISTRY``/``POLICIES``: Gavel's names, the
+``_perf`` variants heterogeneity-aware, ``_packed`` with space sharing), whose entries carry the
+solve function, capabilities and how the partitioned mode combines group objectives. ``solve`` also runs the partitioned
 (POP) mode with ``num_partitions > 1``. cvxpy is imported only when a policy runs.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,14 +26,27 @@ from solvers.options import parse_options
 log = logging.getLogger(__name__)
 
 
-class PolicySpec(NamedTuple):
-    """Where a policy lives and how it reads the problem."""
+PolicyFn = Callable[..., tuple[np.ndarray, float]]
+"""fn(formulation, *, policy, backend) -> (X over the formulation's combinations, objective)."""
 
-    module: str
-    function: str
-    packed: bool
-    objective: str
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyInfo:
+    """One registered Gavel policy: its solve function, capabilities and how POP combines it."""
+
+    name: str
+    solve: PolicyFn
     description: str
+    objective: str
+    """What the objective value measures (printed in the allocation's notes)."""
+    aggregate: Literal["min", "max", "sum"]
+    """How the partitioned mode (POP) combines the groups' objectives: the lowest level of a
+    max-min objective, the largest makespan or rho, or the sum of an additive one."""
+    heterogeneity_aware: bool
+    packed: bool = False
+    """Space sharing: pairs of jobs on one accelerator (adds pair combinations to the formulation)."""
+    backends: tuple[str, ...] = ("direct",)
+    """LP backends the policy's own LP honours (option ``backend``; others solve with cvxpy and ignore it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,62 +59,153 @@ class Options:
     """Max-min fairness only: 'direct' (sparse matrices to HiGHS) or 'cvxpy' (reference)."""
 
 
-_MMF = "max_min_fairness"
+# The solve functions import their module (and cvxpy) on the first call: ``import solvers.gavel`` stays cheap.
+def _mmf_agnostic(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import max_min_fairness
+    return max_min_fairness.max_min_agnostic(f, policy=policy, backend=backend)
+
+
+def _mmf_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import max_min_fairness
+    return max_min_fairness.max_min_perf(f, policy=policy, backend=backend)
+
+
+def _water_filling(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import water_filling
+    return water_filling.water_filling(f, policy=policy)
+
+
+def _water_filling_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import water_filling
+    return water_filling.water_filling_perf(f, policy=policy)
+
+
+def _makespan(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import makespan
+    return makespan.min_total_duration(f, policy=policy)
+
+
+def _makespan_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import makespan
+    return makespan.min_total_duration_perf(f, policy=policy)
+
+
+def _ftf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import finish_time_fairness
+    return finish_time_fairness.finish_time_fairness(f, policy=policy)
+
+
+def _ftf_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import finish_time_fairness
+    return finish_time_fairness.finish_time_fairness_perf(f, policy=policy)
+
+
+def _fifo(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import fifo
+    return fifo.fifo(f, policy=policy)
+
+
+def _fifo_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import fifo
+    return fifo.fifo_perf(f, policy=policy)
+
+
+def _sjf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import fifo
+    return fifo.shortest_job_first(f, policy=policy)
+
+
+def _sjf_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import fifo
+    return fifo.shortest_job_first_perf(f, policy=policy)
+
+
+def _max_throughput(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import throughput
+    return throughput.max_sum_throughput_perf(f, policy=policy)
+
+
+def _min_cost(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import throughput
+    return throughput.min_cost(f, policy=policy)
+
+
+def _min_cost_slo(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import throughput
+    return throughput.min_cost_slo(f, policy=policy)
+
+
+def _isolated(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import isolated
+    return isolated.isolated(f, policy=policy)
+
+
 _LEVEL = "min over jobs of scale_factor * thr / thr(X^equal) / weight"
-POLICIES: dict[str, PolicySpec] = {
-    "max_min_fairness": PolicySpec(_MMF, "max_min_agnostic", False, _LEVEL.replace("thr / thr(X^equal)", "time share"),
-                                   "LAS, heterogeneity-agnostic: equal scaled time shares ([narayanan-thesis] ch. 5)"),
-    "max_min_fairness_perf": PolicySpec(_MMF, "max_min_perf", False, _LEVEL,
-                                        "heterogeneity-aware LAS on normalized throughput ([narayanan-thesis] ch. 5)"),
-    "max_min_fairness_packed": PolicySpec(_MMF, "max_min_perf", True, _LEVEL,
-                                          "heterogeneity-aware LAS with space sharing of job pairs ([narayanan-thesis] ch. 5)"),
-    "max_min_fairness_water_filling": PolicySpec("water_filling", "water_filling", False, "min level",
-                                                 "agnostic LAS raised by water-filling; entities -> hierarchical"),
-    "max_min_fairness_water_filling_perf": PolicySpec("water_filling", "water_filling_perf", False, "min level",
-                                                      "heterogeneity-aware water-filling / hierarchical ([narayanan-thesis] ch. 5)"),
-    "max_min_fairness_water_filling_packed": PolicySpec("water_filling", "water_filling_perf", True, "min level",
-                                                        "water-filling with space sharing"),
-    "hierarchical": PolicySpec("water_filling", "water_filling_perf", False, "min level",
-                               "alias of max_min_fairness_water_filling_perf: entity weights, fairness/FIFO inside"),
-    "min_total_duration": PolicySpec("makespan", "min_total_duration", False, "makespan_s",
-                                     "minimize makespan, heterogeneity-agnostic ([narayanan-thesis] ch. 5)"),
-    "min_total_duration_perf": PolicySpec("makespan", "min_total_duration_perf", False, "makespan_s",
-                                          "minimize makespan on effective throughput"),
-    "min_total_duration_packed": PolicySpec("makespan", "min_total_duration_perf", True, "makespan_s",
-                                            "minimize makespan with space sharing"),
-    "finish_time_fairness": PolicySpec("finish_time_fairness", "finish_time_fairness", False, "max rho",
-                                       "Themis finish-time fairness, heterogeneity-agnostic ([narayanan-thesis] ch. 5)"),
-    "finish_time_fairness_perf": PolicySpec("finish_time_fairness", "finish_time_fairness_perf", False, "max rho",
-                                            "Themis finish-time fairness on effective throughput"),
-    "finish_time_fairness_packed": PolicySpec("finish_time_fairness", "finish_time_fairness_perf", True, "max rho",
-                                              "finish-time fairness with space sharing"),
-    "fifo": PolicySpec("fifo", "fifo", False, "weighted normalized throughput",
-                       "FIFO as the chapter's LP, heterogeneity-agnostic ([narayanan-thesis] ch. 5)"),
-    "fifo_perf": PolicySpec("fifo", "fifo_perf", False, "weighted normalized throughput",
-                            "heterogeneity-aware FIFO"),
-    "fifo_packed": PolicySpec("fifo", "fifo_perf", True, "weighted normalized throughput",
-                              "heterogeneity-aware FIFO with space sharing"),
-    "shortest_job_first": PolicySpec("fifo", "shortest_job_first", False, "weighted normalized throughput",
-                                     "SJF ([narayanan-thesis] ch. 5) as FIFO's LP ordered by remaining time, agnostic"),
-    "shortest_job_first_perf": PolicySpec("fifo", "shortest_job_first_perf", False, "weighted normalized throughput",
-                                          "heterogeneity-aware SJF"),
-    "max_sum_throughput_perf": PolicySpec("throughput", "max_sum_throughput_perf", False, "sum of steps/s",
-                                          "maximize total effective throughput ([narayanan-thesis] ch. 5)"),
-    "max_sum_throughput_normalized_by_cost_perf": PolicySpec("throughput", "min_cost", False, "steps per 1000 $",
-                                                             "maximize throughput per dollar (min cost, [narayanan-thesis] ch. 5)"),
-    "max_sum_throughput_normalized_by_cost_perf_SLOs": PolicySpec("throughput", "min_cost_slo", False,
-                                                                  "steps per 1000 $",
-                                                                  "min cost subject to every job's SLO"),
-    "min_cost": PolicySpec("throughput", "min_cost", False, "steps per 1000 $",
-                           "alias of max_sum_throughput_normalized_by_cost_perf"),
-    "min_cost_slo": PolicySpec("throughput", "min_cost_slo", False, "steps per 1000 $",
-                               "alias of max_sum_throughput_normalized_by_cost_perf_SLOs"),
-    "isolated": PolicySpec("isolated", "isolated", False, "none",
-                           "1/n of every accelerator type per job, no LP (the sharing-incentive baseline)"),
-}
+_FIFO = "weighted normalized throughput"
+_DOLLARS = "steps per 1000 $"
+_MMF_BACKENDS = ("direct", "cvxpy")
+
+REGISTRY: tuple[PolicyInfo, ...] = (
+    PolicyInfo(name="max_min_fairness", solve=_mmf_agnostic, objective=_LEVEL.replace("thr / thr(X^equal)", "time share"),
+               aggregate="min", heterogeneity_aware=False, backends=_MMF_BACKENDS,
+               description="LAS, heterogeneity-agnostic: equal scaled time shares"),
+    PolicyInfo(name="max_min_fairness_perf", solve=_mmf_perf, objective=_LEVEL, aggregate="min",
+               heterogeneity_aware=True, backends=_MMF_BACKENDS,
+               description="heterogeneity-aware LAS on normalized throughput"),
+    PolicyInfo(name="max_min_fairness_packed", solve=_mmf_perf, objective=_LEVEL, aggregate="min",
+               heterogeneity_aware=True, packed=True, backends=_MMF_BACKENDS,
+               description="heterogeneity-aware LAS with space sharing of job pairs"),
+    PolicyInfo(name="max_min_fairness_water_filling", solve=_water_filling, objective="min level", aggregate="min",
+               heterogeneity_aware=False, description="agnostic LAS raised by water-filling; entities -> hierarchical"),
+    PolicyInfo(name="max_min_fairness_water_filling_perf", solve=_water_filling_perf, objective="min level",
+               aggregate="min", heterogeneity_aware=True,
+               description="heterogeneity-aware water-filling / hierarchical"),
+    PolicyInfo(name="max_min_fairness_water_filling_packed", solve=_water_filling_perf, objective="min level",
+               aggregate="min", heterogeneity_aware=True, packed=True, description="water-filling with space sharing"),
+    PolicyInfo(name="hierarchical", solve=_water_filling_perf, objective="min level", aggregate="min",
+               heterogeneity_aware=True,
+               description="alias of max_min_fairness_water_filling_perf: entity weights, fairness/FIFO inside"),
+    PolicyInfo(name="min_total_duration", solve=_makespan, objective="makespan_s", aggregate="max",
+               heterogeneity_aware=False, description="minimize makespan, heterogeneity-agnostic"),
+    PolicyInfo(name="min_total_duration_perf", solve=_makespan_perf, objective="makespan_s", aggregate="max",
+               heterogeneity_aware=True, description="minimize makespan on effective throughput"),
+    PolicyInfo(name="min_total_duration_packed", solve=_makespan_perf, objective="makespan_s", aggregate="max",
+               heterogeneity_aware=True, packed=True, description="minimize makespan with space sharing"),
+    PolicyInfo(name="finish_time_fairness", solve=_ftf, objective="max rho", aggregate="max",
+               heterogeneity_aware=False, description="Themis finish-time fairness, heterogeneity-agnostic"),
+    PolicyInfo(name="finish_time_fairness_perf", solve=_ftf_perf, objective="max rho", aggregate="max",
+               heterogeneity_aware=True, description="Themis finish-time fairness on effective throughput"),
+    PolicyInfo(name="finish_time_fairness_packed", solve=_ftf_perf, objective="max rho", aggregate="max",
+               heterogeneity_aware=True, packed=True, description="finish-time fairness with space sharing"),
+    PolicyInfo(name="fifo", solve=_fifo, objective=_FIFO, aggregate="sum", heterogeneity_aware=False,
+               description="FIFO as the chapter's LP, heterogeneity-agnostic"),
+    PolicyInfo(name="fifo_perf", solve=_fifo_perf, objective=_FIFO, aggregate="sum", heterogeneity_aware=True,
+               description="heterogeneity-aware FIFO"),
+    PolicyInfo(name="fifo_packed", solve=_fifo_perf, objective=_FIFO, aggregate="sum", heterogeneity_aware=True,
+               packed=True, description="heterogeneity-aware FIFO with space sharing"),
+    PolicyInfo(name="shortest_job_first", solve=_sjf, objective=_FIFO, aggregate="sum", heterogeneity_aware=False,
+               description="SJF as FIFO's LP ordered by remaining time, agnostic"),
+    PolicyInfo(name="shortest_job_first_perf", solve=_sjf_perf, objective=_FIFO, aggregate="sum",
+               heterogeneity_aware=True, description="heterogeneity-aware SJF"),
+    PolicyInfo(name="max_sum_throughput_perf", solve=_max_throughput, objective="sum of steps/s", aggregate="sum",
+               heterogeneity_aware=True, description="maximize total effective throughput"),
+    PolicyInfo(name="max_sum_throughput_normalized_by_cost_perf", solve=_min_cost, objective=_DOLLARS,
+               aggregate="sum", heterogeneity_aware=True, description="maximize throughput per dollar (min cost)"),
+    PolicyInfo(name="max_sum_throughput_normalized_by_cost_perf_SLOs", solve=_min_cost_slo, objective=_DOLLARS,
+               aggregate="sum", heterogeneity_aware=True, description="min cost subject to every job's SLO"),
+    PolicyInfo(name="min_cost", solve=_min_cost, objective=_DOLLARS, aggregate="sum", heterogeneity_aware=True,
+               description="alias of max_sum_throughput_normalized_by_cost_perf"),
+    PolicyInfo(name="min_cost_slo", solve=_min_cost_slo, objective=_DOLLARS, aggregate="sum", heterogeneity_aware=True,
+               description="alias of max_sum_throughput_normalized_by_cost_perf_SLOs"),
+    PolicyInfo(name="isolated", solve=_isolated, objective="none", aggregate="sum", heterogeneity_aware=False,
+               description="1/n of every accelerator type per job, no LP (the sharing-incentive baseline)"),
+)
+
+POLICIES: dict[str, PolicyInfo] = {info.name: info for info in REGISTRY}
+"""Gavel's policy names (the ``_perf`` variants are heterogeneity-aware, ``_packed`` add space sharing)."""
 
 
-def get_policy(name: str) -> PolicySpec:
+def get_policy(name: str) -> PolicyInfo:
     """Look a policy up by name.
 
     Raises:
@@ -149,9 +254,10 @@ def solve_matrix(
     if opts.backend not in ("direct", "cvxpy"):
         raise InvalidProblemError(f"backend={opts.backend!r}: choose 'direct' or 'cvxpy'")
     f = common.build(problem, packed=spec.packed)
-    fn = getattr(importlib.import_module(f"solvers.gavel.{spec.module}"), spec.function)
-    if spec.module == "max_min_fairness":
-        fn = _with_backend(fn, opts.backend)
+
+    def fn(sub: common.Formulation, *, policy: str) -> tuple[np.ndarray, float]:
+        return spec.solve(sub, policy=policy, backend=opts.backend)
+
     notes = [f"objective: {spec.objective}"]
     if opts.num_partitions == 1:
         x, value = fn(f, policy=policy)
@@ -160,17 +266,6 @@ def solve_matrix(
 
     x, value, parts = solve_partitioned(f, fn, policy=policy, num_partitions=opts.num_partitions, seed=opts.seed)
     notes.append(f"partitioned into {len(parts)} sub-problems (POP); objectives {[round(v, 6) for v in parts]}")
-    if spec.objective in ("makespan_s", "max rho"):
-        value = max(parts)  # the worst group decides a makespan or the largest rho
-    elif spec.objective.startswith("min") or spec.objective == "min level":
-        value = min(parts)  # max-min: the lowest level over all groups
-    else:
-        value = float(sum(parts))  # additive objectives add up over groups
+    # POP: the lowest level of a max-min objective, the worst makespan or rho, additive objectives add up
+    value = {"min": min, "max": max, "sum": math.fsum}[spec.aggregate](parts)
     return f, x, float(value), notes
-
-
-def _with_backend(fn: Any, backend: str) -> Any:
-    def call(f: common.Formulation, *, policy: str) -> tuple[np.ndarray, float]:
-        return fn(f, policy=policy, backend=backend)
-
-    return call

@@ -158,8 +158,7 @@ class RoundLoop:
         self.gavel = mechanism == "gavel"
         self.last_reset_s = 0.0
         self.deficit_by_job: dict[int, np.ndarray] = {}
-        fn = get_policy(self.policy).function  # aliases resolved: hierarchical, min_cost...
-        self.shuffle = "perf" not in fn and not fn.startswith("min_cost")  # Gavel: agnostic policies
+        self.shuffle = not get_policy(self.policy).heterogeneity_aware  # Gavel: agnostic policies (aliases resolved)
         self.rng = random.Random((seed or 0) + 5)
         known = [self.types.index(t) for t in mechanism_mod.GAVEL_TYPE_ORDER if t in self.types]
         self.type_order = known + [j for j in range(len(self.types)) if j not in known]

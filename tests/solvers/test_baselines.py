@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 import random
 
 import pytest
@@ -12,7 +13,7 @@ from cost_models.simulate import simulate
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Cluster, Device, LayerProfile, ModelProfile, PipelineProblem, RecomputeOption
 from solvers import get_solver
-from solvers._partition import partition_bounds, pipedream_fixed, recompute_frontier
+from solvers._partition import parametric_partition, partition_bounds, pipedream_fixed, recompute_frontier
 from solvers._stage_ilp_model import layer_types
 from solvers.merak import stage_fraction
 
@@ -34,15 +35,35 @@ def _problem(memory: float, n: int = 8, p: int = 2, m: int = 4, sizes: list[floa
                            num_microbatches=m)
 
 
+def _reference_partition(n: int, parts: int, cost: Any) -> tuple[float, list[int]]:
+    """The plain O(P N^2) min-max DP, smallest last boundary on ties."""
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    arg = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for q in range(1, parts + 1):
+        for j in range(q, n - (parts - q) + 1):
+            for i in range(q - 1, j):
+                value = max(best[q - 1][i], cost(i, j, q - 1))
+                if value < best[q][j]:
+                    best[q][j], arg[q][j] = value, i
+    if math.isinf(best[parts][n]):
+        return math.inf, []
+    bounds = [n]
+    for q in range(parts, 0, -1):
+        bounds.append(arg[q][bounds[-1]])
+    return best[parts][n], bounds[::-1]
+
+
 def test_partition_dp_equals_brute_force() -> None:
     rng = random.Random(0)
-    for _ in range(30):
-        n, parts = rng.randint(3, 8), rng.randint(1, 3)
-        w = [rng.randint(1, 9) for _ in range(n)]
-        forbid = {(rng.randrange(n), rng.randrange(n + 1), rng.randrange(parts)) for _ in range(3)}
+    for _ in range(200):
+        n, parts = rng.randint(3, 12), rng.randint(1, 4)
+        w = [rng.randint(1, 4) for _ in range(n)]  # small integers: many ties
+        mem = [rng.randint(1, 5) for _ in range(n)]
+        cap = [rng.randint(4, 16) for _ in range(parts)]  # a per-part memory limit (monotone in the range)
 
         def cost(i: int, j: int, q: int) -> float:
-            return math.inf if (i, j, q) in forbid else sum(w[i:j]) * (1 + 0.1 * q)
+            return math.inf if sum(mem[i:j]) > cap[q] else sum(w[i:j]) * (1 + 0.5 * q)
 
         best = math.inf
         for cuts in itertools.combinations(range(1, n), parts - 1):
@@ -52,6 +73,29 @@ def test_partition_dp_equals_brute_force() -> None:
         assert value == best
         if math.isfinite(best):
             assert max(cost(bounds[q], bounds[q + 1], q) for q in range(parts)) == best
+        assert (value, bounds) == _reference_partition(n, parts, cost)  # the same tie-break
+
+
+def test_parametric_partition_equals_brute_force() -> None:
+    """The long-chain search finds the DP's optimum when a range's cost moves one way with the part."""
+    rng = random.Random(1)
+    for case in range(300):
+        n, parts = rng.randint(3, 12), rng.randint(1, 4)
+        w = [rng.randint(1, 4) for _ in range(n)]
+        mem = [rng.randint(1, 5) for _ in range(n)]
+        trend = "increasing" if case % 2 else "decreasing"
+        cap = sorted((rng.randint(4, 16) for _ in range(parts)), reverse=trend == "increasing")
+        slow = sorted((rng.choice([1.0, 1.5, 2.0]) for _ in range(parts)), reverse=trend == "decreasing")
+
+        def cost(i: int, j: int, q: int) -> float:
+            return math.inf if sum(mem[i:j]) > cap[q] else sum(w[i:j]) * slow[q]
+
+        best, _ = _reference_partition(n, parts, cost)
+        got, cuts = parametric_partition(n, parts, cost, part_trend=trend)
+        assert got == best
+        if math.isfinite(best):
+            assert cuts[0] == 0 and cuts[-1] == n and all(a < b for a, b in zip(cuts, cuts[1:]))
+            assert max(cost(cuts[q], cuts[q + 1], q) for q in range(parts)) == best
 
 
 def test_recompute_frontier_is_the_pareto_set_of_all_assignments() -> None:

@@ -1,0 +1,51 @@
+"""The command's time budget shared by every phase of a solve (issue 14 item 5).
+
+``--time-limit`` (``PipelineProblem.time_limit_s``) is the whole command's budget: every depth
+a solver tries, its warm starts, its MILP, its re-ranking and the infeasibility explanation
+draw on one deadline. A solver that runs out returns the best plan found with status
+``time_limit`` (and the MILP's gap in its notes).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from planner.schema import PipelineProblem
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The command's time budget (``problem.time_limit_s``) as a deadline every phase shares:
+    the depths, each depth's baselines, MILP and re-ranking, and the infeasibility explanation."""
+
+    deadline: float | None
+    """``time.perf_counter()`` value at which the budget ends; None without a time limit."""
+    share_s: float | None = None
+    """This phase's part of what is left (a depth's even share), None for all of it."""
+
+    @classmethod
+    def of(cls, problem: PipelineProblem) -> Budget:
+        limit = problem.time_limit_s
+        return cls(None if limit is None else time.perf_counter() + limit)
+
+    def left_s(self) -> float | None:
+        if self.deadline is None:
+            return None
+        left = max(self.deadline - time.perf_counter(), 0.0)
+        return left if self.share_s is None else min(left, self.share_s)
+
+    def spent(self) -> bool:
+        left = self.left_s()
+        return left is not None and left <= 0.0
+
+    def share(self, num_phases: int) -> Budget:
+        """An even share of what is left among ``num_phases`` phases (this one first)."""
+        if self.deadline is None:
+            return self
+        return Budget(self.deadline, max(self.deadline - time.perf_counter(), 0.0) / max(num_phases, 1))
+
+    def limit_s(self, default_s: float) -> float:
+        """A solve's time limit: ``default_s`` without a budget, else what is left (at least 0.05 s)."""
+        left = self.left_s()
+        return default_s if left is None else max(min(left, default_s), 0.05)
