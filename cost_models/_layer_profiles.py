@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cost_models import layer_ops
+from cost_models import layer_ops, moe
 from cost_models.transformer import (
     _TOKEN_ID_BYTES,
     _element_bytes,
@@ -101,18 +101,30 @@ def _head_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: flo
     )
 
 
+def _layer_flops_and_params(cfg: TransformerConfig, b: int, t: int, index: int) -> tuple[float, float]:
+    """(F + B + W FLOPs, parameters per device) of decoder layer ``index``: the mean layer for dense
+    configs; MoE configs count the layer's own FFN (dense first layers or router + experts)."""
+    akw = {"microbatch_size": b, "tensor_parallel": t}
+    if not cfg.is_moe:
+        flops = decoder_forward_flops(cfg, **akw) + decoder_backward_input_flops(cfg, **akw) + (
+            decoder_backward_weight_flops(cfg, **akw))
+        return flops, decoder_layer_params(cfg) / t
+    matmul = 2 * b * cfg.seq_length * moe.decoder_matmul_params(cfg, index) / t
+    flops = 3 * matmul + 3 * moe.attention_core_forward_flops(cfg, **akw)  # F + B + W, core F + 2F
+    return flops, moe.decoder_layer_params(cfg, index) / t
+
+
 def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float | None, sg: bool,
-               sp: bool, attention: str, selective_fraction: float | None = None,
+               sp: bool, attention: str, selective_fraction: float | None = None, index: int = 0,
                ) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
-    """Embedding, one decoder block and head from the per-operation model (``layer_ops``)."""
+    """Embedding, decoder block ``index`` and head from the per-operation model (``layer_ops``)."""
     kw = {"microbatch_size": b, "tensor_parallel": t, "tp_link_bytes_per_s": bw}
-    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention)
+    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention, layer_index=index)
     head = layer_ops.head_op_times(cfg, device, **kw, sequence_parallel=sp)
     emb = layer_ops.embedding_op_times(cfg, device, **kw)
     e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
     akw = {"microbatch_size": b, "tensor_parallel": t}
-    flops = decoder_forward_flops(cfg, **akw) + decoder_backward_input_flops(cfg, **akw) + (
-        decoder_backward_weight_flops(cfg, **akw))
+    flops, params = _layer_flops_and_params(cfg, b, t, index)
     options = {
         "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="none", sequence_parallel=sp)),
         "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(
@@ -121,10 +133,9 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
         "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="full", sequence_parallel=sp),
                                 extra_s=dec.forward_s),
     }
-    params = decoder_layer_params(cfg) / t
     out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)
     decoder = LayerProfile(
-        name="decoder0", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,
+        name=f"decoder{index}", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,
         backward_weight_s=dec.backward_weight_s, static_bytes=static_bytes(params), param_bytes=e * params,
         output_bytes=out, flops=flops, recompute=options)
     word = cfg.vocab_size * cfg.hidden_size

@@ -8,15 +8,18 @@ over b (a/t) s^2 scores; flash: the same FLOPs, halved by the causal mask, at th
 with no score traffic), and the memory-bound kernels by the bytes they move. Tensor-parallel
 collectives (two all-reduces per layer per direction, or an all-gather and a reduce-scatter
 each with sequence parallelism: the same volume) come from ``cost_models.collectives``.
-Byte counts per kernel are listed in docs/cost-model.md.
+Byte counts per kernel are listed in docs/cost-model.md. Mixture-of-experts, multi-latent attention
+and explicit head widths take their GEMM shapes and extra traffic from ``cost_models.moe_ops``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models import moe, moe_ops
 from cost_models.collectives import ring_allreduce_s
 from cost_models.compute import compute_constants, gemm_compute_s, gemm_fwd_bwd_s, gemm_time_s, memory_op_s
+from cost_models.moe_ops import Gemm
 from planner.schema import Device, TransformerConfig
 
 _BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -59,36 +62,48 @@ def _tp_allreduce_s(device: Device, num_bytes: float, t: int, link_bytes_per_s: 
     return ring_allreduce_s(num_bytes, t, rate, latency_s)
 
 
-def _linear_gemms(cfg: TransformerConfig, tokens: int, t: int) -> list[tuple[int, int, int]]:
+def _linear_gemms(cfg: TransformerConfig, tokens: int, t: int, layer_index: int = 0) -> list[Gemm]:
+    """(M, N, K, count) of every linear layer; MoE/MLA/explicit head widths: ``moe_ops``."""
+    if moe.uses_extended_counts(cfg):
+        return moe_ops.layer_gemms(cfg, tokens, t, layer_index)
     h, f = cfg.hidden_size, cfg.ffn_size
     kv = cfg.kv_heads * (h // cfg.num_heads)
     up = (2 if cfg.mlp == "swiglu" else 1) * f // t
-    return [(tokens, (h + 2 * kv) // t, h), (tokens, h, h // t), (tokens, up, h), (tokens, h, f // t)]
+    return [(tokens, (h + 2 * kv) // t, h, 1), (tokens, h, h // t, 1), (tokens, up, h, 1), (tokens, h, f // t, 1)]
 
 
 def _attention_core(cfg: TransformerConfig, device: Device, b: int, t: int, attention: str) -> tuple[float, float]:
     """(forward, backward) of softmax(QK^T) V for one microbatch."""
     s, a, e = cfg.seq_length, cfg.num_heads // t, _BYTES[cfg.dtype]
-    dh = cfg.hidden_size // cfg.num_heads
+    dh = dv = cfg.hidden_size // cfg.num_heads
+    if moe.uses_extended_counts(cfg):  # explicit head width; MLA: d_nope + d_rope for Q.K, d_v for values
+        dh, dv = moe.qk_head_dim(cfg), moe.v_head_dim(cfg)
     batch = b * a
     if attention == "flash":
-        fwd = 0.5 * (gemm_compute_s(s, s, dh, device, batch=batch) + gemm_compute_s(s, dh, s, device, batch=batch))
+        fwd = 0.5 * (gemm_compute_s(s, s, dh, device, batch=batch) + gemm_compute_s(s, dv, s, device, batch=batch))
         fwd = fwd / FLASH_FORWARD_RATE + compute_constants(device).kernel_launch_s
         return fwd, FLASH_BACKWARD_FACTOR * fwd
     scores = batch * s * s
-    fwd = gemm_time_s(s, s, dh, device, batch=batch) + gemm_time_s(s, dh, s, device, batch=batch)
+    fwd = gemm_time_s(s, s, dh, device, batch=batch) + gemm_time_s(s, dv, s, device, batch=batch)
     fwd += memory_op_s((4 * e + 1) * scores, device, num_kernels=2)  # softmax, dropout (+ 1-byte mask)
-    bwd = gemm_time_s(s, s, dh, device, batch=batch) + 3 * gemm_time_s(s, dh, s, device, batch=batch)
+    # dP = dO V^T (reduction d_v); dQ, dK (width d_qk) and dV (width d_v) reduce over s
+    dq_dk_dv = (3 * gemm_time_s(s, dh, s, device, batch=batch) if dh == dv else
+                2 * gemm_time_s(s, dh, s, device, batch=batch) + gemm_time_s(s, dv, s, device, batch=batch))
+    bwd = gemm_time_s(s, s, dv, device, batch=batch) + dq_dk_dv
     bwd += memory_op_s((5 * e + 1) * scores, device, num_kernels=2)
     return fwd, bwd
 
 
-def _elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool) -> tuple[float, float]:
-    """(forward, backward) bytes of the norms, residual/dropout adds, activation and rotary."""
+def _elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool,
+                       layer_index: int = 0) -> tuple[float, float]:
+    """(forward, backward) bytes of the norms, residual/dropout adds, activation, rotary and, in MoE
+    layers, the router softmax and the permute/unpermute of the routed copies."""
     e, h, f = _BYTES[cfg.dtype], cfg.hidden_size, cfg.ffn_size
     n_h = tokens * h / (t if sequence_parallel else 1)
     n_f = tokens * f / t
     kv = cfg.kv_heads * (h // cfg.num_heads)
+    if moe.uses_extended_counts(cfg):
+        return _extended_elementwise_bytes(cfg, tokens, t, n_h, layer_index)
     fwd = 2 * (2 * e * n_h) + 2 * ((3 * e + 1) * n_h)
     bwd = 2 * (3 * e * n_h) + 2 * ((2 * e + 1) * n_h)
     fwd += (3 if cfg.mlp == "swiglu" else 2) * e * n_f
@@ -101,16 +116,17 @@ def _elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_par
 
 def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,
                      tp_link_bytes_per_s: float | None = None, tp_latency_s: float = 0.0,
-                     sequence_parallel: bool = True, attention: str = "flash") -> OpTimes:
-    """Forward, input-gradient and weight-gradient times of one decoder layer."""
+                     sequence_parallel: bool = True, attention: str = "flash", layer_index: int = 0) -> OpTimes:
+    """Forward, input-gradient and weight-gradient times of decoder layer ``layer_index`` (0-based;
+    it matters only for MoE configs, whose first ``first_dense_layers`` layers are dense)."""
     b, t = microbatch_size, tensor_parallel
     tokens = b * cfg.seq_length
     fwd_gemm = bwd_in = bwd_w = 0.0
-    for m, n, k in _linear_gemms(cfg, tokens, t):
-        f_s, i_s, w_s = gemm_fwd_bwd_s(m, n, k, device)
-        fwd_gemm, bwd_in, bwd_w = fwd_gemm + f_s, bwd_in + i_s, bwd_w + w_s
+    for m, n, k, count in _linear_gemms(cfg, tokens, t, layer_index):
+        f_s, i_s, w_s = gemm_fwd_bwd_s(m, n, k, device)  # type: ignore[arg-type]  # MoE rows may be fractional
+        fwd_gemm, bwd_in, bwd_w = fwd_gemm + count * f_s, bwd_in + count * i_s, bwd_w + count * w_s
     core_fwd, core_bwd = _attention_core(cfg, device, b, t, attention)
-    ew_fwd, ew_bwd = _elementwise_bytes(cfg, tokens, t, sequence_parallel)
+    ew_fwd, ew_bwd = _elementwise_bytes(cfg, tokens, t, sequence_parallel, layer_index)
     mem_fwd = memory_op_s(ew_fwd, device, num_kernels=6)
     comm = 2 * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size, t, tp_link_bytes_per_s,
                                tp_latency_s)
@@ -119,6 +135,21 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     return OpTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=bwd_w, selective_s=core_fwd,
                    forward_comm_s=comm, backward_comm_s=comm, forward_gemm_s=fwd_gemm + core_fwd,
                    forward_memory_s=mem_fwd)
+
+
+def _extended_elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, n_h: float,
+                                layer_index: int) -> tuple[float, float]:
+    """``_elementwise_bytes`` with the layer's FFN activation width, MLA's rotary widths and routing."""
+    e = _BYTES[cfg.dtype]
+    n_f = moe_ops.mlp_activation_elements(cfg, tokens, t, layer_index)
+    fwd = 2 * (2 * e * n_h) + 2 * ((3 * e + 1) * n_h) + (3 if cfg.mlp == "swiglu" else 2) * e * n_f
+    bwd = 2 * (3 * e * n_h) + 2 * ((2 * e + 1) * n_h) + (5 if cfg.mlp == "swiglu" else 3) * e * n_f
+    if cfg.position_embedding == "rope":
+        q_width, k_width = moe_ops.rope_widths(cfg)
+        rope = 2 * e * tokens * (q_width / t + (k_width if cfg.is_mla else k_width / t))  # MLA's key is shared
+        fwd, bwd = fwd + rope, bwd + rope
+    route_fwd, route_bwd = moe_ops.routing_bytes(cfg, tokens, e, layer_index)
+    return fwd + route_fwd, bwd + route_bwd
 
 
 def head_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,

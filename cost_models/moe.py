@@ -46,8 +46,10 @@ __all__ = [
     "mlp_params",
     "num_active_parameters",
     "num_parameters",
+    "qk_head_dim",
     "router_params",
     "uses_extended_counts",
+    "v_head_dim",
 ]
 
 
@@ -63,6 +65,16 @@ def _norm_params(cfg: TransformerConfig, width: int) -> int:
 # ------------------------------------------------------------------------------------------
 # Attention
 # ------------------------------------------------------------------------------------------
+
+
+def qk_head_dim(cfg: TransformerConfig) -> int:
+    """Per-head query/key width: d_nope + d_rope with MLA, else ``cfg.head_size``."""
+    return _qk_head_dim(cfg)
+
+
+def v_head_dim(cfg: TransformerConfig) -> int:
+    """Per-head value width: d_v with MLA, else ``cfg.head_size``."""
+    return _v_head_dim(cfg)
 
 
 def _qk_head_dim(cfg: TransformerConfig) -> int:

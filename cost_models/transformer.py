@@ -351,6 +351,11 @@ def transformer_profile(
         embedding = lp._embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather)
         head = lp._head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s)
     decoders = [block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
+    if efficiency is None and cfg.is_moe and cfg.first_dense_layers:  # dense first layers, then MoE layers
+        moe_block = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
+                                  selective_recompute_fraction, index=cfg.first_dense_layers)[1]
+        decoders = decoders[:cfg.first_dense_layers] + [
+            moe_block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.first_dense_layers, cfg.num_layers)]
     return ModelProfile(
         name=cfg.name, layers=(embedding, *decoders, head), microbatch_size=b, tensor_parallel=t,
         tokens_per_sample=cfg.seq_length, device=device.name,
