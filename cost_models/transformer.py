@@ -277,10 +277,11 @@ def _check_profile_args(cfg: TransformerConfig, b: int, t: int, efficiency: floa
         raise InvalidProblemError(f"microbatch_size={b} must be at least 1")
     if not 0 < efficiency <= 1:
         raise InvalidProblemError(f"efficiency={efficiency} must be in (0, 1]; PTD-P reaches 0.44-0.52")
-    if t < 1 or cfg.num_heads % t or cfg.kv_heads % t or cfg.ffn_size % t:
+    if t < 1 or cfg.num_heads % t or cfg.kv_heads % t or cfg.ffn_size % t or (cfg.moe_ffn_hidden_size or 0) % t:
         raise InvalidProblemError(
             f"tensor_parallel={t} must divide num_heads={cfg.num_heads}, the KV heads ({cfg.kv_heads}) "
-            f"and ffn size ({cfg.ffn_size}) of {cfg.name!r}; use a common divisor such as 1"
+            f"and ffn size ({cfg.ffn_size}, experts' {cfg.moe_ffn_hidden_size}) of {cfg.name!r}; "
+            "use a common divisor such as 1"
         )
 
 

@@ -92,3 +92,12 @@ def test_routing_traffic_only_in_moe_layers() -> None:
     assert moe_ops.routing_bytes(cfg, 100, 2, 0) == (0.0, 0.0)
     fwd, _ = moe_ops.routing_bytes(cfg, 100, 2, 3)
     assert fwd == 2 * 4 * 100 * 256 + 2 * 2 * 100 * 7168 * (1 + 8)
+
+
+def test_tensor_parallel_must_divide_expert_width() -> None:
+    from planner.errors import InvalidProblemError
+
+    cfg = model_preset("qwen3-30b-a3b").model_copy(update={"moe_ffn_hidden_size": 772})  # 772 = 4 x 193
+    transformer_profile(cfg.model_copy(update={"num_layers": 1}), device=A100, microbatch_size=1, tensor_parallel=4)
+    with pytest.raises(InvalidProblemError, match=r"experts' 772"):
+        transformer_profile(cfg, device=A100, microbatch_size=1, tensor_parallel=8)
