@@ -28,7 +28,7 @@ from planner.errors import InvalidProblemError, PlannerError
 from planner.progress import progress
 
 log = logging.getLogger("paraplan")
-SEQ_LENGTH = T.count(16_777_216, "16M tokens, far above the 1M-token contexts of today's models")
+SEQ_LENGTH = T.SEQ_LENGTH
 
 # Modules adding sub-commands: each has ``add_parsers(sub)`` and imports heavy packages
 # (torch, cvxpy) only inside its handlers.

@@ -28,6 +28,7 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--check", action="store_true", help="compare losses and gradients with one process")
     r.add_argument("--json", action="store_true")
     r.add_argument("--model", help="transformer to build: a preset, a transformer JSON or anything `paraplan plan --model` reads (default: the plan's, or the preset named like it)")
+    r.add_argument("--seq-length", type=T.SEQ_LENGTH, help="training sequence length of --model (default: the config's)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--executor", choices=["auto", "builtin", "actions"], default="auto",
                    help="torch's schedule class, or the plan's own action list (default: class if any)")
@@ -46,7 +47,8 @@ def add_parsers(sub: Any) -> None:
     r.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("profile", help="measure the bundled model's per-layer costs (a layer profile)")
-    p.add_argument("--model", required=True, help="preset name or transformer JSON")
+    p.add_argument("--model", required=True, help="transformer to measure: a preset, a transformer JSON, hf:config.json or anything `paraplan plan --model` reads")
+    p.add_argument("--seq-length", type=T.SEQ_LENGTH, help="training sequence length (default: the config's)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--microbatch-size", type=T.BATCH, default=1)
     p.add_argument("--repeats", type=T.count(10_000, "timing repeats per layer"), default=5)
@@ -70,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = api.load_plan(args.plan)
     model = None
     if args.model:
-        model = api.load_model(args.model)
+        model = api.load_model(args.model, seq_length=args.seq_length)
         if not isinstance(model, TransformerConfig):
             raise InvalidProblemError(f"--model {args.model!r} is a layer profile; give a transformer config or preset")
     cfg = resolve_config(plan, model)
@@ -151,7 +153,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from planner.schema_io import check_output_path
 
     check_output_path(args.output, flag="-o")
-    cfg = api.load_model(args.model)
+    cfg = api.load_model(args.model, seq_length=args.seq_length)
     if not isinstance(cfg, TransformerConfig):
         raise InvalidProblemError(f"--model {args.model!r} is a layer profile already; give a transformer config or preset")
     from runtime_bridge.profile import profile_model

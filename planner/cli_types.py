@@ -108,5 +108,6 @@ MICROBATCHES = count(schema_io.MAX_MICROBATCHES, "microbatches per pipeline per 
 BATCH = count(schema_io.MAX_GLOBAL_BATCH, "samples per iteration, set far above GPT-3's 1,536")
 LAYERS = count(schema_io.MAX_LAYERS, "ten times the largest model planned")
 SEED = count(2**32, "numpy's seed range")
+SEQ_LENGTH = count(16_777_216, "16M tokens, far above the 1M-token contexts of today's models")
 """A random seed: 0 to 2^32 - 1 (numpy's range)."""
 JOBS = count(schema_io.MAX_JOBS, "ten times Gavel's largest simulated trace")

@@ -3,6 +3,7 @@ profile -> plan -> run on the bundled model."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -137,3 +138,19 @@ def test_profile_on_cuda() -> None:
     prof = profile_model(TINY, device="cuda", microbatch_size=2, repeats=3)
     assert prof.device == torch.cuda.get_device_name(0)
     assert all(x.forward_s > 0 for x in prof.layers)
+
+
+def test_cli_profile_reads_a_hugging_face_config_at_the_training_length(tmp_path) -> None:
+    """`profile --model hf:config.json --seq-length S` measures at S tokens, not the config's maximum."""
+    pytest.importorskip("transformers")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
+        "intermediate_size": 88, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "vocab_size": 64, "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False}))
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--model", f"hf:{cfg}", "--seq-length", "16", "--repeats", "1", "-o", str(out)]) == 0
+    prof = ModelProfile.model_validate_json(out.read_text())
+    assert prof.tokens_per_sample == 16
+    assert prof.num_layers == 2 + 2  # embedding, two blocks, head
