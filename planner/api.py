@@ -13,7 +13,6 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import time
 from collections.abc import Mapping

@@ -28,7 +28,6 @@ from planner.errors import InvalidProblemError, PlannerError
 from planner.progress import progress
 
 log = logging.getLogger("paraplan")
-SEQ_LENGTH = T.SEQ_LENGTH
 
 # Modules adding sub-commands: each has ``add_parsers(sub)`` and imports heavy packages
 # (torch, cvxpy) only inside its handlers.
@@ -101,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan a model on a cluster")
     p.add_argument("--model", required=True, help="preset name, pipedream:<name>, hf:<config.json>, torchtitan:<module>:<flavor>, "
                    "megatron:<args file>, or a profile/transformer JSON or graph.txt")
-    p.add_argument("--seq-length", type=SEQ_LENGTH, help="training sequence length (transformer configs; default: the config's)")
+    p.add_argument("--seq-length", type=T.SEQ_LENGTH, help="training sequence length (transformer configs; default: the config's)")
     p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
     p.add_argument("--solver", metavar="NAME", help=_solver_help())
     p.add_argument("--schedule", help="pipeline schedule (default: 1f1b, or interleaved-1f1b with --chunks > 1)")
@@ -148,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model-info", help="parameters (total, active) and FLOPs of a model (PTD-P Eq. 4.2/4.3)")
     m.add_argument("model")
     m.add_argument("--global-batch", type=T.BATCH, default=1, help="batch for flops_per_iteration (default 1)")
-    m.add_argument("--seq-length", type=SEQ_LENGTH, help="training sequence length (default: the config's)")
+    m.add_argument("--seq-length", type=T.SEQ_LENGTH, help="training sequence length (default: the config's)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(handler=cmd_model_info)
 

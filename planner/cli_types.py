@@ -22,10 +22,6 @@ def count(limit: int | None = None, why: str = "") -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         value = _int(text)
-        if limit == 2**32:  # seeds start at 0
-            if not 0 <= value < limit:
-                raise argparse.ArgumentTypeError(f"must be between 0 and {limit - 1} ({why}), got {text!r}")
-            return value
         if value < 1:
             raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
         if limit is not None and value > limit:
@@ -107,7 +103,17 @@ DEVICES = count(schema_io.MAX_DEVICES, "set above the largest published training
 MICROBATCHES = count(schema_io.MAX_MICROBATCHES, "microbatches per pipeline per iteration; the simulator steps each one")
 BATCH = count(schema_io.MAX_GLOBAL_BATCH, "samples per iteration, set far above GPT-3's 1,536")
 LAYERS = count(schema_io.MAX_LAYERS, "ten times the largest model planned")
-SEED = count(2**32, "numpy's seed range")
-SEQ_LENGTH = count(16_777_216, "16M tokens, far above the 1M-token contexts of today's models")
-"""A random seed: 0 to 2^32 - 1 (numpy's range)."""
+
+
+def _seed(text: str) -> int:
+    """A random seed: 0 to 2^32 - 1 (numpy's range)."""
+    value = _int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {2**32 - 1} (numpy's seed range), got {text!r}")
+    return value
+
+
+_seed.__name__ = "seed"
+SEED = _seed
+SEQ_LENGTH = count(schema_io.MAX_TOKENS, "16M tokens, far above the 1M-token contexts of today's models")
 JOBS = count(schema_io.MAX_JOBS, "ten times Gavel's largest simulated trace")

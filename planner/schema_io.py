@@ -47,6 +47,8 @@ MAX_PIPELINE_WORK = 1_048_576
 times PTD-P's largest run (512 microbatches on 64 stages)."""
 MAX_GLOBAL_BATCH = 16_777_216
 """Samples per iteration (2^24): GPT-3 trained with 3.2 million tokens, that is 1,536 samples."""
+MAX_TOKENS = 2**24
+"""Sequence length and vocabulary: far above any published context (1M tokens) or vocabulary."""
 MAX_JOBS = 100_000
 """Jobs in one cluster-scheduling problem or trace: ten times Gavel's largest simulated trace."""
 MAX_STEPS = 10**15

@@ -46,7 +46,7 @@ Bytes = Annotated[float, Field(ge=0), _at_most(1e24, "a yottabyte, above any dev
 Rate = PositiveFloat
 Latency = Annotated[float, Field(ge=0), _at_most(3600.0, "an hour per message")]
 _WIDTH = _count(2**20, "a model dimension, set far above any published model (Llama 3 405B: 16,384)")
-_LENGTH = _count(2**24, "tokens, set far above any published vocabulary or context length")
+_LENGTH = _count(schema_io.MAX_TOKENS, "tokens, set far above any published vocabulary or context length")
 LayerIndex = Annotated[int, Field(ge=0, json_schema_extra={"maximum": schema_io.MAX_LAYERS}),
                       _at_most(schema_io.MAX_LAYERS, "layer indices of a model with at most that many layers")]
 DeviceCount = _count(schema_io.MAX_DEVICES, _DEVICES_WHY)

@@ -32,7 +32,7 @@ from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import (
-    allreduce_time_s, attention_core_forward_flops, decoder_layer_params, flops_per_iteration, model_flops_per_sample, transformer_profile,
+    allreduce_time_s, attention_core_forward_flops, flops_per_iteration, model_flops_per_sample, transformer_profile,
 )
 from planner.schema import Cluster, LayerProfile, TransformerConfig
 

@@ -27,7 +27,6 @@ of 2 workers only needs prefixes and suffixes, and the top level only ranges fro
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import numpy as np
 
 from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import Chunk, Degrees, PipelineProblem, Plan, Predicted, Stage
+from planner.schema import Chunk, Degrees, PipelineProblem, Plan, Stage
 from solvers import _pipedream_blocks as blocks
 from solvers._pipedream_artifact import (
     COST_MODES,

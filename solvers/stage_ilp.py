@@ -195,7 +195,7 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options, *, bud
 def _attach_bpipe(plan: Plan) -> Plan:
     """The plan with BPipe's pairs (s, p-1-s), target mu_opt and pair-adjacent ranks (seed 004 L79-98, L156-180)."""
     from cost_models import bpipe
-    from planner.schema import BPipeSpec, Stage
+    from planner.schema import BPipeSpec
 
     p, v = plan.degrees.pipeline, plan.degrees.virtual
     ranks = bpipe.pair_adjacent_ranks(p, data_parallel=plan.degrees.data, tensor_parallel=plan.degrees.tensor)
