@@ -32,22 +32,39 @@ from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import (
+    ADAM_BYTES_PER_PARAM,
     allreduce_time_s, attention_core_forward_flops, flops_per_iteration, model_flops_per_sample, transformer_profile,
 )
 from planner.schema import Cluster, LayerProfile, TransformerConfig
+from solvers import _ptdp_dims as dims_mod
 
 INTERLEAVED = "interleaved-1f1b"
 
 
 @dataclass(frozen=True, slots=True)
 class UnitCosts:
-    """Per-microbatch costs of the three layer kinds at one (t, b): embedding, decoder, head."""
+    """Per-microbatch costs of the layer kinds at one (t, b) and the degrees beyond: embedding, dense
+    decoder, MoE decoder (None for dense models), head."""
 
     embedding: LayerProfile
     decoder: LayerProfile
     head: LayerProfile
     decoder_source: str = "analytic"
     """The profile's ``source`` (flat-efficiency profiles are ``analytic:efficiency=x``)."""
+    moe_decoder: LayerProfile | None = None
+    first_dense: int = 0
+    """Decoder layers before the first MoE layer (they use ``decoder``, the rest ``moe_decoder``)."""
+    expert_static_bytes: float = 0.0
+    """Part of ``moe_decoder.static_bytes`` in routed-expert weights (sharded over the expert-DP ranks)."""
+    expert_param_bytes: float = 0.0
+    """Part of ``moe_decoder.param_bytes`` in routed-expert weights (reduced over the expert-DP ranks)."""
+
+    def counts(self, first: int, num: int) -> tuple[int, int]:
+        """(dense, MoE) decoder layers among layers [first, first + num)."""
+        if self.moe_decoder is None:
+            return num, 0
+        dense = max(0, min(first + num, self.first_dense) - first)
+        return dense, num - dense
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,10 +78,28 @@ class Config:
     microbatch_size: int
     num_microbatches: int
     recompute: str
+    context: int = 1
+    expert: int = 1
+    expert_tensor: int = 1
+    zero_stage: int = 0
+    ends: tuple[int, int] = (0, 0)
+    """Decoder layers of the first and last stage; (0, 0) = even split."""
 
     @property
     def schedule(self) -> str:
         return INTERLEAVED if self.virtual > 1 else "1f1b"
+
+    @property
+    def dims(self) -> dims_mod.Dims:
+        return dims_mod.Dims(tensor=self.tensor, context=self.context, expert=self.expert,
+                             expert_tensor=self.expert_tensor, zero_stage=self.zero_stage, data=self.data)
+
+    @property
+    def num_devices(self) -> int:
+        return self.tensor * self.pipeline * self.data * self.context
+
+    def stage_layers(self, num_layers: int) -> list[int]:
+        return dims_mod.stage_layer_counts(num_layers, self.pipeline, self.ends)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,17 +128,34 @@ class ProfileSettings:
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
-               settings: ProfileSettings) -> UnitCosts:
-    """Layer costs at (t, b) from a one-block copy of the model (per-layer costs do not depend on
-    the number of layers, and one block keeps the search fast)."""
+               settings: ProfileSettings, dims: dims_mod.Dims | None = None,
+               load_balance_factor: float = 1.0) -> UnitCosts:
+    """Layer costs at (t, b) and the degrees beyond (``dims``, default none) from a copy of the model
+    with one block of each kind (per-layer costs do not depend on the number of layers, and a short
+    model keeps the search fast)."""
     assert cluster.device is not None
+    dims = dims or dims_mod.Dims(tensor=tensor)
+    fd = cfg.first_dense_layers if cfg.is_moe else 0
+    short = dims_mod.profile_config(cfg, dims.context).model_copy(update={"num_layers": fd + 1})
     profile = transformer_profile(
-        cfg.model_copy(update={"num_layers": 1}), device=cluster.device, microbatch_size=microbatch_size,
-        tensor_parallel=tensor, intra_node_bytes_per_s=tp_link_bytes_per_s(cluster, tensor),
-        **profile_kwargs(settings, tensor),
+        short, device=cluster.device, microbatch_size=microbatch_size, tensor_parallel=tensor,
+        intra_node_bytes_per_s=tp_link_bytes_per_s(cluster, tensor), **profile_kwargs(settings, tensor),
     )
-    embedding, decoder, head = profile.layers
-    return UnitCosts(embedding=embedding, decoder=decoder, head=head, decoder_source=profile.source)
+    layers = profile.layers
+    kw = {"microbatch_size": microbatch_size, "load_balance_factor": load_balance_factor}
+    dense = dims_mod.decoder_at_degrees(layers[1], cfg, cluster, dims, moe_layer=cfg.is_moe and fd == 0, **kw)
+    moe_dec = None
+    experts = 0.0
+    if cfg.is_moe:
+        moe_dec = dense if fd == 0 else dims_mod.decoder_at_degrees(layers[fd + 1], cfg, cluster, dims,
+                                                                     moe_layer=True, **kw)
+        experts = dims_mod.expert_params_per_rank(cfg, dims)
+    gather = layers[1].param_bytes
+    return UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
+                     decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
+                     decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
+                     expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
+                     expert_param_bytes=dims_mod.element_bytes(cfg) * experts)
 
 
 def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
@@ -122,20 +174,23 @@ def tp_link_bytes_per_s(cluster: Cluster, tensor: int) -> float:
 
 
 def p2p_link(cluster: Cluster, c: Config) -> tuple[float, float]:
-    """(bandwidth, latency) of the slowest stage boundary: stage x starts at rank x d t, so all
-    stages share one node only when p d t fits in it."""
-    if c.pipeline * c.data * c.tensor <= cluster.devices_per_node:
+    """(bandwidth, latency) of the slowest stage boundary: stage x starts at rank x d c t, so all
+    stages share one node only when p d c t fits in it."""
+    if c.num_devices <= cluster.devices_per_node:
         return float(cluster.intra_node_bytes_per_s or 0.0), cluster.intra_node_latency_s
     return float(cluster.inter_node_bytes_per_s or 0.0), cluster.inter_node_latency_s
 
 
-def dp_link(cluster: Cluster, c: Config) -> tuple[float, float]:
-    """(bandwidth, latency) of the data-parallel ring of one stage. Its d replicas are t ranks
-    apart: the ring stays in a node while d t fits in it; otherwise each node holds
-    k = devices_per_node / t replicas of the ring, whose traffic leaves over their k network
+def dp_link(cluster: Cluster, c: Config, num_ranks: int | None = None, stride: int | None = None) -> tuple[float, float]:
+    """(bandwidth, latency) of the data-parallel ring of one stage. Its d x c ranks are t apart: the
+    ring stays in a node while d c t fits in it; otherwise each node holds
+    k = devices_per_node / t members of the ring, whose traffic leaves over their k network
     cards (one per GPU on Selene, L4081-4086), so the ring runs at min(intra, k x inter)."""
-    # Stage 0's replicas in Megatron's order (rank = replica x t); the simulator's ring.
-    return allreduce_link(cluster, [j * c.tensor for j in range(c.data)])
+    n = c.data * c.context if num_ranks is None else num_ranks
+    step = c.tensor if stride is None else stride
+    # Stage 0's replicas in Megatron's order (rank = replica x t); the simulator's ring. Members past
+    # the first one outside rank 0's node change nothing (``allreduce_link``), so the list stops there.
+    return allreduce_link(cluster, [j * step for j in range(min(n, cluster.devices_per_node // max(1, step) + 1))])
 
 
 def inflight_chunks(c: Config, rank: int) -> int:
@@ -147,13 +202,27 @@ def inflight_chunks(c: Config, rank: int) -> int:
     return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
 
 
+def _stage_firsts(counts: list[int]) -> list[int]:
+    out, first = [], 0
+    for n in counts:
+        out.append(first)
+        first += n
+    return out
+
+
+def _block_sum(u: UnitCosts, first: int, num: int, value: Any) -> float:
+    """Sum of ``value(layer)`` over decoder layers [first, first + num)."""
+    dense, moe_count = u.counts(first, num)
+    total = dense * value(u.decoder) if dense else 0.0
+    return total + (moe_count * value(u.moe_decoder) if moe_count else 0.0)
+
+
 def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
-    """Per-rank compute per microbatch: l/p decoder blocks (F + B + recompute), plus the
+    """Per-rank compute per microbatch: its decoder blocks (F + B + recompute), plus the
     embedding on rank 0 and the head on rank p - 1."""
-    dec = u.decoder
-    per_block = dec.forward_s + dec.backward_s + dec.strategies()[c.recompute].extra_s
-    blocks = cfg.num_layers // c.pipeline
-    work = [blocks * per_block] * c.pipeline
+    counts = c.stage_layers(cfg.num_layers)
+    work = [_block_sum(u, first, n, lambda lay: lay.forward_s + lay.backward_s + lay.strategies()[c.recompute].extra_s)
+            for first, n in zip(_stage_firsts(counts), counts)]
     work[0] += u.embedding.forward_s + u.embedding.backward_s
     work[-1] += u.head.forward_s + u.head.backward_s
     return work
@@ -179,24 +248,62 @@ def first_chunk_inflight(p: int, v: int, m: int) -> int:
     return peak
 
 
+def rank_static_bytes(u: UnitCosts, first: int, num: int, dims: dims_mod.Dims) -> float:
+    """Model states of a rank's decoder blocks under the ZeRO stage (dense and expert parts apart)."""
+    _, moe_count = u.counts(first, num)
+    expert = moe_count * u.expert_static_bytes
+    dense = _block_sum(u, first, num, lambda lay: lay.static_bytes) - expert
+    return dims_mod.sharded_static_bytes(dense, expert, dims)
+
+
 def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
-    """Peak bytes over ranks 0 and p - 1 (rank 0 holds the most activations and the embedding;
-    rank p - 1 the head; middle ranks hold less than rank 0). The head's chunk runs each
-    forward right before its backward (1F1B, and Megatron's interleaved order once m >= p), so
-    it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``. Both peaks
-    are added to the rank's total, an upper bound within the embedding's share."""
-    blocks_per_chunk = cfg.num_layers // (c.pipeline * c.virtual)
-    dec = u.decoder
-    chunk_act = blocks_per_chunk * dec.strategies()[c.recompute].activation_bytes
-    blocks_static = cfg.num_layers // c.pipeline * dec.static_bytes
-    first = first_chunk_inflight(c.pipeline, c.virtual, c.num_microbatches)
-    rank0 = blocks_static + u.embedding.static_bytes + inflight_chunks(c, 0) * chunk_act + first * (
-        u.embedding.activation_bytes or 0.0)
-    last = blocks_static + u.head.static_bytes + inflight_chunks(c, c.pipeline - 1) * chunk_act + (
-        u.head.activation_bytes or 0.0)
-    if c.pipeline == 1:
-        return rank0 + u.head.static_bytes + (u.head.activation_bytes or 0.0)
-    return max(rank0, last)
+    """Peak bytes over the ranks (rank 0 holds the most activations and the embedding, rank p - 1 the
+    head; with an even split middle ranks hold less than rank 0, so only the two ends are costed). The
+    head's chunk runs each forward right before its backward (1F1B, and Megatron's interleaved order
+    once m >= p), so it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``.
+    Both peaks are added to the rank's total, an upper bound within the embedding's share."""
+    dims = c.dims
+    counts = c.stage_layers(cfg.num_layers)
+    firsts = _stage_firsts(counts)
+    p = c.pipeline
+    ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
+    emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims)
+    head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims)
+    buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
+    peak = 0.0
+    for r in ranks:
+        per_chunk = counts[r] // c.virtual
+        chunk_act = _block_sum(u, firsts[r], per_chunk, lambda lay: lay.strategies()[c.recompute].activation_bytes)
+        total = rank_static_bytes(u, firsts[r], counts[r], dims) + buffer + inflight_chunks(c, r) * chunk_act
+        if r == 0:
+            first = first_chunk_inflight(p, c.virtual, c.num_microbatches)
+            total += emb_static + first * (u.embedding.activation_bytes or 0.0)
+        if r == p - 1:
+            total += head_static + (u.head.activation_bytes or 0.0)
+        peak = max(peak, total)
+    return peak
+
+
+def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, overlap_grad_reduce: bool) -> float:
+    """Rank 0's gradient reduction: dense weights over the d x c ranks, experts over the expert-DP
+    ranks; ZeRO-1/2 reduce-scatter and all-gather (the all-reduce's volume), ZeRO-3 only reduce-scatters
+    (its all-gathers run per layer, in the layer costs)."""
+    dims = c.dims
+    _, moe_count = u.counts(0, counts[0])
+    expert = moe_count * u.expert_param_bytes
+    params = u.embedding.param_bytes + _block_sum(u, 0, counts[0], lambda lay: lay.param_bytes)
+    total = 0.0
+    for num_bytes, ranks, stride in ((params - expert, dims.dp_ranks, c.tensor),
+                                     (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
+        if ranks > 1 and num_bytes > 0:
+            bandwidth, latency = dp_link(cluster, c, ranks, stride)
+            total += allreduce_time_s(num_bytes, ranks, bandwidth, latency)
+    if c.zero_stage == 3:
+        total /= 2
+    if overlap_grad_reduce:  # buckets hide under rank 0's last backward (collectives.exposed_dp_allreduce_s)
+        last_backward = _block_sum(u, 0, counts[0], lambda lay: lay.backward_s) + u.embedding.backward_s
+        total = exposed_dp_allreduce_s(total, last_backward)
+    return total
 
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
@@ -213,18 +320,16 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     # Each microbatch waits on 2 v transfers per rank in the steady state and 2 (p - 1) more to fill
     # and drain the pipeline (Megatron's 1F1B sends are blocking).
     pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
-    allreduce = 0.0
-    if c.data > 1:
-        bandwidth, latency = dp_link(cluster, c)
-        blocks = cfg.num_layers // p
-        params = u.embedding.param_bytes + blocks * u.decoder.param_bytes
-        allreduce = allreduce_time_s(params, c.data, bandwidth, latency)
-        if overlap_grad_reduce:  # buckets hide under rank 0's last backward (collectives.exposed_dp_allreduce_s)
-            last_backward = blocks * u.decoder.backward_s + u.embedding.backward_s
-            allreduce = exposed_dp_allreduce_s(allreduce, last_backward)
+    counts = c.stage_layers(cfg.num_layers)
+    allreduce = _dp_sync_s(u, cluster, c, counts, overlap_grad_reduce=overlap_grad_reduce) if c.num_devices > c.tensor * p else 0.0
     peak = peak_memory_bytes(u, cfg, c)
-    rank0_static = cfg.num_layers // p * u.decoder.static_bytes + u.embedding.static_bytes
-    optimizer = profile_optimizer_step_s(u.decoder_source, rank0_static, cluster.device)
+    _, moe_count = u.counts(0, counts[0])
+    expert_static = moe_count * u.expert_static_bytes
+    dense_static = _block_sum(u, 0, counts[0], lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
+    shard = c.zero_stage >= 1
+    optimizer = profile_optimizer_step_s(u.decoder_source, dense_static, cluster.device,
+                                         shard=c.dims.dp_ranks if shard else 1) + profile_optimizer_step_s(
+        u.decoder_source, expert_static, cluster.device, shard=c.dims.expert_dp_ranks if shard else 1)
     return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
                     optimizer_s=optimizer)
@@ -242,7 +347,7 @@ def throughput_row(cfg: TransformerConfig, cluster: Cluster, c: Config, iteratio
     """
     assert cluster.device is not None
     batch = c.num_microbatches * c.microbatch_size * c.data
-    devices = c.tensor * c.pipeline * c.data
+    devices = c.num_devices
     model = model_flops_per_sample(cfg) * batch
     hardware = model + recompute_flops_per_sample(cfg, c.recompute) * batch
     peak = cluster.device.peak_flops
