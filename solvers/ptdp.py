@@ -205,6 +205,11 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
         raise InfeasibleError(
             f"num_stages={stages} exceeds the {cfg.num_layers} decoder layers of {cfg.name!r}: "
             f"every stage needs at least one layer; use at most {cfg.num_layers} stages")
+    devices = problem.cluster.num_devices
+    if stages is not None and devices % stages:
+        raise InfeasibleError(
+            f"num_stages={stages} does not divide the cluster's {devices} devices; use num_stages in "
+            f"{[p for p in _divisors(devices) if p <= cfg.num_layers]}")
     chunks = opts.virtual_pipeline or problem.num_chunks
     if stages is not None and cfg.num_layers % (stages * chunks) and (chunks > 1 or not opts.uneven_stages):
         valid = [p for p in range(1, cfg.num_layers + 1) if cfg.num_layers % (p * chunks) == 0]
