@@ -29,7 +29,6 @@ from cost_models.collectives import group_allgather_s
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 from cost_models.memory import zero_static_scale
 from cost_models.parallelism import (
-    balanced_end_stage_layers,
     expert_alltoall_bytes_per_rank,
     expert_load_time_factor,
     ring_attention_exposed_s,
@@ -138,12 +137,26 @@ def _valid_ends(num_layers: int, pipeline: int, first: int, last: int) -> bool:
     return middle == 0 if pipeline == 2 else middle % (pipeline - 2) == 0 and middle >= pipeline - 2
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=4096)
 def _balanced(num_layers: int, pipeline: int, embedding_layers: float, head_layers: float) -> tuple[int, ...] | None:
-    if pipeline > num_layers:
-        return None
-    split = balanced_end_stage_layers(num_layers, pipeline, embedding_layers=embedding_layers, head_layers=head_layers)
-    return tuple(split) if min(split) >= 1 else None
+    """``parallelism.balanced_end_stage_layers`` (same choice and tie-break, tested against it) without
+    its exceptions: the middle stages' count ``per`` fixes first + last."""
+    best: tuple[float, int, int, int, int] | None = None
+    middle = pipeline - 2
+    for per in range(num_layers + 1) if middle else [0]:
+        rest = num_layers - middle * per
+        if rest < 0:
+            break
+        for first in range(rest + 1):
+            last = rest - first
+            sizes = (first, last, per) if middle else (first, last)
+            key = (max(first + embedding_layers, last + head_layers, float(per)), max(sizes) - min(sizes), first, last)
+            if best is None or key < best[:4]:
+                best = (*key, per)
+    assert best is not None
+    first, last, per = best[2], best[3], best[4]
+    split = (first, *([per] * middle), last)
+    return split if min(split) >= 1 else None
 
 
 def stage_layer_counts(num_layers: int, pipeline: int, ends: tuple[int, int]) -> list[int]:

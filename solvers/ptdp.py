@@ -367,7 +367,9 @@ def candidate_rows(search: Search, scored: list[tuple[model.Config, model.Estima
                    limit: int) -> tuple[dict[str, Any], ...]:
     """The ranked table: simulated configurations by simulated time, then the others by closed form."""
     rows = []
-    for c, est in scored:
+    shown = [item for item in scored if item[0] in simulated]
+    shown += [item for item in scored if item[0] not in simulated][:limit]  # ``scored`` is sorted
+    for c, est in shown:
         sim = simulated.get(c)
         iteration = sim[1].iteration_time_s if sim else est.iteration_s
         fits = sim[1].fits_memory if sim else est.fits
