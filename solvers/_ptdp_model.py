@@ -285,9 +285,11 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
 
 
 def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, overlap_grad_reduce: bool) -> float:
-    """Rank 0's gradient reduction: dense weights over the d x c ranks, experts over the expert-DP
-    ranks; ZeRO-1/2 reduce-scatter and all-gather (the all-reduce's volume), ZeRO-3 only reduce-scatters
-    (its all-gathers run per layer, in the layer costs)."""
+    """Rank 0's gradient synchronisation: dense weights over the d x c ranks, experts over the expert-DP
+    ranks. ZeRO-0 all-reduces; ZeRO-1/2 reduce-scatter the gradients and all-gather the updated weights
+    (the all-reduce's volume, ZeRO Sec. 7.2); ZeRO-3 only reduce-scatters (its all-gathers run per layer,
+    in the layer costs), under the backward as FSDP does. ``overlap_grad_reduce`` hides the reduction
+    bucket by bucket under rank 0's backward (``collectives.exposed_dp_allreduce_s``)."""
     dims = c.dims
     _, moe_count = u.counts(0, counts[0])
     expert = moe_count * u.expert_param_bytes
@@ -298,12 +300,14 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, 
         if ranks > 1 and num_bytes > 0:
             bandwidth, latency = dp_link(cluster, c, ranks, stride)
             total += allreduce_time_s(num_bytes, ranks, bandwidth, latency)
-    if c.zero_stage == 3:
-        total /= 2
-    if overlap_grad_reduce:  # buckets hide under rank 0's last backward (collectives.exposed_dp_allreduce_s)
-        last_backward = _block_sum(u, 0, counts[0], lambda lay: lay.backward_s) + u.embedding.backward_s
-        total = exposed_dp_allreduce_s(total, last_backward)
-    return total
+    backward = _block_sum(u, 0, counts[0], lambda lay: lay.backward_s) + u.embedding.backward_s
+    if c.zero_stage == 0:
+        return exposed_dp_allreduce_s(total, backward) if overlap_grad_reduce else total
+    reduce = total / 2  # reduce-scatter; ZeRO-1/2 all-gather the other half after the step
+    gather = reduce if c.zero_stage < 3 else 0.0
+    if c.zero_stage == 3 or overlap_grad_reduce:
+        reduce = exposed_dp_allreduce_s(reduce, backward)
+    return reduce + gather
 
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,

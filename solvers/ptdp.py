@@ -305,9 +305,11 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
     u = unit_cache(search, opts)(c)
     decoders = [(u.decoder if u.counts(i, 1)[0] else u.moe_decoder or u.decoder).model_copy(update={"name": f"decoder{i}"})
                 for i in range(cfg.num_layers)]
+    baked = {"context_parallel": c.context, "expert_parallel": c.expert, "fsdp_included": c.zero_stage == 3}
     profile = ModelProfile(name=cfg.name, layers=(u.embedding, *decoders, u.head), microbatch_size=c.microbatch_size,
                            tensor_parallel=c.tensor, tokens_per_sample=cfg.seq_length, device=cluster.device.name,
-                           source=u.decoder_source)
+                           source=u.decoder_source,  # the degrees whose costs the layers already hold
+                           **{k: v for k, v in baked.items() if k in ModelProfile.model_fields})
     problem = search.problem.model_copy(update={
         "model": profile, "schedule": c.schedule, "num_chunks": c.virtual, "num_stages": c.pipeline,
         "data_parallel": c.data})
