@@ -37,9 +37,11 @@ from cost_models.parallelism import (
 from cost_models.transformer import ADAM_BYTES_PER_PARAM
 from planner.schema import Cluster, LayerProfile, TransformerConfig
 
-MIN_TOKENS_PER_CONTEXT_RANK = 1024
-"""Context degrees leaving fewer tokens per rank are not searched (Megatron's CP recipes keep >= 2K:
-below that the ring's transfers outgrow the attention they hide behind)."""
+MIN_TOKENS_PER_CONTEXT_RANK = 4096
+"""Default of the ``min_tokens_per_context_rank`` option: context degrees leaving fewer tokens per rank
+are not searched. The cost model leaves out the per-block kernel overheads of short shards (each ring
+step runs two half-blocks of the load-balanced split), which Megatron's guidance to use context
+parallelism from 8K tokens reflects."""
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -71,15 +73,16 @@ class Dims:
 # ------------------------------------------------------------------------------------------
 
 
-def context_degrees(cfg: TransformerConfig, devices: int, fixed: int | None, attention: str) -> list[int]:
-    """c dividing the devices with seq % 2c == 0 and at least ``MIN_TOKENS_PER_CONTEXT_RANK`` tokens per
-    rank; ring attention runs on the fused (flash) attention only."""
+def context_degrees(cfg: TransformerConfig, devices: int, fixed: int | None, attention: str,
+                    min_tokens: int = MIN_TOKENS_PER_CONTEXT_RANK) -> list[int]:
+    """c dividing the devices with seq % 2c == 0 and at least ``min_tokens`` tokens per rank; ring
+    attention runs on the fused (flash) attention only."""
     if fixed is not None:
         return [fixed]
     if attention != "flash":
         return [1]
     s = cfg.seq_length
-    return [c for c in _divisors(devices) if c == 1 or (s % (2 * c) == 0 and s // c >= MIN_TOKENS_PER_CONTEXT_RANK)]
+    return [c for c in _divisors(devices) if c == 1 or (s % (2 * c) == 0 and s // c >= min_tokens)]
 
 
 def expert_degrees(cfg: TransformerConfig, dp_ranks: int, fixed: int | None) -> list[int]:
@@ -203,23 +206,27 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         fwd += (c - 1) * core_fwd + ring_fwd
         bwd += (c - 1) * FLASH_BACKWARD_FACTOR * core_fwd + ring_bwd
         options["selective"] = options["selective"].model_copy(update={"extra_s": c * core_fwd})
-    static, params = layer.static_bytes, layer.param_bytes
+    static, params, weight = layer.static_bytes, layer.param_bytes, layer.backward_weight_s
     if moe_layer:
         delta = expert_params_delta(cfg, dims)
         static += ADAM_BYTES_PER_PARAM * delta
         params += element_bytes(cfg) * delta
         a2a = alltoall_s(cfg, cluster, dims, microbatch_size)
-        imbalance = (expert_load_time_factor(load_balance_factor=load_balance_factor) - 1) * routed_share(cfg)
-        fwd += 2 * a2a + imbalance * layer.forward_s
-        bwd += 2 * a2a + imbalance * layer.backward_s
+        regroup = expert_gemm_delta_s(cfg, cluster, dims, microbatch_size)
+        imbalance = 0.0
+        if dims.expert > 1:  # the busiest expert rank sets the pace; one rank holding all experts does not wait
+            imbalance = (expert_load_time_factor(load_balance_factor=load_balance_factor) - 1) * routed_share(cfg)
+        fwd += 2 * a2a + imbalance * layer.forward_s + regroup[0]
+        bwd += 2 * a2a + imbalance * layer.backward_s + regroup[1] + regroup[2]
+        weight = None if weight is None else weight + regroup[2]
     if dims.zero_stage == 3:
         gather = group_allgather_s(cluster, params, dims.dp_ranks, dims.tensor)
         fwd += max(0.0, gather - fwd)
         bwd += max(0.0, gather - bwd)
     if "full" in options:
         options["full"] = options["full"].model_copy(update={"extra_s": fwd})
-    return layer.model_copy(update={"forward_s": fwd, "backward_s": bwd, "static_bytes": static,
-                                    "param_bytes": params, "recompute": options})
+    return layer.model_copy(update={"forward_s": fwd, "backward_s": bwd, "backward_weight_s": weight,
+                                    "static_bytes": static, "param_bytes": params, "recompute": options})
 
 
 def end_layer_at_degrees(layer: LayerProfile, cluster: Cluster, dims: Dims, first_gather_bytes: float) -> LayerProfile:
@@ -267,6 +274,37 @@ def alltoall_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_
     inter = total * (1 - intra_share) / (float(cluster.inter_node_bytes_per_s or 1.0) * fraction)
     latency = cluster.inter_node_latency_s if per_node < e else cluster.intra_node_latency_s
     return latency + max(intra, inter)
+
+
+def expert_gemm_delta_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_size: int,
+                        ) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) time the routed experts' GEMMs change by when the
+    rank runs E/e experts on the tokens the e ranks route to them, split over the expert-TP ranks,
+    instead of all E experts split over t on its own tokens (the profile's shape): the same FLOPs in
+    fewer, taller GEMMs (rows per expert x e t / etp under sequence parallelism)."""
+    if dims.expert == 1 and dims.expert_tensor == dims.tensor:
+        return 0.0, 0.0, 0.0
+    assert cluster.device is not None
+    num_experts, k = int(cfg.num_experts or 0), int(cfg.experts_per_token or 0)
+    tokens = microbatch_size * cfg.seq_length / dims.context
+    before = _expert_gemms_s(cfg, cluster, tokens * k / num_experts, dims.tensor, num_experts)
+    rows = tokens * k / num_experts * dims.expert * (1 if dims.expert_tensor == dims.tensor else 1 / dims.tensor)
+    after = _expert_gemms_s(cfg, cluster, rows, dims.expert_tensor, num_experts // dims.expert)
+    return after[0] - before[0], after[1] - before[1], after[2] - before[2]
+
+
+def _expert_gemms_s(cfg: TransformerConfig, cluster: Cluster, rows: float, split: int, count: int,
+                    ) -> tuple[float, float, float]:
+    """Up (gate) and down projections of ``count`` experts of ``rows`` tokens each, width / split."""
+    from cost_models.compute import gemm_fwd_bwd_s  # noqa: PLC0415
+
+    width, h = cfg.moe_ffn_hidden_size or cfg.ffn_size, cfg.hidden_size
+    up = (2 if cfg.mlp == "swiglu" else 1) * width // split
+    total = [0.0, 0.0, 0.0]
+    for m, n, kk in ((rows, up, h), (rows, h, width // split)):
+        for j, value in enumerate(gemm_fwd_bwd_s(m, n, kk, cluster.device)):  # type: ignore[arg-type]
+            total[j] += count * value
+    return total[0], total[1], total[2]
 
 
 def expert_params_per_rank(cfg: TransformerConfig, dims: Dims) -> float:

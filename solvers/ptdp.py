@@ -98,6 +98,8 @@ class Options:
     """Fix the decoder layers of the first stage (--decoder-first-pipeline-num-layers)."""
     last_stage_layers: int | None = None
     """Fix the decoder layers of the last stage (--decoder-last-pipeline-num-layers)."""
+    min_tokens_per_context_rank: int = dims_mod.MIN_TOKENS_PER_CONTEXT_RANK
+    """Context degrees are searched while each rank keeps at least this many tokens."""
     load_balance_factor: float = 1.0
     """Busiest expert's tokens over the mean (routing imbalance slows the routed experts by it)."""
     num_simulated: int = 5
@@ -305,10 +307,10 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
     u = unit_cache(search, opts)(c)
     decoders = [(u.decoder if u.counts(i, 1)[0] else u.moe_decoder or u.decoder).model_copy(update={"name": f"decoder{i}"})
                 for i in range(cfg.num_layers)]
-    baked = {"context_parallel": c.context, "expert_parallel": c.expert, "fsdp_included": c.zero_stage == 3}
+    baked = {"degrees_included": True}  # ring, all-to-alls, FSDP gathers and expert shares are in the layers
     profile = ModelProfile(name=cfg.name, layers=(u.embedding, *decoders, u.head), microbatch_size=c.microbatch_size,
                            tensor_parallel=c.tensor, tokens_per_sample=cfg.seq_length, device=cluster.device.name,
-                           source=u.decoder_source,  # the degrees whose costs the layers already hold
+                           source=u.decoder_source,
                            **{k: v for k, v in baked.items() if k in ModelProfile.model_fields})
     problem = search.problem.model_copy(update={
         "model": profile, "schedule": c.schedule, "num_chunks": c.virtual, "num_stages": c.pipeline,
