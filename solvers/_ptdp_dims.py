@@ -200,8 +200,13 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
     fwd, bwd = layer.forward_s, layer.backward_s
     options = dict(layer.strategies())
     c = dims.context
+    flops = layer.flops
     if c > 1:
         core_fwd = options["selective"].extra_s  # attention core of an s/c sequence
+        shard = profile_config(cfg, c)
+        if flops is not None:  # F + B of the core: c x that of an s/c sequence
+            flops += (c - 1) * 3 * moe.attention_core_forward_flops(shard, microbatch_size=microbatch_size,
+                                                                    tensor_parallel=dims.tensor)
         ring_fwd, ring_bwd = ring_exposed_s(cfg, cluster, dims, microbatch_size, core_fwd)
         fwd += (c - 1) * core_fwd + ring_fwd
         bwd += (c - 1) * FLASH_BACKWARD_FACTOR * core_fwd + ring_bwd
@@ -225,7 +230,7 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         bwd += max(0.0, gather - bwd)
     if "full" in options:
         options["full"] = options["full"].model_copy(update={"extra_s": fwd})
-    return layer.model_copy(update={"forward_s": fwd, "backward_s": bwd, "backward_weight_s": weight,
+    return layer.model_copy(update={"forward_s": fwd, "backward_s": bwd, "backward_weight_s": weight, "flops": flops,
                                     "static_bytes": static, "param_bytes": params, "recompute": options})
 
 
