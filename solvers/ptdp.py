@@ -15,6 +15,11 @@ The interleaved schedule also needs m to be a multiple of p (L3612-3616).
 
 The takeaways (TP up to the node size, then PP, L3825-3829; the smallest t p that fits,
 L3897-3900; the microbatch trade-off, L3930-3932) are not coded in: they come out of the search.
+
+Beyond the 2021 space the search also costs ZeRO stages (distributed optimizer, FSDP), context
+parallelism (ring attention), expert parallelism with expert tensor parallelism, and Megatron's
+uneven first/last stages (``solvers._ptdp_dims``; enumeration in ``solvers._ptdp_enum``); every
+degree can be pinned by an option (docs/solver-ptdp.md, "Parallel dimensions").
 """
 
 from __future__ import annotations
