@@ -105,14 +105,16 @@ def expert_tensor_degrees(cfg: TransformerConfig, tensor: int, fixed: int | None
     return [k for k in options if width % k == 0 and tensor % k == 0]
 
 
-def zero_stages_for(stages: tuple[int, ...], pipeline: int, dp_ranks: int) -> list[int]:
+def zero_stages_for(stages: tuple[int, ...], pipeline: int, dp_ranks: int, *,
+                    overlap_grad_reduce: bool = False) -> list[int]:
     """ZeRO stages worth costing: none past 0 without data parallelism; ZeRO-3 (Megatron FSDP) only
     without pipelining; 0 is dominated by 1 when both are searched (same traffic, less memory, the Adam
-    step sharded)."""
+    step sharded), unless the gradient reduction overlaps the backward (ZeRO-1's weight all-gather
+    then stays exposed while ZeRO-0's all-reduce hides)."""
     if dp_ranks == 1:
         return [min(stages)]
     out = [z for z in stages if z != 3 or pipeline == 1]
-    if 0 in out and 1 in out:
+    if 0 in out and 1 in out and not overlap_grad_reduce:
         out.remove(0)
     return out
 
@@ -195,8 +197,11 @@ def profile_config(cfg: TransformerConfig, context: int) -> TransformerConfig:
 
 
 def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Cluster, dims: Dims, *,
-                       microbatch_size: int, moe_layer: bool, load_balance_factor: float = 1.0) -> LayerProfile:
-    """A decoder layer profiled at (t, b) on s/c tokens, with the context, expert and ZeRO-3 terms."""
+                       microbatch_size: int, moe_layer: bool, load_balance_factor: float = 1.0,
+                       per_operation: bool = True) -> LayerProfile:
+    """A decoder layer profiled at (t, b) on s/c tokens, with the context, expert and ZeRO-3 terms.
+    ``per_operation``: the layer comes from the per-operation model (GEMM shapes matter); a flat-efficiency
+    layer keeps the experts' time (same FLOPs at the same rate)."""
     fwd, bwd = layer.forward_s, layer.backward_s
     options = dict(layer.strategies())
     c = dims.context
@@ -217,15 +222,17 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         static += ADAM_BYTES_PER_PARAM * delta
         params += element_bytes(cfg) * delta
         a2a = alltoall_s(cfg, cluster, dims, microbatch_size)
-        regroup = expert_gemm_delta_s(cfg, cluster, dims, microbatch_size)
+        regroup = expert_gemm_delta_s(cfg, cluster, dims, microbatch_size) if per_operation else (0.0, 0.0, 0.0)
         imbalance = 0.0
         if dims.expert > 1:  # the busiest expert rank sets the pace; one rank holding all experts does not wait
             imbalance = (expert_load_time_factor(load_balance_factor=load_balance_factor) - 1) * routed_share(cfg)
         fwd += 2 * a2a + imbalance * layer.forward_s + regroup[0]
         bwd += 2 * a2a + imbalance * layer.backward_s + regroup[1] + regroup[2]
         weight = None if weight is None else weight + regroup[2]
-    if dims.zero_stage == 3:
-        gather = group_allgather_s(cluster, params, dims.dp_ranks, dims.tensor)
+    if dims.zero_stage == 3:  # dense weights over the d c ranks, experts over the expert-DP ranks
+        experts = element_bytes(cfg) * expert_params_per_rank(cfg, dims) if moe_layer else 0.0
+        gather = (group_allgather_s(cluster, params - experts, dims.dp_ranks, dims.tensor)
+                  + group_allgather_s(cluster, experts, dims.expert_dp_ranks, dims.expert * dims.expert_tensor))
         fwd += max(0.0, gather - fwd)
         bwd += max(0.0, gather - bwd)
     if "full" in options:

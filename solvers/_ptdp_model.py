@@ -142,7 +142,8 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
         intra_node_bytes_per_s=tp_link_bytes_per_s(cluster, tensor), **profile_kwargs(settings, tensor),
     )
     layers = profile.layers
-    kw = {"microbatch_size": microbatch_size, "load_balance_factor": load_balance_factor}
+    kw = {"microbatch_size": microbatch_size, "load_balance_factor": load_balance_factor,
+          "per_operation": profile.source == "analytic"}
     dense = dims_mod.decoder_at_degrees(layers[1], cfg, cluster, dims, moe_layer=cfg.is_moe and fd == 0, **kw)
     moe_dec = None
     experts = 0.0

@@ -155,7 +155,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     notes = _notes(search, opts, scored, simulated)
     wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
     status = "feasible"
-    if len(simulated) < wanted:
+    if len(simulated) < wanted and budget.spent():  # not the closed-form margin's early stop
         status = "time_limit"
         notes = (*notes, f"time_limit_s={problem.time_limit_s} spent after simulating {len(simulated)} of the "
                          f"{wanted} best closed-form configurations; the fastest simulated one is returned")

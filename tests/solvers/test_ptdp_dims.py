@@ -4,6 +4,7 @@ simulator agreement, Megatron's own validation of the exported plans, and bad in
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -151,6 +152,7 @@ def test_zero_stages_searched() -> None:
     assert dims.zero_stages_for((0, 1, 3), pipeline=4, dp_ranks=8) == [1]  # FSDP without pipelining
     assert dims.zero_stages_for((0, 1, 3), pipeline=1, dp_ranks=1) == [0]
     assert dims.zero_stages_for((0, 2), pipeline=1, dp_ranks=8) == [0, 2]
+    assert dims.zero_stages_for((0, 1), pipeline=2, dp_ranks=8, overlap_grad_reduce=True) == [0, 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,3 +242,75 @@ def test_bad_degrees_exit_2_naming_the_field(args: list[str], needle: str, capsy
     code = main(["plan", *args, "--cluster", "h100:8", "--global-batch", "64", "--solver", "ptdp"])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Brute force over every dimension on a toy MoE model
+# ---------------------------------------------------------------------------------------------
+
+
+def _toy_moe_problem(memory_bytes: float) -> PipelineProblem:
+    from planner.schema import Cluster, Device, TransformerConfig
+
+    cfg = TransformerConfig(name="toy-moe", hidden_size=256, num_layers=5, num_heads=4, seq_length=1024,
+                            vocab_size=1024, num_experts=4, experts_per_token=2)
+    cluster = Cluster(name="toy4", device=Device(name="gpu", memory_headroom_bytes=0, memory_bytes=memory_bytes,
+                                                 peak_flops=1e12), num_nodes=2, devices_per_node=2,
+                      intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e9, intra_node_latency_s=1e-6,
+                      inter_node_latency_s=1e-5)
+    return api.make_problem(cfg, cluster, global_batch_size=8)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _brute_force(problem: PipelineProblem, options: dict) -> float:
+    """Every configuration by the rules of docs/solver-ptdp.md, enumerated here, planned and simulated."""
+    opts = ptdp.parse_options(ptdp.Options, options, solver="ptdp")
+    search = ptdp._prepare(problem, opts)
+    cfg, n, batch = search.cfg, problem.cluster.num_devices, 8
+    units = ptdp.unit_cache(search, opts)
+    best = float("inf")
+    for t in (t for t in _divisors(problem.cluster.devices_per_node) if cfg.num_heads % t == 0):
+        for c in (c for c in _divisors(n // t) if cfg.seq_length % (2 * c) == 0 or c == 1):
+            for p in (p for p in _divisors(n // (t * c)) if p <= cfg.num_layers):
+                d = n // (t * c * p)
+                for e in (e for e in _divisors(4) if (d * c) % e == 0):
+                    for etp, z, b in itertools.product(sorted({1, t}), (0, 1, 3), _divisors(batch // d)):
+                        if z == 3 and p > 1:
+                            continue
+                        m = batch // (b * d)
+                        base = model.Config(tensor=t, pipeline=p, data=d, virtual=1, microbatch_size=b,
+                                            num_microbatches=m, recompute="none", context=c, expert=e,
+                                            expert_tensor=etp, zero_stage=z)
+                        u = units(base)
+                        lay = u.moe_decoder or u.decoder
+                        per = lay.forward_s + lay.backward_s
+                        ends = [(0, 0)] if cfg.num_layers % p == 0 else []
+                        if p >= 2:
+                            split = balanced_end_stage_layers(
+                                cfg.num_layers, p, embedding_layers=round((u.embedding.forward_s + u.embedding.backward_s) / per, 2),
+                                head_layers=round((u.head.forward_s + u.head.backward_s) / per, 2))
+                            if min(split) >= 1 and len(set(split)) > 1:
+                                ends.append((split[0], split[-1]))
+                        for end, r in itertools.product(ends, ("none", "selective", "full")):
+                            c_ = model.Config(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                                                 "ends": end, "recompute": r})
+                            result = sim.simulate(ptdp.build_config_plan(search, opts, c_), include_events=False)
+                            if result.fits_memory:
+                                best = min(best, result.iteration_time_s)
+    return best
+
+
+@pytest.mark.skipif(not SIMULATOR_CHARGES_DIMS, reason="needs the simulator's per-group ZeRO/expert charges")
+@pytest.mark.parametrize("memory_bytes", [7e7, 1e9])
+def test_search_over_every_dimension_finds_the_brute_force_best(memory_bytes: float) -> None:
+    """A 5-layer MoE (4 experts, top-2) on 2 x 2 GPUs: t, c, p (uneven ends for 5 layers), e, expert TP,
+    ZeRO 0/1/3, b and recompute, 1F1B; the search (simulating all it keeps) finds the brute force's time."""
+    problem = _toy_moe_problem(memory_bytes)
+    options = {"schedules": "1f1b", "min_tokens_per_context_rank": 1, "scatter_gather": False}
+    value = _brute_force(problem, options)
+    plan = ptdp.solve(problem, options={**options, "num_simulated": 10_000})
+    assert plan.predicted is not None and value < float("inf")
+    assert plan.predicted.iteration_time_s == pytest.approx(value, rel=1e-9)
