@@ -198,7 +198,7 @@ def profile_config(cfg: TransformerConfig, context: int) -> TransformerConfig:
 
 def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Cluster, dims: Dims, *,
                        microbatch_size: int, moe_layer: bool, load_balance_factor: float = 1.0,
-                       per_operation: bool = True) -> LayerProfile:
+                       per_operation: bool = True, overlap_moe_alltoall: bool = False) -> LayerProfile:
     """A decoder layer profiled at (t, b) on s/c tokens, with the context, expert and ZeRO-3 terms.
     ``per_operation``: the layer comes from the per-operation model (GEMM shapes matter); a flat-efficiency
     layer keeps the experts' time (same FLOPs at the same rate)."""
@@ -226,8 +226,11 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         imbalance = 0.0
         if dims.expert > 1:  # the busiest expert rank sets the pace; one rank holding all experts does not wait
             imbalance = (expert_load_time_factor(load_balance_factor=load_balance_factor) - 1) * routed_share(cfg)
-        fwd += 2 * a2a + imbalance * layer.forward_s + regroup[0]
-        bwd += 2 * a2a + imbalance * layer.backward_s + regroup[1] + regroup[2]
+        a2a_fwd = a2a_bwd = 2 * a2a
+        if overlap_moe_alltoall:  # one microbatch's all-to-alls under another's compute of the layer
+            a2a_fwd, a2a_bwd = max(0.0, 2 * a2a - layer.backward_s), max(0.0, 2 * a2a - layer.forward_s)
+        fwd += a2a_fwd + imbalance * layer.forward_s + regroup[0]
+        bwd += a2a_bwd + imbalance * layer.backward_s + regroup[1] + regroup[2]
         weight = None if weight is None else weight + regroup[2]
     if dims.zero_stage == 3:  # dense weights over the d c ranks, experts over the expert-DP ranks
         experts = element_bytes(cfg) * expert_params_per_rank(cfg, dims) if moe_layer else 0.0

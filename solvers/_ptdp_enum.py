@@ -9,11 +9,13 @@ overflow the device is dropped before its microbatch loop (no b, v or recompute 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cost_models.memory import usable_memory_bytes
 from cost_models.parallelism import check_context_split
 from planner.errors import InvalidProblemError
+from planner.schema import TransformerConfig
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_model as model
 
@@ -148,15 +150,14 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                     yield _replace(c, recompute=r)
 
 
-def _states_overflow(u: model.UnitCosts, cfg, c: model.Config, capacity: float) -> bool:  # noqa: ANN001
+def _states_overflow(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config, capacity: float) -> bool:
+    """Rank 0's model states alone exceed the device (no b, v or recompute can help)."""
     counts = c.stage_layers(cfg.num_layers)
     return model.rank_static_bytes(u, 0, counts[0], c.dims) > capacity
 
 
 def _replace(c: model.Config, **changes: object) -> model.Config:
-    from dataclasses import replace
-
-    return replace(c, **changes)
+    return replace(c, **changes)  # type: ignore[arg-type]
 
 
 def _schedules(search: Search, opts: Options) -> tuple[str, ...]:

@@ -129,7 +129,7 @@ class ProfileSettings:
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
                settings: ProfileSettings, dims: dims_mod.Dims | None = None,
-               load_balance_factor: float = 1.0) -> UnitCosts:
+               load_balance_factor: float = 1.0, overlap_moe_alltoall: bool = False) -> UnitCosts:
     """Layer costs at (t, b) and the degrees beyond (``dims``, default none) from a copy of the model
     with one block of each kind (per-layer costs do not depend on the number of layers, and a short
     model keeps the search fast)."""
@@ -143,7 +143,7 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
     )
     layers = profile.layers
     kw = {"microbatch_size": microbatch_size, "load_balance_factor": load_balance_factor,
-          "per_operation": profile.source == "analytic"}
+          "per_operation": profile.source == "analytic", "overlap_moe_alltoall": overlap_moe_alltoall}
     dense = dims_mod.decoder_at_degrees(layers[1], cfg, cluster, dims, moe_layer=cfg.is_moe and fd == 0, **kw)
     moe_dec = None
     experts = 0.0
@@ -285,12 +285,14 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     return peak
 
 
-def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, overlap_grad_reduce: bool) -> float:
+def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, overlap_grad_reduce: bool,
+               overlap_param_gather: bool = False) -> float:
     """Rank 0's gradient synchronisation: dense weights over the d x c ranks, experts over the expert-DP
     ranks. ZeRO-0 all-reduces; ZeRO-1/2 reduce-scatter the gradients and all-gather the updated weights
     (the all-reduce's volume, ZeRO Sec. 7.2); ZeRO-3 only reduce-scatters (its all-gathers run per layer,
     in the layer costs), under the backward as FSDP does. ``overlap_grad_reduce`` hides the reduction
-    bucket by bucket under rank 0's backward (``collectives.exposed_dp_allreduce_s``)."""
+    bucket by bucket under rank 0's backward, ``overlap_param_gather`` the all-gather under its forward
+    (``collectives.exposed_dp_allreduce_s``)."""
     dims = c.dims
     _, moe_count = u.counts(0, counts[0])
     expert = moe_count * u.expert_param_bytes
@@ -308,11 +310,14 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, 
     gather = reduce if c.zero_stage < 3 else 0.0
     if c.zero_stage == 3 or overlap_grad_reduce:
         reduce = exposed_dp_allreduce_s(reduce, backward)
+    if overlap_param_gather:
+        gather = exposed_dp_allreduce_s(gather, _block_sum(u, 0, counts[0], lambda lay: lay.forward_s)
+                                        + u.embedding.forward_s)
     return reduce + gather
 
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
-             overlap_grad_reduce: bool = False) -> Estimate:
+             overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
     assert cluster.device is not None
     p, v, m = c.pipeline, c.virtual, c.num_microbatches
@@ -326,7 +331,10 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     # and drain the pipeline (Megatron's 1F1B sends are blocking).
     pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
     counts = c.stage_layers(cfg.num_layers)
-    allreduce = _dp_sync_s(u, cluster, c, counts, overlap_grad_reduce=overlap_grad_reduce) if c.num_devices > c.tensor * p else 0.0
+    allreduce = 0.0
+    if c.num_devices > c.tensor * p:
+        allreduce = _dp_sync_s(u, cluster, c, counts, overlap_grad_reduce=overlap_grad_reduce,
+                               overlap_param_gather=overlap_param_gather)
     peak = peak_memory_bytes(u, cfg, c)
     _, moe_count = u.counts(0, counts[0])
     expert_static = moe_count * u.expert_static_bytes

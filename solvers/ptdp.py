@@ -25,21 +25,19 @@ degree can be pinned by an option (docs/solver-ptdp.md, "Parallel dimensions").
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cost_models.memory import usable_memory_bytes
-from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
+from solvers import _ptdp_messages as messages
 from solvers import _ptdp_model as model
-from solvers._ptdp_enum import check_degree_options, divisors as _divisors, enumerate_configs, tensor_degrees
+from solvers._ptdp_enum import check_degree_options, divisors as _divisors, enumerate_configs
 from solvers.budget import Budget
-from solvers.common import Layout, build_plan, format_bytes, memory_shortfall_message, with_prediction
+from solvers.common import Layout, build_plan, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
 from solvers.options import parse_options
 
@@ -73,6 +71,11 @@ class Options:
     overlap_grad_reduce: bool = False
     """Overlap the data-parallel gradient all-reduce with the last backward in buckets
     (Megatron's --overlap-grad-reduce); off charges it in full after the backward (2021 runs)."""
+    overlap_param_gather: bool = False
+    """ZeRO-1/2: all-gather the updated weights under the next forward (Megatron's --overlap-param-gather)."""
+    overlap_moe_alltoall: bool = False
+    """Hide one microbatch's expert all-to-alls under another's compute of the layer (Megatron's
+    --overlap-moe-expert-parallel-comm, DualPipe's pairing)."""
     efficiency_by_microbatch: str | None = None
     """Per-b efficiencies, e.g. '1:0.40,2:0.46,4:0.5' (Eq. 4.1 needs t_f(b), L3902-3932); only
     the listed b are searched."""
@@ -138,21 +141,22 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     start = time.perf_counter()
     search = _prepare(problem, opts)
     units = unit_cache(search, opts)
-    scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c, overlap_grad_reduce=opts.overlap_grad_reduce))
+    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather}
+    scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c, **overlap))
               for c in enumerate_configs(search, opts, units)]
     if not scored:  # nothing whose model states fit: cost them all for the memory message
         scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c))
                   for c in enumerate_configs(search, opts, units, prune=False)]
     if not scored:
-        raise InfeasibleError(_no_layout_message(search, opts))
+        raise InfeasibleError(messages.no_layout_message(search, opts))
     scored.sort(key=lambda item: (not item[1].fits, item[1].iteration_s, _tie_key(item[0])))
     if not scored[0][1].fits:
-        raise InfeasibleError(_memory_message(search, scored))
+        raise InfeasibleError(messages.memory_message(search, scored))
     budget = Budget(None if problem.time_limit_s is None else start + problem.time_limit_s)
     best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
-    notes = _notes(search, opts, scored, simulated)
+    notes = messages.notes(search, opts, scored, simulated)
     wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
     status = "feasible"
     if len(simulated) < wanted and budget.spent():  # not the closed-form margin's early stop
@@ -172,7 +176,8 @@ def unit_cache(search: Search, opts: Options) -> Callable[[model.Config], model.
                c.data if c.zero_stage == 3 else 0)
         if key not in cache:
             cache[key] = model.unit_costs(search.cfg, search.problem.cluster, c.tensor, c.microbatch_size,
-                                          _settings(search, c.microbatch_size), c.dims, opts.load_balance_factor)
+                                          _settings(search, c.microbatch_size), c.dims, opts.load_balance_factor,
+                                          opts.overlap_moe_alltoall)
         return cache[key]
 
     return units
@@ -295,11 +300,6 @@ def _settings(search: Search, b: int) -> model.ProfileSettings:
 
 
 # --------------------------------------------------------------------------------------
-# Enumeration
-# --------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------
 # Simulation of the best, plans and the candidate table
 # --------------------------------------------------------------------------------------
 
@@ -396,58 +396,3 @@ def candidate_rows(search: Search, scored: list[tuple[model.Config, model.Estima
         rows.append(row)
     rows.sort(key=lambda r: (not r["fits"], not r["simulated"], r["iteration_s"]))
     return tuple(rows[:limit])
-
-
-# --------------------------------------------------------------------------------------
-# Messages
-# --------------------------------------------------------------------------------------
-
-
-def _notes(search: Search, opts: Options, scored: list[tuple[model.Config, model.Estimate]],
-           simulated: Simulated) -> tuple[str, ...]:
-    fitting = sum(1 for _, est in scored if est.fits)
-    eff = (f"efficiency by microbatch {search.efficiencies}" if search.efficiencies
-           else f"flat efficiency {search.efficiency:.3g} of peak" if search.efficiency
-           else f"per-operation compute model ({search.settings.attention} attention)")
-    return (
-        f"searched {len(scored)} configurations (t, p, c, d, e, etp, ZeRO stage, v, b, end stages, recompute), "
-        f"{fitting} fit memory by the closed form; simulated the best {len(simulated)} and kept the fastest in "
-        "simulation",
-        f"{eff}; scatter/gather {'on' if opts.scatter_gather else 'off'}; uniform recompute; even layer split or "
-        f"Megatron's uneven end stages; ZeRO stages {opts.zero_stages if opts.zero_stage is None else opts.zero_stage}",
-    )
-
-
-def _no_layout_message(search: Search, opts: Options) -> str:
-    """No (t, p, d, b) splits the batch: say which global batch sizes would."""
-    problem, cfg, n = search.problem, search.cfg, search.problem.cluster.num_devices
-    b_batch = search.global_batch_size
-    degrees = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in _divisors(cfg.num_layers)
-                      if n % (t * p) == 0 and (not problem.num_stages or p == problem.num_stages)
-                      and (not problem.data_parallel or problem.data_parallel * t * p == n)})
-    if not degrees:
-        return (f"no tensor x pipeline degree fits {n} devices with {cfg.num_layers} layers and "
-                f"{cfg.num_heads} heads under the fixed values (num_stages={problem.num_stages}, "
-                f"data_parallel={problem.data_parallel}, tensor_parallel={opts.tensor_parallel}); use a cluster "
-                f"size that is a multiple of a divisor of the layer count, or drop the fixed values")
-    d = degrees[0]
-    lo, hi = b_batch // d * d, (b_batch // d + 1) * d
-    near = [x for x in (lo, hi) if x > 0]
-    return (f"global_batch_size={b_batch} cannot be split: it must be a multiple of b x d with d in "
-            f"{degrees} (and for interleaved 1F1B, m a multiple of p), and also match num_microbatches="
-            f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
-
-
-def _memory_message(search: Search, scored: list[tuple[model.Config, model.Estimate]]) -> str:
-    problem, cfg = search.problem, search.cfg
-    assert problem.cluster.device is not None
-    least = min(scored, key=lambda item: item[1].peak_memory_bytes)
-    static_total = ADAM_BYTES_PER_PARAM * num_parameters(cfg)
-    devices = math.ceil(static_total / usable_memory_bytes(problem.cluster.device))
-    c = least[0]
-    what = (f"{cfg.name} (best try t={c.tensor} p={c.pipeline} c={c.context} e={c.expert} v={c.virtual} "
-            f"b={c.microbatch_size} recompute={c.recompute} zero_stage={c.zero_stage})")
-    return (memory_shortfall_message(problem, least[1].peak_memory_bytes, what)
-            + f". The weights and optimizer state alone are {format_bytes(static_total)}: at least {devices} "
-            f"model-parallel devices of {format_bytes(usable_memory_bytes(problem.cluster.device))} usable "
-            f"(t x p >= {devices})")
