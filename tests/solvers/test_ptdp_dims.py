@@ -314,3 +314,29 @@ def test_search_over_every_dimension_finds_the_brute_force_best(memory_bytes: fl
     plan = ptdp.solve(problem, options={**options, "num_simulated": 10_000})
     assert plan.predicted is not None and value < float("inf")
     assert plan.predicted.iteration_time_s == pytest.approx(value, rel=1e-9)
+
+
+def test_overlap_options_hide_what_the_other_microbatch_computes() -> None:
+    """overlap_moe_alltoall: a layer's 2 all-to-alls show only beyond the other direction's compute;
+    overlap_param_gather: ZeRO-1's weight all-gather hides under the forward but its last bucket."""
+    problem = api.make_problem("qwen3-30b-a3b", "h100:2", global_batch_size=64)  # 128 experts
+    cfg, cluster = problem.transformer, problem.cluster
+    assert cfg is not None
+    d = dims.Dims(tensor=1, expert=16, data=16, zero_stage=1)
+    plain = model.unit_costs(cfg, cluster, 1, 1, model.ProfileSettings(), dims.Dims(tensor=1))
+    base = plain.decoder
+    a2a = dims.alltoall_s(cfg, cluster, d, 1)
+    regroup = dims.expert_gemm_delta_s(cfg, cluster, d, 1)
+    kw = {"microbatch_size": 1, "moe_layer": True}
+    base = plain.moe_decoder or base
+    full = dims.decoder_at_degrees(base, cfg, cluster, d, **kw)
+    hidden = dims.decoder_at_degrees(base, cfg, cluster, d, **kw, overlap_moe_alltoall=True)
+    assert full.forward_s == pytest.approx(base.forward_s + 2 * a2a + regroup[0])
+    assert hidden.forward_s == pytest.approx(base.forward_s + max(0.0, 2 * a2a - base.backward_s) + regroup[0])
+    assert hidden.backward_s == pytest.approx(base.backward_s + max(0.0, 2 * a2a - base.forward_s) + sum(regroup[1:]))
+    c = model.Config(tensor=1, pipeline=1, data=16, virtual=1, microbatch_size=1, num_microbatches=4,
+                     recompute="full", expert=16, zero_stage=1)
+    u = model.unit_costs(cfg, cluster, 1, 1, model.ProfileSettings(), c.dims)
+    exposed = model.estimate(u, cfg, cluster, c).allreduce_s
+    overlapped = model.estimate(u, cfg, cluster, c, overlap_param_gather=True).allreduce_s
+    assert overlapped < exposed and exposed - overlapped <= exposed / 2 * 3 / 4 + 1e-12
