@@ -43,6 +43,8 @@ are not searched. The cost model leaves out the per-block kernel overheads of sh
 step runs two half-blocks of the load-balanced split), which Megatron's guidance to use context
 parallelism from 8K tokens reflects."""
 ZERO_STAGES = (0, 1, 2, 3)
+MAX_UNEVEN_CHUNKS = 8
+"""Largest interleaving factor searched for layer counts that p v does not divide (uneven end chunks)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,15 +123,19 @@ def zero_stages_for(stages: tuple[int, ...], pipeline: int, dp_ranks: int, *,
 
 def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_layers: float, head_layers: float,
                   uneven: bool, fixed: tuple[int, int] | None = None) -> list[tuple[int, int]]:
-    """(first, last) decoder layers of the end stages; (0, 0) = Megatron's even split. Uneven ends
-    (``--decoder-first/last-pipeline-num-layers``) are searched for 1F1B (v = 1) with p >= 2: the split
-    that balances the embedding and the output head (``balanced_end_stage_layers``)."""
-    even = num_layers % (pipeline * virtual) == 0
+    """(first, last) decoder layers of the first and last virtual stages; (0, 0) = Megatron's even
+    split. Uneven ends are searched with p v >= 2 virtual stages: the split that balances the embedding
+    and the output head against the decoder layers (``balanced_end_stage_layers`` over the p v virtual
+    stages; Megatron's ``--decoder-first/last-pipeline-num-layers`` for 1F1B, its
+    ``--pipeline-model-parallel-layout`` when interleaved). Pinned ends (``fixed``) are stage counts
+    (1F1B only)."""
+    k = pipeline * virtual
+    even = num_layers % k == 0
     if fixed is not None:
         return [fixed] if virtual == 1 and pipeline >= 2 and _valid_ends(num_layers, pipeline, *fixed) else []
     out = [(0, 0)] if even else []
-    if uneven and virtual == 1 and pipeline >= 2:
-        split = _balanced(num_layers, pipeline, round(embedding_layers, 2), round(head_layers, 2))
+    if uneven and k >= 2:
+        split = _balanced(num_layers, k, round(embedding_layers, 2), round(head_layers, 2))
         if split is not None and (not even or len(set(split)) > 1):
             out.append((split[0], split[-1]))
     return out
@@ -166,12 +172,19 @@ def _balanced(num_layers: int, pipeline: int, embedding_layers: float, head_laye
 
 def stage_layer_counts(num_layers: int, pipeline: int, ends: tuple[int, int]) -> list[int]:
     """Decoder layers per pipeline stage: even, or the given end stages and an even middle."""
+    return chunk_layer_counts(num_layers, pipeline, 1, ends)
+
+
+def chunk_layer_counts(num_layers: int, pipeline: int, virtual: int, ends: tuple[int, int]) -> list[int]:
+    """Decoder layers per virtual stage (p v of them, model order): even, or the given first and last
+    virtual stages and an even middle."""
     first, last = ends
+    k = pipeline * virtual
     if (first, last) == (0, 0):
-        return [num_layers // pipeline] * pipeline
-    if pipeline == 2:
+        return [num_layers // k] * k
+    if k == 2:
         return [first, last]
-    return [first, *[(num_layers - first - last) // (pipeline - 2)] * (pipeline - 2), last]
+    return [first, *[(num_layers - first - last) // (k - 2)] * (k - 2), last]
 
 
 def _divisors(n: int) -> list[int]:

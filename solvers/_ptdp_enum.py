@@ -141,7 +141,8 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
             continue
         probe = _replace(base, microbatch_size=b, num_microbatches=m)
         u = units(probe)
-        for v in _chunk_counts(cfg.num_layers, base.pipeline, m, schedules, _fixed_chunks(search, opts)):
+        for v in _chunk_counts(cfg.num_layers, base.pipeline, m, schedules, _fixed_chunks(search, opts),
+                               uneven=opts.uneven_stages):
             for ends in _layouts(search, opts, u, base.pipeline, v):
                 c = _replace(probe, virtual=v, ends=ends)
                 if _states_overflow(u, cfg, c, capacity):
@@ -152,8 +153,7 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
 
 def _states_overflow(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config, capacity: float) -> bool:
     """Rank 0's model states alone exceed the device (no b, v or recompute can help)."""
-    counts = c.stage_layers(cfg.num_layers)
-    return model.rank_static_bytes(u, 0, counts[0], c.dims) > capacity
+    return model.rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], c.dims) > capacity
 
 
 def _replace(c: model.Config, **changes: object) -> model.Config:
@@ -190,12 +190,18 @@ def _layouts(search: Search, opts: Options, u: model.UnitCosts, p: int, v: int) 
         head_layers=(u.head.forward_s + u.head.backward_s) / per_layer)
 
 
-def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int) -> list[int]:
-    """v = 1 for 1F1B; v >= 2 dividing l / p for interleaved, which needs p >= 2 and m % p == 0."""
+def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int, *,
+                  uneven: bool = False) -> list[int]:
+    """v = 1 for 1F1B; v >= 2 for interleaved, which needs p >= 2 and m % p == 0: v dividing l / p (even
+    chunks), or with ``uneven`` any v up to ``MAX_UNEVEN_CHUNKS`` (and l / p) whose p v does not divide l
+    (lighter end chunks, Megatron's layout string)."""
     out = [1] if "1f1b" in schedules and fixed == 1 else []
-    if model.INTERLEAVED in schedules and p >= 2 and m % p == 0 and num_layers % p == 0:
-        out += [v for v in divisors(num_layers // p) if v >= 2 and (fixed == 1 or v == fixed)]
-    return out
+    if model.INTERLEAVED not in schedules or p < 2 or m % p:
+        return out
+    even = [v for v in divisors(num_layers // p) if v >= 2] if num_layers % p == 0 else []
+    odd = [v for v in range(2, min(dims_mod.MAX_UNEVEN_CHUNKS, num_layers // p) + 1)
+           if num_layers % (p * v)] if uneven else []
+    return out + [v for v in sorted(set(even + odd)) if fixed == 1 or v == fixed]
 
 
 def check_degree_options(opts: Options, search: Search) -> None:

@@ -98,8 +98,23 @@ class Config:
     def num_devices(self) -> int:
         return self.tensor * self.pipeline * self.data * self.context
 
+    def chunk_layers(self, num_layers: int) -> list[int]:
+        """Decoder layers of each virtual stage in model order (virtual stage k on rank k mod p)."""
+        return dims_mod.chunk_layer_counts(num_layers, self.pipeline, self.virtual, self.ends)
+
     def stage_layers(self, num_layers: int) -> list[int]:
-        return dims_mod.stage_layer_counts(num_layers, self.pipeline, self.ends)
+        """Decoder layers of each pipeline rank (all its chunks)."""
+        chunks = self.chunk_layers(num_layers)
+        return [sum(chunks[x::self.pipeline]) for x in range(self.pipeline)]
+
+    def rank_ranges(self, num_layers: int) -> list[list[tuple[int, int]]]:
+        """Per rank, (first layer, count) of each of its chunks."""
+        out: list[list[tuple[int, int]]] = [[] for _ in range(self.pipeline)]
+        first = 0
+        for k, n in enumerate(self.chunk_layers(num_layers)):
+            out[k % self.pipeline].append((first, n))
+            first += n
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,14 +218,6 @@ def inflight_chunks(c: Config, rank: int) -> int:
     return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
 
 
-def _stage_firsts(counts: list[int]) -> list[int]:
-    out, first = [], 0
-    for n in counts:
-        out.append(first)
-        first += n
-    return out
-
-
 def _block_sum(u: UnitCosts, first: int, num: int, value: Any) -> float:
     """Sum of ``value(layer)`` over decoder layers [first, first + num)."""
     dense, moe_count = u.counts(first, num)
@@ -218,12 +225,15 @@ def _block_sum(u: UnitCosts, first: int, num: int, value: Any) -> float:
     return total + (moe_count * value(u.moe_decoder) if moe_count else 0.0)
 
 
+def _ranges_sum(u: UnitCosts, ranges: list[tuple[int, int]], value: Any) -> float:
+    return math.fsum(_block_sum(u, first, num, value) for first, num in ranges)
+
+
 def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
     """Per-rank compute per microbatch: its decoder blocks (F + B + recompute), plus the
     embedding on rank 0 and the head on rank p - 1."""
-    counts = c.stage_layers(cfg.num_layers)
-    work = [_block_sum(u, first, n, lambda lay: lay.forward_s + lay.backward_s + lay.strategies()[c.recompute].extra_s)
-            for first, n in zip(_stage_firsts(counts), counts)]
+    work = [_ranges_sum(u, ranges, lambda lay: lay.forward_s + lay.backward_s + lay.strategies()[c.recompute].extra_s)
+            for ranges in c.rank_ranges(cfg.num_layers)]
     work[0] += u.embedding.forward_s + u.embedding.backward_s
     work[-1] += u.head.forward_s + u.head.backward_s
     return work
@@ -249,11 +259,47 @@ def first_chunk_inflight(p: int, v: int, m: int) -> int:
     return peak
 
 
-def rank_static_bytes(u: UnitCosts, first: int, num: int, dims: dims_mod.Dims) -> float:
-    """Model states of a rank's decoder blocks under the ZeRO stage (dense and expert parts apart)."""
-    _, moe_count = u.counts(first, num)
-    expert = moe_count * u.expert_static_bytes
-    dense = _block_sum(u, first, num, lambda lay: lay.static_bytes) - expert
+def _moe_layers(u: UnitCosts, ranges: list[tuple[int, int]]) -> int:
+    return sum(u.counts(first, num)[1] for first, num in ranges)
+
+
+@lru_cache(maxsize=4096)
+def held_chunk_counts(p: int, v: int, m: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    """Per step of rank ``rank``'s Megatron interleaved order, how many activations of each of its v chunks
+    it holds right after the step's forward (forward k runs chunk (k mod p v) div p, backward j chunk
+    v - 1 - (j mod p v) div p, after a warm-up of min(2 (p - r - 1) + (v - 1) p, m v) forwards). Past the
+    warm-up the pattern repeats every p v steps, so two periods hold every distinct state."""
+    total = m * v
+    warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    held = [0] * v
+    states = []
+    steps = total + warmup if total <= warmup + 2 * p * v else warmup + 2 * p * v
+    for k in range(steps):
+        if k < total:
+            held[(k % (p * v)) // p] += 1
+            states.append(tuple(held))
+        j = k - warmup
+        if 0 <= j < total:
+            held[v - 1 - (j % (p * v)) // p] -= 1
+    return tuple(set(states))
+
+
+def _chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], rank: int) -> float:
+    """Peak activation bytes of a rank's decoder chunks: in-flight count x chunk size when its chunks are
+    equal, else the heaviest state of Megatron's interleaved order weighted by each chunk's size."""
+    sizes = [_block_sum(u, first, num, lambda lay: lay.strategies()[c.recompute].activation_bytes)
+             for first, num in ranges]
+    if c.virtual == 1 or len(set(sizes)) == 1:
+        return inflight_chunks(c, rank) * max(sizes)
+    return max(math.fsum(n * w for n, w in zip(state, sizes))
+               for state in held_chunk_counts(c.pipeline, c.virtual, c.num_microbatches, rank))
+
+
+def rank_static_bytes(u: UnitCosts, ranges: list[tuple[int, int]], dims: dims_mod.Dims) -> float:
+    """Model states of a rank's decoder blocks (its chunks' (first, count) ranges) under the ZeRO stage,
+    dense and expert parts apart."""
+    expert = _moe_layers(u, ranges) * u.expert_static_bytes
+    dense = _ranges_sum(u, ranges, lambda lay: lay.static_bytes) - expert
     return dims_mod.sharded_static_bytes(dense, expert, dims)
 
 
@@ -264,8 +310,7 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     once m >= p), so it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``.
     Both peaks are added to the rank's total, an upper bound within the embedding's share."""
     dims = c.dims
-    counts = c.stage_layers(cfg.num_layers)
-    firsts = _stage_firsts(counts)
+    all_ranges = c.rank_ranges(cfg.num_layers)
     p = c.pipeline
     ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
     emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims)
@@ -273,9 +318,7 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
     peak = 0.0
     for r in ranks:
-        per_chunk = counts[r] // c.virtual
-        chunk_act = _block_sum(u, firsts[r], per_chunk, lambda lay: lay.strategies()[c.recompute].activation_bytes)
-        total = rank_static_bytes(u, firsts[r], counts[r], dims) + buffer + inflight_chunks(c, r) * chunk_act
+        total = rank_static_bytes(u, all_ranges[r], dims) + buffer + _chunk_activations(u, c, all_ranges[r], r)
         if r == 0:
             first = first_chunk_inflight(p, c.virtual, c.num_microbatches)
             total += emb_static + first * (u.embedding.activation_bytes or 0.0)
@@ -285,7 +328,7 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     return peak
 
 
-def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, overlap_grad_reduce: bool,
+def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int, int]], *, overlap_grad_reduce: bool,
                overlap_param_gather: bool = False) -> float:
     """Rank 0's gradient synchronisation: dense weights over the d x c ranks, experts over the expert-DP
     ranks. ZeRO-0 all-reduces; ZeRO-1/2 reduce-scatter the gradients and all-gather the updated weights
@@ -294,16 +337,15 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, 
     bucket by bucket under rank 0's backward, ``overlap_param_gather`` the all-gather under its forward
     (``collectives.exposed_dp_allreduce_s``)."""
     dims = c.dims
-    _, moe_count = u.counts(0, counts[0])
-    expert = moe_count * u.expert_param_bytes
-    params = u.embedding.param_bytes + _block_sum(u, 0, counts[0], lambda lay: lay.param_bytes)
+    expert = _moe_layers(u, ranges) * u.expert_param_bytes
+    params = u.embedding.param_bytes + _ranges_sum(u, ranges, lambda lay: lay.param_bytes)
     total = 0.0
     for num_bytes, ranks, stride in ((params - expert, dims.dp_ranks, c.tensor),
                                      (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
         if ranks > 1 and num_bytes > 0:
             bandwidth, latency = dp_link(cluster, c, ranks, stride)
             total += allreduce_time_s(num_bytes, ranks, bandwidth, latency)
-    backward = _block_sum(u, 0, counts[0], lambda lay: lay.backward_s) + u.embedding.backward_s
+    backward = _ranges_sum(u, ranges, lambda lay: lay.backward_s) + u.embedding.backward_s
     if c.zero_stage == 0:
         return exposed_dp_allreduce_s(total, backward) if overlap_grad_reduce else total
     reduce = total / 2  # reduce-scatter; ZeRO-1/2 all-gather the other half after the step
@@ -311,7 +353,7 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, counts: list[int], *, 
     if c.zero_stage == 3 or overlap_grad_reduce:
         reduce = exposed_dp_allreduce_s(reduce, backward)
     if overlap_param_gather:
-        gather = exposed_dp_allreduce_s(gather, _block_sum(u, 0, counts[0], lambda lay: lay.forward_s)
+        gather = exposed_dp_allreduce_s(gather, _ranges_sum(u, ranges, lambda lay: lay.forward_s)
                                         + u.embedding.forward_s)
     return reduce + gather
 
@@ -330,15 +372,14 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     # Each microbatch waits on 2 v transfers per rank in the steady state and 2 (p - 1) more to fill
     # and drain the pipeline (Megatron's 1F1B sends are blocking).
     pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
-    counts = c.stage_layers(cfg.num_layers)
+    rank0 = c.rank_ranges(cfg.num_layers)[0]
     allreduce = 0.0
     if c.num_devices > c.tensor * p:
-        allreduce = _dp_sync_s(u, cluster, c, counts, overlap_grad_reduce=overlap_grad_reduce,
+        allreduce = _dp_sync_s(u, cluster, c, rank0, overlap_grad_reduce=overlap_grad_reduce,
                                overlap_param_gather=overlap_param_gather)
     peak = peak_memory_bytes(u, cfg, c)
-    _, moe_count = u.counts(0, counts[0])
-    expert_static = moe_count * u.expert_static_bytes
-    dense_static = _block_sum(u, 0, counts[0], lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
+    expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
+    dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
     shard = c.zero_stage >= 1
     optimizer = profile_optimizer_step_s(u.decoder_source, dense_static, cluster.device,
                                          shard=c.dims.dp_ranks if shard else 1) + profile_optimizer_step_s(

@@ -223,12 +223,12 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
             f"num_stages={stages} does not divide the cluster's {devices} devices; use num_stages in "
             f"{[p for p in _divisors(devices) if p <= cfg.num_layers]}")
     chunks = opts.virtual_pipeline or problem.num_chunks
-    if stages is not None and cfg.num_layers % (stages * chunks) and (chunks > 1 or not opts.uneven_stages):
+    if stages is not None and cfg.num_layers % (stages * chunks) and not opts.uneven_stages:
         valid = [p for p in range(1, cfg.num_layers + 1) if cfg.num_layers % (p * chunks) == 0]
         raise InfeasibleError(
             f"num_stages={stages} x num_chunks={chunks} does not divide the "
-            f"{cfg.num_layers} layers of {cfg.name!r} (Megatron-LM splits interleaved layers evenly); use num_stages "
-            f"in {valid}, or 1F1B with uneven_stages=true")
+            f"{cfg.num_layers} layers of {cfg.name!r} and option uneven_stages is false; use num_stages "
+            f"in {valid}, or uneven_stages=true (lighter end stages)")
     efficiencies = _parse_efficiencies(opts.efficiency_by_microbatch)
     if opts.attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
@@ -324,9 +324,9 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
                     microbatch_size=c.microbatch_size, num_microbatches=c.num_microbatches)
     strategies = [c.recompute if layer.kind == "decoder" else "none" for layer in profile.layers]
     bounds = even_bounds(profile, c.pipeline * c.virtual)
-    if c.ends != (0, 0):
-        counts = c.stage_layers(cfg.num_layers)
-        bounds = [0, *[1 + sum(counts[:k + 1]) for k in range(c.pipeline - 1)], cfg.num_layers + 2]
+    if c.ends != (0, 0):  # virtual stage k: the embedding joins the first, the head the last
+        counts = c.chunk_layers(cfg.num_layers)
+        bounds = [0, *[1 + sum(counts[:k + 1]) for k in range(len(counts) - 1)], cfg.num_layers + 2]
     plan = build_plan(problem, layout, bounds=bounds, strategies=strategies, solver="ptdp",
                       options=_plan_options(opts, c, cfg))
     sp = c.tensor > 1 if opts.sequence_parallel is None else opts.sequence_parallel

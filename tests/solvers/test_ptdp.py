@@ -157,9 +157,12 @@ def test_closed_form_agrees_with_the_simulator(name: str, nodes: int, batch: int
     assert row["closed_form_s"] == pytest.approx(result.iteration_time_s, rel=0.03)
     search = ptdp._prepare(problem, ptdp.parse_options(ptdp.Options, opts, solver="ptdp"))
     d = plan.degrees
+    kinds = [layer.kind for layer in plan.model.layers]
+    chunks = [sum(1 for i in range(*ch.layers) if kinds[i] == "decoder") for ch in plan.virtual_stages()]
+    ends = (0, 0) if len(set(chunks)) == 1 else (chunks[0], chunks[-1])
     c = model.Config(tensor=d.tensor, pipeline=d.pipeline, data=d.data, virtual=d.virtual,
                      microbatch_size=plan.microbatch_size, num_microbatches=plan.num_microbatches,
-                     recompute=row["recompute"], zero_stage=plan.zero_stage)
+                     recompute=row["recompute"], zero_stage=plan.zero_stage, ends=ends)
     u = model.unit_costs(search.cfg, problem.cluster, d.tensor, plan.microbatch_size, model.ProfileSettings(),
                          c.dims)
     peak = model.estimate(u, search.cfg, problem.cluster, c).peak_memory_bytes
