@@ -113,8 +113,8 @@ def zero_stages_for(stages: tuple[int, ...], pipeline: int, dp_ranks: int, *,
     without pipelining; 0 is dominated by 1 when both are searched (same traffic, less memory, the Adam
     step sharded), unless the gradient reduction overlaps the backward (ZeRO-1's weight all-gather
     then stays exposed while ZeRO-0's all-reduce hides)."""
-    if dp_ranks == 1:
-        return [min(stages)]
+    if dp_ranks == 1:  # nothing to shard over one rank: every stage is DDP
+        return [0]
     out = [z for z in stages if z != 3 or pipeline == 1]
     if 0 in out and 1 in out and not overlap_grad_reduce:
         out.remove(0)

@@ -31,8 +31,25 @@ def notes(search: Search, opts: Options, scored: list[tuple[model.Config, model.
     )
 
 
+def _pinned_conflict(search: Search, opts: Options) -> str | None:
+    """A pinned expert or context degree no (t, p) leaves room for, named with the fix."""
+    cfg, n = search.cfg, search.problem.cluster.num_devices
+    e, c = opts.expert_parallel, opts.context_parallel or 1
+    pipelines = [opts.pipeline_parallel or search.problem.num_stages or 1]
+    room = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in pipelines if n % (t * p) == 0})
+    if e is not None and e > 1 and not any(r % e == 0 and r % c == 0 for r in room):
+        return (f"option expert_parallel={e} must divide the data x context ranks d x c = n / (t p), which are "
+                f"{room} under the pinned degrees (tensor_parallel={opts.tensor_parallel}, pipeline_parallel="
+                f"{pipelines[0]}) on {n} devices of {cfg.name!r}; lower tensor_parallel or pipeline_parallel, or use "
+                f"an expert degree dividing {room[-1] if room else 1}")
+    return None
+
+
 def no_layout_message(search: Search, opts: Options) -> str:
     """No (t, p, d, b) splits the batch: say which global batch sizes would."""
+    conflict = _pinned_conflict(search, opts)
+    if conflict is not None:
+        return conflict
     problem, cfg, n = search.problem, search.cfg, search.problem.cluster.num_devices
     b_batch = search.global_batch_size
     degrees = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in _divisors(cfg.num_layers)

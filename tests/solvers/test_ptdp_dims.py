@@ -151,6 +151,7 @@ def test_zero_stages_searched() -> None:
     assert dims.zero_stages_for((0, 1, 3), pipeline=1, dp_ranks=8) == [1, 3]
     assert dims.zero_stages_for((0, 1, 3), pipeline=4, dp_ranks=8) == [1]  # FSDP without pipelining
     assert dims.zero_stages_for((0, 1, 3), pipeline=1, dp_ranks=1) == [0]
+    assert dims.zero_stages_for((3,), pipeline=2, dp_ranks=1) == [0]  # one rank: nothing to shard
     assert dims.zero_stages_for((0, 2), pipeline=1, dp_ranks=8) == [0, 2]
     assert dims.zero_stages_for((0, 1), pipeline=2, dp_ranks=8, overlap_grad_reduce=True) == [0, 1]
 
@@ -345,3 +346,10 @@ def test_overlap_options_hide_what_the_other_microbatch_computes() -> None:
     exposed = model.estimate(u, cfg, cluster, c).allreduce_s
     overlapped = model.estimate(u, cfg, cluster, c, overlap_param_gather=True).allreduce_s
     assert overlapped < exposed and exposed - overlapped <= exposed / 2 * 3 / 4 + 1e-12
+
+
+def test_pinned_expert_degree_without_room_says_which_degrees_leave_it(capsys) -> None:
+    code = main(["plan", "--model", "mixtral-8x7b", "--cluster", "h100:1", "--global-batch", "64", "--solver", "ptdp",
+                 "--option", "expert_parallel=8", "--option", "tensor_parallel=8", "--no-offload"])
+    err = capsys.readouterr().err
+    assert code == 3 and "expert_parallel=8 must divide the data x context ranks" in err and "[1]" in err
