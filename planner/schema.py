@@ -486,7 +486,7 @@ class PipelineProblem(_Frozen):
         if self.schedule == "interleaved-1f1b" and self.num_chunks < 2:
             raise ValueError("schedule 'interleaved-1f1b' needs num_chunks >= 2 (use '1f1b' for one chunk)")
         if self.schedule in V_SCHEDULES:
-            if "num_chunks" not in self.model_fields_set:  # a V schedule always runs two chunks per rank
+            if self.num_chunks == 1:  # the default: a V schedule always runs two chunks per rank
                 object.__setattr__(self, "num_chunks", 2)
             elif self.num_chunks != 2:
                 raise ValueError(f"schedule {self.schedule!r} runs exactly 2 chunks per rank (V placement); "

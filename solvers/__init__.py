@@ -66,7 +66,7 @@ REGISTRY: tuple[SolverInfo, ...] = (
         name="even", module="even",
         description="Megatron-even baseline: equal layer counts per stage and chunk, cheapest uniform recompute "
         "that fits memory [megatron], [ptdp]",
-        searches=("pipeline depth", "uniform recompute"), schedules=(*FLUSHED, "custom")),
+        searches=("pipeline depth", "uniform recompute"), schedules=(*FLUSHED, "zb-v", "dualpipe-v", "custom")),
     SolverInfo(
         name="pipedream", module="pipedream_dp",
         description="PipeDream's partitioning DP: contiguous stages with per-stage replication over a "
