@@ -157,3 +157,53 @@ def test_v_schedules_refuse_bad_shapes() -> None:
         build_actions("zb-v", num_stages=2, num_chunks=1, num_microbatches=4)
     with pytest.raises(InvalidProblemError, match=r"num_microbatches >= 2 x num_stages = 8"):
         build_actions("dualpipe-v", num_stages=4, num_chunks=2, num_microbatches=7)
+
+
+# ------------------------------------------------------------------------------------------
+# Plans: V placement through pipeline_costs and simulate
+# ------------------------------------------------------------------------------------------
+
+
+def test_v_plan_places_chunks_in_a_v_and_the_turn_is_local() -> None:
+    from cost_models.simulate import pipeline_costs
+    from tests.cost_models import sim_helpers as h
+
+    p = 3
+    layers = h.uniform_layers(2 * p, 1.0, 2.0, backward_weight_s=1.0, output_bytes=1e9)
+    slow = h.cluster(intra_bytes_per_s=1e10)  # 0.1 s per boundary between ranks
+    plan = h.plan(layers, num_stages=p, num_chunks=2, num_microbatches=6, schedule="zb-v", the_cluster=slow)
+    assert plan.stage_ranks() == (0, 1, 2, 2, 1, 0)
+    assert [c.layers for c in plan.virtual_stages()] == [(k, k + 1) for k in range(2 * p)]
+    costs = pipeline_costs(plan)
+    assert costs.ranks() == (0, 1, 2, 2, 1, 0)
+    assert list(costs.send_forward_s) == pytest.approx([0.1, 0.1, 0.0, 0.1, 0.1])  # stage 2 -> 3 stays on rank 2
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipe-v"])
+def test_v_plan_simulation_equals_the_cost_level_closed_form(schedule: str) -> None:
+    from cost_models.simulate import simulate
+    from tests.cost_models import sim_helpers as h
+
+    p, m = 4, 8
+    layers = h.uniform_layers(2 * p, 1.0, 2.0, backward_weight_s=1.0)
+    result = simulate(h.plan(layers, num_stages=p, num_chunks=2, num_microbatches=m, schedule=schedule))
+    bubble = (p - 1) * 1.0 if schedule == "zb-v" else (p - 1) * (3.0 + 2.0 - 3 * 1.0)
+    assert result.iteration_time_s == pytest.approx(2 * m * 3.0 + bubble)
+
+
+def test_dualpipe_v_plan_hides_the_profiled_communication() -> None:
+    from cost_models.simulate import simulate
+    from tests.cost_models import sim_helpers as h
+
+    p, m = 2, 6
+    plain = h.uniform_layers(2 * p, 1.0, 2.0, backward_weight_s=1.0)
+    with_comm = h.uniform_layers(2 * p, 1.0, 2.0, backward_weight_s=1.0, forward_comm_s=0.4, backward_comm_s=0.4)
+    t_plain = simulate(h.plan(plain, num_stages=p, num_chunks=2, num_microbatches=m, schedule="dualpipe-v"))
+    t_comm = simulate(h.plan(with_comm, num_stages=p, num_chunks=2, num_microbatches=m, schedule="dualpipe-v"))
+    blocks = sum(len(b) for b in overlapped_blocks("dualpipe-v", num_stages=p, num_microbatches=m))
+    assert blocks > 0
+    # Each block costs max(0.6 + 1.6, 0.8) = 2.2 instead of 3: the busy time drops by 0.8 per block.
+    busy_plain = sum(s.busy_s for s in t_plain.stages)
+    busy_comm = sum(s.busy_s for s in t_comm.stages)
+    assert busy_plain - busy_comm == pytest.approx(0.8 * blocks)
+    assert t_comm.iteration_time_s < t_plain.iteration_time_s
