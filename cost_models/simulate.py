@@ -358,12 +358,12 @@ def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, 
     if plan.offload is not None or plan.bpipe is not None or rr.is_round_robin(plan) or plan.schedule == "2bw":
         return {}
     costs = pipeline_costs(plan)
-    split = any(e.kind == "W" for e in sim.events)
+    split = {(e.stage, e.microbatch) for e in sim.events if e.kind == "W"}  # DualPipeV splits only some
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(costs.num_ranks)}
     for e in sim.events:
         if e.kind == "F":
             deltas[e.rank].append((e.start_s, costs.activation_bytes[e.stage]))
-        elif e.kind == ("W" if split else "B"):
+        elif e.kind == ("W" if (e.stage, e.microbatch) in split else "B"):
             deltas[e.rank].append((e.end_s, -costs.activation_bytes[e.stage]))
     out: dict[int, list[tuple[float, float]]] = {}
     for r, changes in deltas.items():

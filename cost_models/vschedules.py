@@ -33,10 +33,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from planner.schema import Action
 
-__all__ = ["VSchedule", "dualpipe_v", "zb_v"]
+__all__ = ["VSchedule", "dualpipe_v", "peak_inflight", "zb_v"]
 
 
 @dataclass(slots=True)
@@ -172,3 +173,28 @@ def _dualpipe_v_backward_pairs(s: VSchedule) -> bool:
             split = True
         s.emit(0, "I" if split else "B")
     return split
+
+
+@lru_cache(maxsize=1024)
+def peak_inflight(schedule: str, p: int, m: int, rank: int = 0) -> tuple[int, int, int]:
+    """(all, chunk 0, chunk 1) peak activation sets a rank holds, counted in program order as
+    the simulator does (an F adds one; a B, or the W of a split backward, frees it).
+
+    ZB-V holds 2p on every rank once m >= 2p - 1: the 1F1B peak of p stage activations, as
+    chunks are half a stage (Qi et al. Sec. 6); DualPipeV 2p + 1 (DeepSeek-V3 Sec. 3.2.1: PP + 1
+    with PP = 2p stages).
+    """
+    build = zb_v if schedule == "zb-v" else dualpipe_v
+    order = build(rank, p, m).actions
+    split = {(a.stage, a.microbatch) for a in order if a.kind == "W"}
+    held, peak = [0, 0], [0, 0, 0]
+    for a in order:
+        chunk = 0 if a.stage == rank else 1
+        if a.kind == "F":
+            held[chunk] += 1
+        elif a.kind == ("W" if (a.stage, a.microbatch) in split else "B"):
+            held[chunk] -= 1
+        else:
+            continue
+        peak = [max(peak[0], held[0] + held[1]), max(peak[1], held[0]), max(peak[2], held[1])]
+    return peak[0], peak[1], peak[2]

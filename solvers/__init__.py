@@ -84,7 +84,7 @@ REGISTRY: tuple[SolverInfo, ...] = (
         "size and recompute for Megatron-LM [ptdp]",
         searches=("tensor parallelism", "pipeline depth", "data parallelism", "interleaving", "microbatch size",
                   "uniform recompute"),
-        schedules=("1f1b", "interleaved-1f1b")),
+        schedules=("1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v")),
     SolverInfo(
         name="stage-ilp", module="stage_ilp",
         description="holistic ILP over layer-to-stage/chunk assignment and per-layer recompute, minimizing "
