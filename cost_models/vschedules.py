@@ -5,15 +5,16 @@ r holds virtual stage r (chunk 0, on the way down) and virtual stage 2p - 1 - r 
 the way back up), so rank 0 holds the first and the last stage and the turn of the V
 (stages p - 1 and p) is local to rank p - 1.
 
-- ZB-V (Qi et al., *Zero Bubble Pipeline Parallelism*, ICLR 2024, Sec. 6 "memory efficient
-  zero bubble schedule"): the backward is split into I (input gradient) and W (weight
-  gradient) as in ZB-H1/H2. Rank r warms up with 2 (p - r) - 1 forwards of chunk 0, then r
-  alternating chunk-1 / chunk-0 forwards, then p - r chunk-1 F, I, W triples; the steady
-  state repeats F, I, W on chunk 0 then on chunk 1; the cool-down runs r I pairs (chunk 0 and
-  chunk 1), then p - r chunk-0 I, W pairs, and the delayed W passes last. The order is built
-  for max(m, 2p - 1) microbatches and the actions of microbatches >= m are dropped (the
-  paper's order needs 2p - 1 microbatches to fill the V; fewer leave gaps). With equal chunk
-  times T_F = T_I = T_W every rank is busy from its first forward to its last W.
+- ZB-V (Qi et al., *Zero Bubble Pipeline Parallelism*, arXiv:2401.10241, Sec. 6, the memory-
+  efficient zero-bubble schedule; the ICLR 2024 version has ZB-H1/H2 only): the backward is
+  split into I (input gradient) and W (weight gradient) as in ZB-H1/H2. Rank r warms up with 2
+  (p - r) - 1 forwards of chunk 0, then r alternating chunk-1 / chunk-0 forwards, then p - r
+  chunk-1 F, I, W triples; the steady state repeats F, I, W on chunk 0 then on chunk 1; the
+  cool-down runs r I pairs (chunk 0 and chunk 1), then p - r chunk-0 I, W pairs, and the delayed
+  W passes last. The order is built for max(m, 2p - 1) microbatches and the actions of
+  microbatches >= m are dropped (the paper's order needs 2p - 1 microbatches to fill the V;
+  fewer leave gaps). With equal chunk times T_F = T_I = T_W every rank is busy from its first
+  forward to its last W.
 - DualPipeV (DeepSeek-AI, *DeepSeek-V3 Technical Report*, 2024, Sec. 3.2.1 and Fig. 5;
   DualPipe cut in half so that one copy of the weights suffices, as DeepSeek's DualPipe
   repository and torch's ``ScheduleDualPipeV`` run it). Its eight phases on rank r:

@@ -9,7 +9,7 @@ chunk 1). With per-chunk times F, B (recompute included) and W:
   0's excess), plus the point-to-point transfers of 2 v boundaries per microbatch, as for
   interleaved 1F1B;
 - bubble (p - 1) max(F, B - W) for ZB-V (the simulated makespan for I = B - W >= F; Qi et al.,
-  *Zero Bubble Pipeline Parallelism*, ICLR 2024, Sec. 6) and (p - 1)(F&B + B - 3W) for
+  *Zero Bubble Pipeline Parallelism*, arXiv:2401.10241, Sec. 6) and (p - 1)(F&B + B - 3W) for
   DualPipeV (DeepSeek-V3 Technical Report, Sec. 3.2.1, Table 2, with PP = 2p stages), F&B the
   overlapped block of ``cost_models.sim.overlap.fused_block_s``;
 - memory of rank 0: its static bytes (blocks, embedding and head) plus the activation sets in
