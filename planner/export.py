@@ -216,7 +216,8 @@ def _megatron_export(plan: Plan) -> _MegatronExport:
             "loop-style (stage k on rank k mod p) and has no V-shaped schedule, so it cannot hold the first and "
             "last stages on one rank or run the plan's order. Export it with --format torchtitan (torch's "
             f"{'ZBVZeroBubble' if plan.schedule == 'zb-v' else 'DualPipeV'}) or --format torch-csv, or plan "
-            "for Megatron with --schedule interleaved-1f1b --chunks 2")
+            "for Megatron with --schedule interleaved-1f1b --chunks 2 (solver ptdp: --option "
+            "schedules=1f1b,interleaved-1f1b)")
     export = _MegatronExport()
     d = plan.degrees
     export.add("--tensor-model-parallel-size", d.tensor)
