@@ -137,7 +137,6 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     decoder = LayerProfile(
         name=f"decoder{index}", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,
         backward_weight_s=dec.backward_weight_s, static_bytes=static_bytes(params), param_bytes=e * params,
-        forward_comm_s=dec.forward_comm_s or None, backward_comm_s=dec.backward_comm_s or None,  # DualPipe F&B
         output_bytes=out, flops=flops, recompute=options)
     word = cfg.vocab_size * cfg.hidden_size
     emb_params = word / t + (embedding_params(cfg) - word)
