@@ -207,3 +207,17 @@ def test_dualpipe_v_plan_hides_the_profiled_communication() -> None:
     busy_comm = sum(s.busy_s for s in t_comm.stages)
     assert busy_plain - busy_comm == pytest.approx(0.8 * blocks)
     assert t_comm.iteration_time_s < t_plain.iteration_time_s
+
+
+def test_v_problem_takes_two_chunks_and_refuses_others() -> None:
+    from planner import api
+    from planner.cli import main
+
+    problem = api.make_problem("gpt-tiny", "cpu:2", num_stages=2, global_batch_size=4, schedule="zb-v")
+    assert problem.num_chunks == 2
+    plan = api.plan(problem)
+    assert plan.schedule == "zb-v" and plan.stage_ranks() == (0, 1, 1, 0)
+    with pytest.raises(ValueError, match=r"'dualpipe-v' runs exactly 2 chunks per rank .* use 2"):
+        api.make_problem("gpt-tiny", "cpu:2", num_stages=2, global_batch_size=4, schedule="dualpipe-v", num_chunks=3)
+    assert main(["plan", "--model", "gpt-tiny", "--cluster", "cpu:2", "--pipeline", "2", "--global-batch", "4",
+                 "--schedule", "zb-v", "--chunks", "3", "--solver", "even"]) == 2
