@@ -221,3 +221,24 @@ def test_v_problem_takes_two_chunks_and_refuses_others() -> None:
         api.make_problem("gpt-tiny", "cpu:2", num_stages=2, global_batch_size=4, schedule="dualpipe-v", num_chunks=3)
     assert main(["plan", "--model", "gpt-tiny", "--cluster", "cpu:2", "--pipeline", "2", "--global-batch", "4",
                  "--schedule", "zb-v", "--chunks", "3", "--solver", "even"]) == 2
+
+
+def test_zb_v_engine_agrees_with_an_independent_event_simulation() -> None:
+    """The engine's ZB-V timing equals the dependency-driven loop of test_schedules.py (written
+    separately, exact fractions) for random chunk times, including W > F and I < F."""
+    import random
+    from fractions import Fraction
+
+    from tests.cost_models.test_schedules import _simulate
+
+    rng = random.Random(7)
+    for _ in range(12):
+        p, m = rng.randint(1, 5), rng.randint(1, 12)
+        f, i, w = (Fraction(rng.randint(1, 8), 4) for _ in range(3))
+        actions = build_actions("zb-v", num_stages=p, num_chunks=2, num_microbatches=m)
+        spans, _ = _simulate(actions, num_virtual_stages=2 * p, f=f, b=i, w=w)
+        costs = PipelineCosts.uniform(num_stages=p, num_chunks=2, forward_s=float(f), backward_s=float(i + w),
+                                      backward_weight_s=float(w), v_shape=True)
+        result = simulate_costs(costs, actions, num_microbatches=m)
+        assert result.iteration_time_s == pytest.approx(float(max(s[1] for s in spans))), (p, m, f, i, w)
+        assert [st.busy_s for st in result.stages] == pytest.approx([float(s[2]) for s in spans])
