@@ -81,9 +81,10 @@ REGISTRY: tuple[SolverInfo, ...] = (
     SolverInfo(
         name="ptdp", module="ptdp",
         description="PTD-P configuration search: tensor x pipeline x data degrees, interleaving, microbatch "
-        "size and recompute for Megatron-LM [ptdp]",
+        "size and recompute for Megatron-LM [ptdp], and the V schedules ZB-V and DualPipeV for torch and "
+        "torchtitan [zero-bubble-v], [deepseek-v3]",
         searches=("tensor parallelism", "pipeline depth", "data parallelism", "interleaving", "microbatch size",
-                  "uniform recompute"),
+                  "uniform recompute", "schedule (1F1B, interleaved, ZB-V, DualPipeV)"),
         schedules=("1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v")),
     SolverInfo(
         name="stage-ilp", module="stage_ilp",
