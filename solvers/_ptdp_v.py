@@ -63,3 +63,17 @@ def peak_memory_bytes(u: Any, cfg: TransformerConfig, c: Any) -> float:
     chunk_act = blocks * u.decoder.strategies()[c.recompute].activation_bytes
     return (rank0_static_bytes(u, cfg, c) + total * chunk_act + first * (u.embedding.activation_bytes or 0.0)
             + last * (u.head.activation_bytes or 0.0))
+
+
+def megatron_notes(schedule: str, rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """When the search picked a V schedule: say where it runs and the best Megatron-LM candidate."""
+    if schedule not in ("zb-v", "dualpipe-v"):
+        return ()
+    note = (f"schedule {schedule} runs on torch.distributed.pipelining and torchtitan (V placement); Megatron-LM "
+            "cannot run it: plan with --option schedules=1f1b,interleaved-1f1b for a Megatron export")
+    megatron = next((r for r in rows if r.get("schedule") in ("1f1b", "interleaved-1f1b") and r.get("fits")), None)
+    if megatron is not None:
+        note += (f" (best Megatron candidate in the table: {megatron['schedule']} t={megatron.get('t')} "
+                 f"p={megatron.get('p')} v={megatron.get('v')}, {megatron['iteration_s']:.4g} s"
+                 f"{' simulated' if megatron.get('simulated') else ' closed form'})")
+    return (note,)

@@ -31,6 +31,7 @@ from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters, transf
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import V_SCHEDULES, PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_model as model
+from solvers import _ptdp_v as v_model
 from solvers.budget import Budget
 from solvers.common import Layout, build_plan, format_bytes, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
@@ -121,7 +122,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
-    notes = _notes(search, opts, scored, simulated)
+    notes = (*_notes(search, opts, scored, simulated), *v_model.megatron_notes(plan.schedule, rows))
     wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
     status = "feasible"
     if len(simulated) < wanted:

@@ -170,7 +170,10 @@ def test_closed_form_agrees_with_the_simulator(name: str, nodes: int, batch: int
 
 def test_chosen_plan_fits_memory_in_simulation_and_exports_to_megatron() -> None:
     problem = api.make_problem("gpt3-175b", "a100-80gb:12", global_batch_size=384)
-    plan = ptdp.solve(problem)
+    default = ptdp.solve(problem)  # a V schedule wins here; its note names the Megatron option
+    assert default.schedule in V_SCHEDULES
+    assert any("--option schedules=1f1b,interleaved-1f1b" in n for n in default.notes)
+    plan = ptdp.solve(problem, options={"schedules": "1f1b,interleaved-1f1b"})
     result = sim.simulate(plan, include_events=False)
     assert result.fits_memory and max(s.peak_memory_bytes for s in result.stages) <= 80 * 2**30
     assert plan.predicted is not None and plan.predicted.iteration_time_s == result.iteration_time_s
