@@ -315,12 +315,12 @@ def enumerate_configs(search: Search, opts: Options) -> Iterator[model.Config]:
 
 def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int) -> list[tuple[int, str]]:
     """(v, V schedule or ''): v = 1 for 1F1B; v >= 2 dividing l / p for interleaved, which needs p >= 2
-    and m % p == 0; v = 2 for ZB-V and DualPipeV (p >= 2, l % 2p == 0; DualPipeV m >= 2p)."""
+    and m % p == 0; v = 2 for ZB-V and DualPipeV (l % 2p == 0; DualPipeV m >= 2p; p >= 2 unless asked for)."""
     out = [(1, "")] if "1f1b" in schedules and fixed == 1 else []
     if model.INTERLEAVED in schedules and p >= 2 and m % p == 0:
         out += [(v, "") for v in _divisors(num_layers // p) if v >= 2 and (fixed == 1 or v == fixed)]
-    out += [(2, vs) for vs in V_SCHEDULES if vs in schedules and p >= 2 and num_layers % (2 * p) == 0
-            and fixed in (1, 2) and (vs == "zb-v" or m >= 2 * p)]
+    out += [(2, vs) for vs in V_SCHEDULES if vs in schedules and (p >= 2 or schedules == (vs,))
+            and num_layers % (2 * p) == 0 and fixed in (1, 2) and (vs == "zb-v" or m >= 2 * p)]
     return out
 
 
@@ -436,7 +436,8 @@ def _no_layout_message(search: Search, opts: Options) -> str:
     lo, hi = b_batch // d * d, (b_batch // d + 1) * d
     near = [x for x in (lo, hi) if x > 0]
     return (f"global_batch_size={b_batch} cannot be split: it must be a multiple of b x d with d in "
-            f"{degrees} (and for interleaved 1F1B, m a multiple of p), and also match num_microbatches="
+            f"{degrees} (and for interleaved 1F1B, m a multiple of p; for ZB-V and DualPipeV, layers divisible "
+            f"by 2p, and for DualPipeV m >= 2p), and also match num_microbatches="
             f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
 
 
