@@ -33,6 +33,7 @@ in the V schedules, where it lives on rank k for k < p and on rank 2p - 1 - k af
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from cost_models import vschedules
@@ -79,6 +80,7 @@ def build_actions(
     return tuple(_zb_rank(schedule, r, p, m) for r in range(p))
 
 
+@functools.lru_cache(maxsize=64)
 def overlapped_blocks(schedule: str, *, num_stages: int, num_microbatches: int) -> tuple[tuple[int, ...], ...]:
     """Per rank, the positions j of ``build_actions``' list whose actions j (F) and j + 1 (B) run
     as one overlapped F&B block (DualPipeV); empty for every other schedule."""
