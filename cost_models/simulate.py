@@ -16,9 +16,9 @@ engine of ``cost_models.sim`` (docs/simulator.md has the full statement):
 Per-virtual-stage costs come from ``pipeline_costs`` (virtual stage k is chunk k // p of rank
 k % p, Megatron's placement; the V schedules place it in a V, ``Plan.chunk_of_virtual_stage``,
 and DualPipeV's overlapped F&B pairs run as one block, ``cost_models.sim.overlap``);
-point-to-point transfers take latency + bytes / bandwidth on the link of their direction, one at a time; the
-data-parallel all-reduce is a ring after each rank's last compute. Solvers that try many
-candidates call ``simulate_costs`` with a ``PipelineCosts`` directly.
+point-to-point transfers take latency + bytes / bandwidth on the link of their direction, one at
+a time; the data-parallel all-reduce is a ring after each rank's last compute. Solvers that try
+many candidates call ``simulate_costs`` with a ``PipelineCosts`` directly.
 """
 
 from __future__ import annotations
