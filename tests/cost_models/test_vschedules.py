@@ -15,8 +15,14 @@ TORCH_NAMES = {"zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
 
 
 def _cases(schedule: str) -> list[tuple[int, int]]:
+    """p 1..5 with m around the V's fill (2p - 1 microbatches) and well past it; DualPipeV m >= 2p."""
     low = {"zb-v": 1, "dualpipe-v": 2}[schedule]
-    return [(p, m) for p in (1, 2, 3, 4, 5) for m in range(max(1, low * p), 14)]
+    cases = set()
+    for p in (1, 2, 3, 4, 5):
+        for m in (1, 2, 2 * p - 1, 2 * p, 2 * p + 1, 3 * p + 2):
+            if m >= max(1, low * p):
+                cases.add((p, m))
+    return sorted(cases)
 
 
 def _strs(actions) -> list[list[str]]:
