@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from cost_models.memory import usable_memory_bytes
 from cost_models.parallelism import check_context_split
 from planner.errors import InvalidProblemError
-from planner.schema import TransformerConfig
+from planner.schema import V_SCHEDULES, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_model as model
 
@@ -141,10 +141,10 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
             continue
         probe = _replace(base, microbatch_size=b, num_microbatches=m)
         u = units(probe)
-        for v in _chunk_counts(cfg.num_layers, base.pipeline, m, schedules, _fixed_chunks(search, opts),
-                               uneven=opts.uneven_stages):
-            for ends in _layouts(search, opts, u, base.pipeline, v):
-                c = _replace(probe, virtual=v, ends=ends)
+        for v, vs in _chunk_counts(cfg.num_layers, base.pipeline, m, schedules, _fixed_chunks(search, opts),
+                                   uneven=opts.uneven_stages):
+            for ends in [(0, 0)] if vs else _layouts(search, opts, u, base.pipeline, v):
+                c = _replace(probe, virtual=v, ends=ends, v_schedule=vs)
                 if _states_overflow(u, cfg, c, capacity):
                     continue
                 for r in recompute:
@@ -164,7 +164,9 @@ def _schedules(search: Search, opts: Options) -> tuple[str, ...]:
     from solvers.ptdp import SCHEDULES, _csv
 
     schedules = _csv(opts.schedules, SCHEDULES, "schedules")
-    if search.problem.schedule == model.INTERLEAVED or search.problem.num_chunks > 1:
+    if search.problem.schedule in V_SCHEDULES:
+        schedules = (search.problem.schedule,)
+    elif search.problem.schedule == model.INTERLEAVED or search.problem.num_chunks > 1:
         schedules = (model.INTERLEAVED,)
     return schedules
 
@@ -191,17 +193,20 @@ def _layouts(search: Search, opts: Options, u: model.UnitCosts, p: int, v: int) 
 
 
 def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int, *,
-                  uneven: bool = False) -> list[int]:
-    """v = 1 for 1F1B; v >= 2 for interleaved, which needs p >= 2 and m % p == 0: v dividing l / p (even
-    chunks), or with ``uneven`` any v up to ``MAX_UNEVEN_CHUNKS`` (and l / p) whose p v does not divide l
-    (lighter end chunks, Megatron's layout string)."""
-    out = [1] if "1f1b" in schedules and fixed == 1 else []
-    if model.INTERLEAVED not in schedules or p < 2 or m % p:
-        return out
-    even = [v for v in divisors(num_layers // p) if v >= 2] if num_layers % p == 0 else []
-    odd = [v for v in range(2, min(dims_mod.MAX_UNEVEN_CHUNKS, num_layers // p) + 1)
-           if num_layers % (p * v)] if uneven else []
-    return out + [v for v in sorted(set(even + odd)) if fixed == 1 or v == fixed]
+                  uneven: bool = False) -> list[tuple[int, str]]:
+    """(v, V schedule or ''): v = 1 for 1F1B; v >= 2 for interleaved, which needs p >= 2 and m % p == 0: v
+    dividing l / p (even chunks), or with ``uneven`` any v up to ``MAX_UNEVEN_CHUNKS`` (and l / p) whose p v
+    does not divide l (lighter end chunks, Megatron's layout string); v = 2 for ZB-V and DualPipeV
+    (l % 2p == 0; DualPipeV m >= 2p; p >= 2 unless asked for)."""
+    out = [(1, "")] if "1f1b" in schedules and fixed == 1 else []
+    if model.INTERLEAVED in schedules and p >= 2 and m % p == 0:
+        even = [v for v in divisors(num_layers // p) if v >= 2] if num_layers % p == 0 else []
+        odd = [v for v in range(2, min(dims_mod.MAX_UNEVEN_CHUNKS, num_layers // p) + 1)
+               if num_layers % (p * v)] if uneven else []
+        out += [(v, "") for v in sorted(set(even + odd)) if fixed == 1 or v == fixed]
+    out += [(2, vs) for vs in V_SCHEDULES if vs in schedules and (p >= 2 or schedules == (vs,))
+            and num_layers % (2 * p) == 0 and fixed in (1, 2) and (vs == "zb-v" or m >= 2 * p)]
+    return out
 
 
 def check_degree_options(opts: Options, search: Search) -> None:

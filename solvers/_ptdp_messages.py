@@ -64,7 +64,8 @@ def no_layout_message(search: Search, opts: Options) -> str:
     lo, hi = b_batch // d * d, (b_batch // d + 1) * d
     near = [x for x in (lo, hi) if x > 0]
     return (f"global_batch_size={b_batch} cannot be split: it must be a multiple of b x d with d in "
-            f"{degrees} (and for interleaved 1F1B, m a multiple of p), and also match num_microbatches="
+            f"{degrees} (and for interleaved 1F1B, m a multiple of p; for ZB-V and DualPipeV, layers divisible "
+            f"by 2p, and for DualPipeV m >= 2p), and also match num_microbatches="
             f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
 
 

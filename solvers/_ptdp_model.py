@@ -37,6 +37,7 @@ from cost_models.transformer import (
 )
 from planner.schema import Cluster, LayerProfile, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
+from solvers import _ptdp_v as v_model
 
 INTERLEAVED = "interleaved-1f1b"
 
@@ -84,10 +85,12 @@ class Config:
     zero_stage: int = 0
     ends: tuple[int, int] = (0, 0)
     """Decoder layers of the first and last stage; (0, 0) = even split."""
+    v_schedule: str = ""
+    """A V schedule ('zb-v', 'dualpipe-v', virtual 2: ``solvers._ptdp_v``); '' for Megatron's."""
 
     @property
     def schedule(self) -> str:
-        return INTERLEAVED if self.virtual > 1 else "1f1b"
+        return self.v_schedule or (INTERLEAVED if self.virtual > 1 else "1f1b")
 
     @property
     def dims(self) -> dims_mod.Dims:
@@ -108,11 +111,13 @@ class Config:
         return [sum(chunks[x::self.pipeline]) for x in range(self.pipeline)]
 
     def rank_ranges(self, num_layers: int) -> list[list[tuple[int, int]]]:
-        """Per rank, (first layer, count) of each of its chunks."""
-        out: list[list[tuple[int, int]]] = [[] for _ in range(self.pipeline)]
+        """Per rank, (first layer, count) of each of its chunks: virtual stage k on rank k mod p, or in a
+        V schedule on rank k for k < p and 2p - 1 - k after."""
+        p = self.pipeline
+        out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
         first = 0
         for k, n in enumerate(self.chunk_layers(num_layers)):
-            out[k % self.pipeline].append((first, n))
+            out[(k if k < p else 2 * p - 1 - k) if self.v_schedule else k % p].append((first, n))
             first += n
         return out
 
@@ -339,6 +344,8 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int
     dims = c.dims
     expert = _moe_layers(u, ranges) * u.expert_param_bytes
     params = u.embedding.param_bytes + _ranges_sum(u, ranges, lambda lay: lay.param_bytes)
+    if c.v_schedule:  # rank 0 also holds the head
+        params += u.head.param_bytes
     total = 0.0
     for num_bytes, ranks, stride in ((params - expert, dims.dp_ranks, c.tensor),
                                      (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
@@ -358,6 +365,16 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int
     return reduce + gather
 
 
+def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
+    """A V schedule's rank 0: the activations ``solvers._ptdp_v`` counts on the schedule's own order, with
+    its blocks', embedding's and head's model states sharded as the ZeRO stage says."""
+    activations = v_model.peak_memory_bytes(u, cfg, c) - v_model.rank0_static_bytes(u, cfg, c)
+    dims = c.dims
+    ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims)
+    buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
+    return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
+
+
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
@@ -372,14 +389,18 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     # Each microbatch waits on 2 v transfers per rank in the steady state and 2 (p - 1) more to fill
     # and drain the pipeline (Megatron's 1F1B sends are blocking).
     pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
+    if c.v_schedule:  # ZB-V / DualPipeV: their own bubble and in-flight counts
+        pipeline_s = v_model.pipeline_s(u, cfg, c, send_s)
     rank0 = c.rank_ranges(cfg.num_layers)[0]
     allreduce = 0.0
     if c.num_devices > c.tensor * p:
         allreduce = _dp_sync_s(u, cluster, c, rank0, overlap_grad_reduce=overlap_grad_reduce,
                                overlap_param_gather=overlap_param_gather)
-    peak = peak_memory_bytes(u, cfg, c)
+    peak = _v_peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
     expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
     dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
+    if c.v_schedule:  # rank 0 also holds the head
+        dense_static += u.head.static_bytes
     shard = c.zero_stage >= 1
     optimizer = profile_optimizer_step_s(u.decoder_source, dense_static, cluster.device,
                                          shard=c.dims.dp_ranks if shard else 1) + profile_optimizer_step_s(

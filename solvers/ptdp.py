@@ -31,11 +31,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig
+from planner.schema import V_SCHEDULES, ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_messages as messages
 from solvers import _ptdp_model as model
 from solvers._ptdp_enum import check_degree_options, divisors as _divisors, enumerate_configs
+from solvers import _ptdp_v as v_model
 from solvers.budget import Budget
 from solvers.common import Layout, build_plan, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
@@ -43,7 +44,7 @@ from solvers.options import parse_options
 
 log = logging.getLogger(__name__)
 
-SCHEDULES = ("1f1b", model.INTERLEAVED)
+SCHEDULES = ("1f1b", model.INTERLEAVED, *V_SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
 _GIB = 2.0**30
 CLOSED_FORM_MARGIN = 0.06
@@ -57,7 +58,7 @@ class Options:
     """Fix t (default: searched; a problem whose profile was derived at t > 1 fixes it too)."""
     microbatch_size: int | None = None
     """Fix b (default: searched; a problem whose profile was derived at b > 1 fixes it too)."""
-    schedules: str = "1f1b,interleaved-1f1b"
+    schedules: str = "1f1b,interleaved-1f1b,zb-v,dualpipe-v"
     """Comma-separated schedules to search; the problem's schedule 'interleaved-1f1b' restricts to it."""
     recompute: str = "none,selective,full"
     """Comma-separated uniform recompute settings to search."""
@@ -156,7 +157,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
-    notes = messages.notes(search, opts, scored, simulated)
+    notes = (*messages.notes(search, opts, scored, simulated), *v_model.megatron_notes(plan.schedule, rows))
     wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
     status = "feasible"
     if len(simulated) < wanted and budget.spent():  # not the closed-form margin's early stop
@@ -209,8 +210,8 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
         raise InvalidProblemError("solver 'ptdp' plans stock Megatron-LM schedules; remove bpipe=true")
     if problem.schedule not in SCHEDULES:
         raise InvalidProblemError(
-            f"solver 'ptdp' searches Megatron's 1F1B and interleaved 1F1B; schedule={problem.schedule!r} "
-            "is not supported. Use '1f1b' (searches both, see option schedules) or 'interleaved-1f1b'")
+            f"solver 'ptdp' searches 1F1B, interleaved 1F1B, ZB-V and DualPipeV; schedule={problem.schedule!r} "
+            f"is not supported. Use '1f1b' (searches all, see option schedules) or one of {list(SCHEDULES[1:])}")
     _check_options(opts, cfg)
     stages = opts.pipeline_parallel or problem.num_stages
     if stages is not None and stages > cfg.num_layers:

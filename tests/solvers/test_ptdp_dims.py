@@ -42,6 +42,9 @@ def _megatron(plan: Plan) -> dict:
     return validate(to_megatron_args(plan), world_size=plan.cluster.num_devices)
 
 
+MEGATRON = {"schedules": "1f1b,interleaved-1f1b"}
+"""Megatron-LM's schedules (the V schedules run on torch/torchtitan only): these plans are exported to it."""
+
 SIMULATOR_CHARGES_DIMS = "degrees_included" in ModelProfile.model_fields
 """The simulator charges ZeRO, context and expert collectives per group (cost_models/sim/dims.py); before
 it did, it reduced every gradient over d ranks and the closed form could not agree on such plans."""
@@ -164,11 +167,11 @@ def test_zero_stages_searched() -> None:
 def test_llama2_7b_on_8_h100_plans_a_sharded_optimizer_and_no_pipeline() -> None:
     """Llama 2's batch: 4M tokens = 1024 sequences of 4096 (Llama 2 paper Sec. 2.2)."""
     problem = _problem("llama2-7b", "h100:1", 1024)
-    plan = ptdp.solve(problem)
+    plan = ptdp.solve(problem, options=MEGATRON)
     assert plan.zero_stage >= 1 and plan.degrees.pipeline == 1 and plan.degrees.data == 8
     assert plan.predicted is not None
     assert max(plan.predicted.peak_memory_bytes) <= usable_memory_bytes(problem.cluster.device)
-    ddp = ptdp.solve(problem, options={"zero_stage": 0})
+    ddp = ptdp.solve(problem, options={**MEGATRON, "zero_stage": 0})
     assert ddp.predicted is not None and plan.predicted.iteration_time_s < ddp.predicted.iteration_time_s
     _agrees_with_simulator(plan, rel=0.01)
     built = _megatron(plan)
@@ -179,7 +182,7 @@ def test_llama3_405b_on_16_pipeline_stages_plans_uneven_ends() -> None:
     """126 layers on 16 stages as Meta trained it (Llama 3 paper Sec. 3.3.2): 7 + 14 x 8 + 7, 16,384 H100,
     16M tokens = 2048 x 8192 per batch; Megatron-Core reads the first/last counts back."""
     problem = _problem("llama3-405b", "h100:2048", 2048)
-    plan = ptdp.solve(problem, options={"pipeline_parallel": 16})
+    plan = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 16})
     assert plan.degrees.pipeline == 16
     assert _decoders_per_stage(plan) == [7] + [8] * 14 + [7]
     assert plan.candidates[0]["first_stage_layers"] == 7
@@ -195,10 +198,10 @@ def test_llama3_405b_on_16_pipeline_stages_plans_uneven_ends() -> None:
 def test_128k_sequence_plans_context_parallelism() -> None:
     """Llama-3 8B at 131072 tokens on 64 H100, 16 sequences (2M tokens) per batch."""
     problem = _problem("llama3-8b", "h100:8", 16, seq=131072)
-    plan = ptdp.solve(problem)
+    plan = ptdp.solve(problem, options=MEGATRON)
     c = plan.degrees.context
     assert c > 1 and 131072 % (2 * c) == 0
-    without = ptdp.solve(problem, options={"context_parallel": 1})
+    without = ptdp.solve(problem, options={**MEGATRON, "context_parallel": 1})
     assert plan.predicted is not None and without.predicted is not None
     assert plan.predicted.iteration_time_s < without.predicted.iteration_time_s
     _agrees_with_simulator(plan, rel=0.02)
@@ -209,7 +212,7 @@ def test_mixtral_plans_expert_parallelism() -> None:
     """Mixtral 8x7B on 64 H100, 256 x 4096 tokens, with Megatron's distributed optimizer (the Megatron-Bridge
     recipe's; with FSDP allowed, ZeRO-3 without expert parallelism is predicted 1 % faster: docs/solver-ptdp.md)."""
     problem = _problem("mixtral-8x7b", "h100:8", 256)
-    plan = ptdp.solve(problem, options={"zero_stages": "0,1"})
+    plan = ptdp.solve(problem, options={**MEGATRON, "zero_stages": "0,1"})
     d = plan.degrees
     assert d.expert > 1 and 8 % d.expert == 0 and (d.data * d.context) % d.expert == 0
     _agrees_with_simulator(plan, rel=0.03)
@@ -220,9 +223,9 @@ def test_deepseek_v3_plans_expert_parallelism_and_takes_its_published_recipe() -
     """2048 GPUs (DeepSeek-V3 Sec. 3.2.1: PP16, EP64, ZeRO-1; batch 15360 x 4096): the search plans expert
     parallelism; the published degrees pinned give exactly that plan."""
     problem = _problem("deepseek-v3", "h100:256", 15360)
-    plan = ptdp.solve(problem, options={"recompute": "selective"})
+    plan = ptdp.solve(problem, options={**MEGATRON, "recompute": "selective"})
     assert plan.degrees.expert > 1
-    recipe = ptdp.solve(problem, options={"pipeline_parallel": 16, "tensor_parallel": 1, "context_parallel": 1,
+    recipe = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 16, "tensor_parallel": 1, "context_parallel": 1,
                                           "expert_parallel": 64, "zero_stage": 1, "recompute": "selective"})
     d = recipe.degrees
     assert (d.pipeline, d.expert, d.data, recipe.zero_stage) == (16, 64, 128, 1)
