@@ -54,7 +54,7 @@ MODERN = [  # label, model, cluster, global batch (sequences), sequence length o
 
 
 def _modern(repeats: int) -> None:
-    print(f"{'row':<22}{'GPUs':>6}{'search s':>9}{'configs':>8}  {'chosen t,p,c,d,e,etp,zero,v,b,recompute':<40}"
+    print(f"{'row':<22}{'GPUs':>6}{'search s':>9}{'configs':>8}  {'chosen t,p,c,d,e,etp,zero,v,b,recompute,schedule':<56}"
           f"{'ends':>7}{'iter s':>8}{'MFU':>6}{'GiB':>6}")
     for label, name, cluster, batch, seq, options in MODERN:
         problem = api.make_problem(name, cluster, global_batch_size=batch)
@@ -64,9 +64,10 @@ def _modern(repeats: int) -> None:
             problem = api.make_problem(cfg, cluster, global_batch_size=batch)
         seconds, plan = best_of(lambda: solve(problem, options=options), repeats)  # noqa: B023
         r = plan.candidates[0]
-        chosen = ",".join(str(r[k]) for k in ("t", "p", "c", "d", "e", "etp", "zero_stage", "v", "b", "recompute"))
+        chosen = ",".join(str(r[k]) for k in ("t", "p", "c", "d", "e", "etp", "zero_stage", "v", "b", "recompute",
+                                              "schedule"))
         ends = f"{r['first_stage_layers']}/{r['last_stage_layers']}" if r["p"] > 1 else "-"
-        print(f"{label:<22}{problem.cluster.num_devices:>6}{seconds:>9.2f}{plan.notes[0].split()[1]:>8}  {chosen:<40}"
+        print(f"{label:<22}{problem.cluster.num_devices:>6}{seconds:>9.2f}{plan.notes[0].split()[1]:>8}  {chosen:<56}"
               f"{ends:>7}{r['iteration_s']:>8.2f}{100 * r['mfu']:>5.0f}%{r['peak_memory_gib']:>6.1f}")
 
 
