@@ -356,3 +356,15 @@ def test_pinned_expert_degree_without_room_says_which_degrees_leave_it(capsys) -
                  "--option", "expert_parallel=8", "--option", "tensor_parallel=8", "--no-offload"])
     err = capsys.readouterr().err
     assert code == 3 and "expert_parallel=8 must divide the data x context ranks" in err and "[1]" in err
+
+
+def test_pinned_end_stage_layers_follow_megatrons_flags() -> None:
+    """first_stage_layers / last_stage_layers as Megatron reads them: one given, the other p - 1 stages split
+    the rest evenly; both given, the middle stages do."""
+    problem = _problem("llama3-8b", "h100:1", 64)
+    both = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 4, "first_stage_layers": 5,
+                                        "last_stage_layers": 9})
+    assert _decoders_per_stage(both) == [5, 9, 9, 9] and both.degrees.virtual == 1
+    first = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 4, "first_stage_layers": 2})
+    assert _decoders_per_stage(first) == [2, 10, 10, 10]
+    assert "--decoder-first-pipeline-num-layers" in to_megatron_args(first)
