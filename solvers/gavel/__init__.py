@@ -57,6 +57,12 @@ class Options:
     """Seed of the random job split of the partitioned mode."""
     backend: str = "direct"
     """Max-min fairness only: 'direct' (sparse matrices to HiGHS) or 'cvxpy' (reference)."""
+    las_normalizer: str = "equal"
+    """Max-min fairness only: 'equal' (the text's thr(X^equal)) or 'isolated' (Gavel's code:
+    thr(X^iso); the ``gavel`` simulation mechanism's default). They differ for multi-GPU jobs."""
+    fifo: str = "lp"
+    """fifo_perf only: 'lp' (the chapter's LP) or 'greedy' (Gavel's code; the ``gavel``
+    simulation mechanism's default)."""
 
 
 # The solve functions import their module (and cvxpy) on the first call: ``import solvers.gavel`` stays cheap.
@@ -108,6 +114,11 @@ def _fifo(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarr
 def _fifo_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
     from solvers.gavel import fifo
     return fifo.fifo_perf(f, policy=policy)
+
+
+def _fifo_greedy_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import fifo
+    return fifo.fifo_greedy_perf(f, policy=policy)
 
 
 def _sjf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
@@ -253,10 +264,15 @@ def solve_matrix(
         raise InvalidProblemError(f"num_partitions={opts.num_partitions} must be at least 1")
     if opts.backend not in ("direct", "cvxpy"):
         raise InvalidProblemError(f"backend={opts.backend!r}: choose 'direct' or 'cvxpy'")
-    f = common.build(problem, packed=spec.packed)
+    if opts.las_normalizer not in ("equal", "isolated"):
+        raise InvalidProblemError(f"las_normalizer={opts.las_normalizer!r}: choose 'equal' or 'isolated'")
+    if opts.fifo not in ("lp", "greedy"):
+        raise InvalidProblemError(f"fifo={opts.fifo!r}: choose 'lp' or 'greedy'")
+    f = common.build(problem, packed=spec.packed).with_las_normalizer(opts.las_normalizer)
+    solve_fn = _fifo_greedy_perf if opts.fifo == "greedy" and spec.name == "fifo_perf" else spec.solve
 
     def fn(sub: common.Formulation, *, policy: str) -> tuple[np.ndarray, float]:
-        return spec.solve(sub, policy=policy, backend=opts.backend)
+        return solve_fn(sub, policy=policy, backend=opts.backend)
 
     notes = [f"objective: {spec.objective}"]
     if opts.num_partitions == 1:

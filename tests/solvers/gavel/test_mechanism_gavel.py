@@ -26,7 +26,12 @@ def _select(x: np.ndarray, deficit: np.ndarray | None = None, order: list[int] |
 def test_credits_give_a_share_and_priority_is_x_over_it() -> None:
     x = np.array([[1.0, 0.0], [0.25, 0.5]])
     prio = gavel_priorities(x, np.array([[180.0, 180.0], [540.0, 180.0]]), np.ones_like(x, dtype=bool))
-    np.testing.assert_allclose(prio, [[1.0 / 0.25, 0.0], [0.25 / 0.75, 0.5 / 0.5]])
+    np.testing.assert_allclose(prio, [[1.0 / 0.25, 0.0], [0.25 / 0.75, 0.5 / 0.5]], atol=1e-9)
+    # X = 0 is X = 1e-12 (Gavel's solver leaves ~1e-10 there): after every real priority, and a
+    # cell not yet run on the type (x 1e9) ahead of one that has run (/ its share).
+    assert 0 < prio[0, 1] == pytest.approx(1e-12 / 0.5)
+    never_run = gavel_priorities(x, np.array([[180.0, 0.0], [540.0, 180.0]]), np.ones_like(x, dtype=bool))
+    assert never_run[0, 1] == pytest.approx(1e-3) and never_run[0, 1] < prio[1, 0]
 
 
 def test_work_conserving_except_fifo() -> None:
