@@ -100,12 +100,14 @@ def test_bad_trace_exit_2(capsys, jobs_file: Path, tmp_path: Path, header: str, 
         assert code == 2 and match in err
 
 
-def test_budget_no_allocation_meets_exit_3_with_the_cheapest(capsys, jobs_file: Path) -> None:
-    code, _, err = run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", "min-makespan", "--budget", "5")
+@pytest.mark.parametrize("objective", ["min-makespan", "min-cost"])
+def test_budget_no_allocation_meets_exit_3_with_the_cheapest(capsys, jobs_file: Path, objective: str) -> None:
+    code, _, err = run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", objective, "--budget", "5")
     assert code == 3 and "raise the budget to at least $" in err
     cheapest = float(err.rsplit("$", 1)[1].strip().replace(",", ""))
-    assert run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", "min-makespan",
+    assert run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", objective,
                "--budget", str(cheapest))[0] == 0
+    assert run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", objective, "--budget", "-5")[0] == 2
 
 
 def test_deadline_no_allocation_meets_exit_3_with_the_earliest(capsys, tmp_path: Path) -> None:
