@@ -124,9 +124,9 @@ class Placer:
 # - one queue per type, taken type by type (v100, p100, k80 for the _perf/_packed policies,
 #   a seeded shuffle each round for the agnostic ones), each sorted by (priority, deficit, X)
 #   in decreasing order, stable on job order;
-# - it is work-conserving: a job with X = 0 on a type (priority 0) still takes an accelerator
-#   that nobody with a positive priority wanted, as long as its throughput there is positive
-#   (FIFO excepted: it skips priority 0);
+# - it is work-conserving: a job with X = 0 on a type (a near-zero priority, ZERO_X below)
+#   still takes an accelerator that nobody with a positive allocation wanted, as long as its
+#   throughput there is positive (FIFO excepted: it skips X = 0);
 # - the deficit (time owed: X x elapsed - time received, summed over reset intervals) breaks
 #   priority ties.
 GAVEL_TYPE_ORDER = ("v100", "p100", "k80")
