@@ -96,3 +96,18 @@ def test_las_heterogeneity_gain_is_gavels_on_each_of_its_traces() -> None:
                for p in ("max_min_fairness", "max_min_fairness_perf")]
         gavels = ref[name, "max_min_fairness"] / ref[name, "max_min_fairness_perf"]
         assert jct[0] / jct[1] == pytest.approx(gavels, rel=0.05), name
+
+
+def test_greedy_fifo_is_gavels_fifo_perf() -> None:
+    # Gavel's code's fifo_perf: in arrival order, all of the free type where the job is fastest;
+    # the first job that fits nowhere stops the queue (d would fit the K80 but may not jump c).
+    import solvers.gavel as gavel
+    from tests.solvers.gavel.helpers import problem
+
+    p = problem([{"v100": 3.0, "k80": 1.0}, {"v100": 2.0, "k80": 1.5}, {"v100": 1.0, "k80": 1.0},
+                 {"v100": 1.0, "k80": 1.0}], {"v100": 1, "k80": 2}, scale_factor=[1, 1, 2, 1])
+    x = gavel.solve(p, policy="fifo_perf", options={"fifo": "greedy"}).allocation
+    assert [{t: v for t, v in x[j].items() if v > 0} for j in ("j0", "j1", "j2", "j3")] == [
+        {"v100": 1.0}, {"k80": 1.0}, {}, {}]
+    lp = gavel.solve(p, policy="fifo_perf").allocation  # the chapter's LP (default) differs
+    assert lp != x
