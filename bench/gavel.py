@@ -111,16 +111,17 @@ def run_sim(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"{args.jobs} jobs, {args.rate} jobs/h, cluster {workers}, multi-GPU {args.multi_gpu}, seeds {seeds}")
     print(f"{'policy':30s} {'avg JCT h':>10} {'std':>6} {'p95 h':>8} {'makespan h':>11} {'avg FTF':>8}")
-    for family in ("max_min_fairness", "fifo", "finish_time_fairness"):
-        for policy in (family, f"{family}_perf"):
-            runs = []
-            for seed in seeds:
-                jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers,
-                                     multi_gpu=args.multi_gpu)
-                runs.append(simulate(jobs, worker_types=workers, policy=policy, seed=seed))
-            jct = np.array([r.avg_jct_s / 3600 for r in runs])
-            print(f"{policy:30s} {jct.mean():10.2f} {jct.std():6.2f} {np.mean([r.p95_jct_s for r in runs]) / 3600:8.1f} "
-                  f"{np.mean([r.makespan_s for r in runs]) / 3600:11.1f} {np.mean([r.avg_ftf for r in runs]):8.2f}", flush=True)
+    rows = [(p, p, {}) for family in ("max_min_fairness", "fifo", "finish_time_fairness") for p in (family, f"{family}_perf")]
+    rows.insert(4, ("fifo_perf, option fifo=lp", "fifo_perf", {"fifo": "lp"}))  # the chapter's LP, not Gavel's greedy
+    for name, policy, options in rows if not args.only else [r for r in rows if r[0] == args.only]:
+        runs = []
+        for seed in seeds:
+            jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers,
+                                 multi_gpu=args.multi_gpu)
+            runs.append(simulate(jobs, worker_types=workers, policy=policy, seed=seed, options=options))
+        jct = np.array([r.avg_jct_s / 3600 for r in runs])
+        print(f"{name:30s} {jct.mean():10.2f} {jct.std():6.2f} {np.mean([r.p95_jct_s for r in runs]) / 3600:8.1f} "
+              f"{np.mean([r.makespan_s for r in runs]) / 3600:11.1f} {np.mean([r.avg_ftf for r in runs]):8.2f}", flush=True)
 
 
 TRACE_POLICIES = ("max_min_fairness", "max_min_fairness_perf", "fifo", "fifo_perf", "finish_time_fairness",
@@ -223,6 +224,7 @@ def main() -> None:
     m.add_argument("--per-type", type=int, default=12)
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--multi-gpu", action="store_true")
+    m.add_argument("--only", help="run one row (its printed name)")
     t = sub.add_parser("traces")
     t.add_argument("--cluster", default="v100:4,p100:4,k80:4")
     t.add_argument("--round", type=float, default=360.0)
