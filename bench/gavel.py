@@ -184,10 +184,12 @@ def run_chapter(args: argparse.Namespace) -> None:
           f"average JCT of jobs {lo}-{args.jobs}")
     for seed in (int(x) for x in args.seeds.split(",")):
         jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers)
-        jct = [simulate(jobs, worker_types=workers, policy=p, seed=seed, measure=(lo, args.jobs),
-                        mechanism=args.mechanism).avg_jct_s / 3600 for p in ("max_min_fairness", "max_min_fairness_perf")]
+        runs = [simulate(jobs, worker_types=workers, policy=p, seed=seed, measure=(lo, args.jobs),
+                         mechanism=args.mechanism) for p in ("max_min_fairness", "max_min_fairness_perf")]
+        jct = [r.avg_jct_s / 3600 for r in runs]
         print(f"seed {seed}: max_min_fairness {jct[0]:.2f} h, max_min_fairness_perf {jct[1]:.2f} h, "
-              f"agnostic/aware {jct[0] / jct[1]:.2f}x", flush=True)
+              f"agnostic/aware {jct[0] / jct[1]:.2f}x, allocations {runs[0].num_allocations:,} / "
+              f"{runs[1].num_allocations:,}", flush=True)
 
 
 RAY_JOBS = [("a", 40.0, 20.0, 60, 0.0), ("b", 30.0, 24.0, 90, 0.0), ("c", 50.0, 10.0, 80, 0.0),
