@@ -63,6 +63,9 @@ class Options:
     fifo: str = "lp"
     """fifo_perf only: 'lp' (the chapter's LP) or 'greedy' (Gavel's code; the ``gavel``
     simulation mechanism's default)."""
+    makespan: str = "lp"
+    """min_total_duration(_perf) only: 'lp' (the exact optimum) or 'bisection' (Gavel's code:
+    within 5%, an interior point; the ``gavel`` simulation mechanism's default)."""
 
 
 # The solve functions import their module (and cvxpy) on the first call: ``import solvers.gavel`` stays cheap.
@@ -119,6 +122,24 @@ def _fifo_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.
 def _fifo_greedy_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
     from solvers.gavel import fifo
     return fifo.fifo_greedy_perf(f, policy=policy)
+
+
+def _makespan_bisection(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import makespan
+    return makespan.min_total_duration_bisection_agnostic(f, policy=policy)
+
+
+def _makespan_bisection_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import makespan
+    return makespan.min_total_duration_bisection(f, policy=policy)
+
+
+# Policies as Gavel's code runs them, by (policy, option fifo, option makespan).
+_GAVEL_CODE: dict[tuple[str, str, str], PolicyFn] = {
+    **{("fifo_perf", "greedy", m): _fifo_greedy_perf for m in ("lp", "bisection")},
+    **{("min_total_duration", f, "bisection"): _makespan_bisection for f in ("lp", "greedy")},
+    **{("min_total_duration_perf", f, "bisection"): _makespan_bisection_perf for f in ("lp", "greedy")},
+}
 
 
 def _sjf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
@@ -269,7 +290,9 @@ def solve_matrix(
     if opts.fifo not in ("lp", "greedy"):
         raise InvalidProblemError(f"fifo={opts.fifo!r}: choose 'lp' or 'greedy'")
     f = common.build(problem, packed=spec.packed).with_las_normalizer(opts.las_normalizer)
-    solve_fn = _fifo_greedy_perf if opts.fifo == "greedy" and spec.name == "fifo_perf" else spec.solve
+    if opts.makespan not in ("lp", "bisection"):
+        raise InvalidProblemError(f"makespan={opts.makespan!r}: choose 'lp' or 'bisection'")
+    solve_fn = _GAVEL_CODE.get((spec.name, opts.fifo, opts.makespan), spec.solve)
 
     def fn(sub: common.Formulation, *, policy: str) -> tuple[np.ndarray, float]:
         return solve_fn(sub, policy=policy, backend=opts.backend)

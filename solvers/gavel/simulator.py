@@ -114,7 +114,8 @@ def simulate(
             ``paper`` (the chapter's Algorithm 2 with a global queue and a new allocation at
             every arrival and completion); see docs/gavel-simulator.md. ``gavel`` also solves
             the max-min policies with Gavel's normalizer (option ``las_normalizer="isolated"``)
-            and ``fifo_perf`` as Gavel's greedy (``fifo="greedy"``) unless ``options`` names them.
+            ``fifo_perf`` as Gavel's greedy (``fifo="greedy"``) and its makespan bisection
+            (``makespan="bisection"``) unless ``options`` names them.
 
     Raises:
         InvalidProblemError: bad round length or window; InfeasibleError from the policy.
@@ -159,7 +160,7 @@ class RoundLoop:
     def configure(self, mechanism: str, seed: int | None) -> None:
         self.gavel = mechanism == "gavel"
         if self.gavel and isinstance(self.options, dict):  # Gavel's code: LAS by thr(X^iso), greedy FIFO
-            self.options = {"las_normalizer": "isolated", "fifo": "greedy", **self.options}
+            self.options = {"las_normalizer": "isolated", "fifo": "greedy", "makespan": "bisection", **self.options}
         self.last_reset_s = 0.0
         self.deficit_by_job: dict[int, np.ndarray] = {}
         self.shuffle = not get_policy(self.policy).heterogeneity_aware  # Gavel: agnostic policies (aliases resolved)

@@ -46,6 +46,12 @@ def test_greedy_fifo_perf_equals_gavels(trace: str) -> None:
     assert (r.avg_jct_s, r.makespan_s) == (pytest.approx(ref["avg_jct_s"], rel=1e-6), pytest.approx(ref["makespan_s"], rel=1e-6))
 
 
+def test_makespan_bisection_equals_gavels_on_small_test() -> None:
+    # Gavel's 5% bisection and an interior point of its feasible set (the exact LP: 0.941 JCT)
+    ref, r = CELLS["small_test", "min_total_duration"], _run("small_test", "min_total_duration")
+    assert r.avg_jct_s == pytest.approx(ref["avg_jct_s"], rel=1e-3)
+
+
 def test_small_test_las_matches_gavel_job_by_job() -> None:
     # Gavel's normalizer (thr under X^iso) and its ordering of ties reproduce every job's JCT.
     ref, r = CELLS["small_test", "max_min_fairness_perf"], _run("small_test", "max_min_fairness_perf")

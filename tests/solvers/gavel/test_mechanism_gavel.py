@@ -111,3 +111,13 @@ def test_greedy_fifo_is_gavels_fifo_perf() -> None:
         {"v100": 1.0}, {"k80": 1.0}, {}, {}]
     lp = gavel.solve(p, policy="fifo_perf").allocation  # the chapter's LP (default) differs
     assert lp != x
+
+
+def test_makespan_bisection_stops_within_5_percent_like_gavels() -> None:
+    from solvers.gavel.makespan import gavel_bisection_s
+
+    for optimum in (50.0, 2297.0, 3.0e5, 2.5e6):
+        t = gavel_bisection_s(optimum)
+        assert optimum <= t <= optimum * 1.05 or (optimum < 100 and 100 <= t <= 105)
+    # Gavel's first allocation on artifact_evaluation settled on 2297.0459 s (optimum just below)
+    assert gavel_bisection_s(2290.0) == pytest.approx(2297.0458984375)
