@@ -257,7 +257,8 @@ def solve(
     Args:
         problem: jobs (with throughputs) and accelerator counts by type.
         policy: a name of ``POLICIES``.
-        options: ``num_partitions``, ``seed``, ``backend`` (see ``Options``).
+        options: ``num_partitions``, ``seed``, ``backend``, ``las_normalizer``, ``fifo``,
+            ``makespan`` (see ``Options``).
 
     Returns:
         The allocation: time fraction per job and type, effective throughputs, objective.
@@ -289,9 +290,9 @@ def solve_matrix(
         raise InvalidProblemError(f"las_normalizer={opts.las_normalizer!r}: choose 'equal' or 'isolated'")
     if opts.fifo not in ("lp", "greedy"):
         raise InvalidProblemError(f"fifo={opts.fifo!r}: choose 'lp' or 'greedy'")
-    f = common.build(problem, packed=spec.packed).with_las_normalizer(opts.las_normalizer)
     if opts.makespan not in ("lp", "bisection"):
         raise InvalidProblemError(f"makespan={opts.makespan!r}: choose 'lp' or 'bisection'")
+    f = common.build(problem, packed=spec.packed).with_las_normalizer(opts.las_normalizer)
     solve_fn = _GAVEL_CODE.get((spec.name, opts.fifo, opts.makespan), spec.solve)
 
     def fn(sub: common.Formulation, *, policy: str) -> tuple[np.ndarray, float]:

@@ -12,10 +12,10 @@ X^iso instead (``MaxMinFairnessPolicyWithPerf``: the agnostic LAS allocation's t
 option ``las_normalizer="isolated"`` (``Formulation.thr_fair``): the two differ per job by
 n x scale_factor_m / total workers, so they agree when every job has the same scale factor,
 and Gavel's weighs a multi-GPU job by scale_factor_m^2 where the text's weighs it by
-scale_factor_m (which keeps the sharing incentive; docs/gavel-simulator.md). The agnostic policy solves the same LP with every type given the job's
-X^equal throughput (it cannot tell types apart) and spreads each job's time share over the
-types in proportion to their capacity, which is what a heterogeneity-blind scheduler achieves
-on average.
+scale_factor_m (which keeps the sharing incentive; docs/gavel-simulator.md). The agnostic
+policy solves the same LP with every type given the job's X^equal throughput (it cannot tell
+types apart) and spreads each job's time share over the types in proportion to their
+capacity, which is what a heterogeneity-blind scheduler achieves on average.
 
 Two backends build the same LP: ``cvxpy`` (the readable reference below) and ``direct``
 (scipy.sparse matrices handed to HiGHS's interior-point solver through highspy), which skips

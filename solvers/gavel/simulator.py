@@ -113,7 +113,7 @@ def simulate(
             queues, work-conserving, deficits, allocations at most every ``MIN_RESET_S``) or
             ``paper`` (the chapter's Algorithm 2 with a global queue and a new allocation at
             every arrival and completion); see docs/gavel-simulator.md. ``gavel`` also solves
-            the max-min policies with Gavel's normalizer (option ``las_normalizer="isolated"``)
+            the max-min policies with Gavel's normalizer (option ``las_normalizer="isolated"``),
             ``fifo_perf`` as Gavel's greedy (``fifo="greedy"``) and its makespan bisection
             (``makespan="bisection"``) unless ``options`` names them.
 
