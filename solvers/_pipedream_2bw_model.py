@@ -34,6 +34,15 @@ checkpointing, as Megatron-LM), so the backward re-materializes one layer at a t
 
 The chapter's MEMORY(.) counts weights only (2|W|/p); it omits gradients and optimizer state,
 which are real for Adam (L3197-3201), so ``static_bytes`` of the profile is used instead.
+
+Placement (``balanced_bounds``): the chapter gives every stage B/p blocks (L2729-2737), which
+ignores the embedding and, above all, the LM head on the last stage (the logits GEMM and the
+cross-entropy cost 2V/(24h + 4s) blocks: 2.1 blocks for h = 1920, V = 51200, s = 512). Its planner
+measured every configuration end to end, so a stage that is slower by a whole head shows in its
+numbers; ours places layers by time instead: the contiguous split into p stages that minimizes
+the slowest stage's compute among those whose every stage fits memory (the min-max partition of
+PipeDream's optimizer, dissertation Sec. 2.4.1), as Megatron-LM's uneven first/last pipeline
+stages do.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.compute import profile_optimizer_step_s
+from solvers._partition import partition_bounds
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import allreduce_time_s
 from planner.schema import Cluster, ModelProfile
@@ -125,6 +135,35 @@ def stage_terms(
         static_bytes=tuple(static), weight_bytes=tuple(weights), activation_bytes=tuple(act),
         working_bytes=tuple(work),
     )
+
+
+def balanced_bounds(model: ModelProfile, num_stages: int, *, recompute: str, schedule: str, num_microbatches: int,
+                    capacity_bytes: float) -> list[int] | None:
+    """Stage boundaries minimizing the slowest stage's compute (forward + backward + recompute)
+    among the contiguous splits whose every stage fits ``capacity_bytes`` under
+    ``stage_memory_bytes``; None when no split fits."""
+    p, m = num_stages, num_microbatches
+    names = [recompute if recompute in layer.strategies() else "none" for layer in model.layers]
+    chosen = [layer.strategies()[name] for layer, name in zip(model.layers, names)]
+    time_s = _prefix([la.forward_s + la.backward_s + o.extra_s for la, o in zip(model.layers, chosen)])
+    fixed = _prefix([la.static_bytes + (la.param_bytes if schedule == "2bw" else 0.0) for la in model.layers])
+    act = _prefix([o.activation_bytes for o in chosen])
+    work = [la.strategies()["none"].activation_bytes - o.activation_bytes if name != "none" else -math.inf
+            for la, o, name in zip(model.layers, chosen, names)]
+
+    def cost(i: int, j: int, q: int) -> float:
+        memory = fixed[j] - fixed[i] + min(p - q, m) * (act[j] - act[i]) + max(max(work[i:j], default=0.0), 0.0)
+        return time_s[j] - time_s[i] if memory <= capacity_bytes else math.inf
+
+    value, bounds = partition_bounds(len(model.layers), p, cost)
+    return bounds if math.isfinite(value) else None
+
+
+def _prefix(values: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
 
 
 def time_per_microbatch_s(terms: StageTerms, num_microbatches: int) -> float:
