@@ -148,15 +148,34 @@ def balanced_bounds(model: ModelProfile, num_stages: int, *, recompute: str, sch
     time_s = _prefix([la.forward_s + la.backward_s + o.extra_s for la, o in zip(model.layers, chosen)])
     fixed = _prefix([la.static_bytes + (la.param_bytes if schedule == "2bw" else 0.0) for la in model.layers])
     act = _prefix([o.activation_bytes for o in chosen])
-    work = [la.strategies()["none"].activation_bytes - o.activation_bytes if name != "none" else -math.inf
-            for la, o, name in zip(model.layers, chosen, names)]
+    work = _RangeMax([la.strategies()["none"].activation_bytes - o.activation_bytes if name != "none" else 0.0
+                      for la, o, name in zip(model.layers, chosen, names)])
 
     def cost(i: int, j: int, q: int) -> float:
-        memory = fixed[j] - fixed[i] + min(p - q, m) * (act[j] - act[i]) + max(max(work[i:j], default=0.0), 0.0)
+        memory = fixed[j] - fixed[i] + min(p - q, m) * (act[j] - act[i]) + work.max(i, j)
         return time_s[j] - time_s[i] if memory <= capacity_bytes else math.inf
 
     value, bounds = partition_bounds(len(model.layers), p, cost)
     return bounds if math.isfinite(value) else None
+
+
+class _RangeMax:
+    """max(values[i:j]) in O(1) (sparse table); 0 for an empty range."""
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self.rows = [list(values)]
+        width = 1
+        while 2 * width <= len(values):
+            prev = self.rows[-1]
+            self.rows.append([max(prev[k], prev[k + width]) for k in range(len(prev) - width)])
+            width *= 2
+
+    def max(self, i: int, j: int) -> float:
+        if j <= i:
+            return 0.0
+        level = (j - i).bit_length() - 1
+        row = self.rows[level]
+        return max(row[i], row[j - (1 << level)])
 
 
 def _prefix(values: Sequence[float]) -> list[float]:
