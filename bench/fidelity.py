@@ -18,6 +18,11 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   "Supercharged V1.0" post, 2020); the weak scaling of Shoeybi et al. (arXiv:1909.08053, Sec. 5.1):
   the 8.3B model with 8-way tensor parallelism runs at 77 % of the 1.2B baseline per GPU, and at
   76 % on 512 GPUs (8-way tensor x 64-way data, batch 512);
+- torchtitan's published FSDP2 runs (docs/performance.md of pytorch/torchtitan): Llama 3 8B
+  (selective-op checkpointing) and 70B (full) on 64 A100 80 GB, local batch 1, s = 8192: 2,973 and
+  323 tokens/s/GPU; Llama 3.1 8B on 8 H100 (96 GB HBM2e, 500 W), local batch 2, selective
+  checkpointing, no torch.compile: 5,762 tokens/s/GPU. Predicted from the per-operation compute
+  alone (layers + optimizer step; FSDP's gathers are assumed hidden), so these bound from above;
 - PipeDream-2BW's planner (dissertation ch. 3, Sec. 3.4.2): 8-deep for GPT 2.2B, 16-deep for GPT
   3.8B on 8 and 64 16-GB V100s (shapes: docs/solver-pipedream-2bw.md).
 
@@ -163,6 +168,36 @@ def v100_rows() -> list[dict[str, object]]:
     return [{"row": n, "published": p, "predicted": v, "error": v / p - 1} for n, p, v in rows]
 
 
+# ---- torchtitan FSDP2 runs (compute-only prediction) ------------------------------------------
+
+TORCHTITAN = [  # (model, device preset, local batch, recompute, GPUs, published tokens/s/GPU)
+    ("llama3-8b", "a100-80gb", 1, "selective", 64, 2973.0),
+    ("llama3-70b", "a100-80gb", 1, "full", 64, 323.0),
+    ("llama3-8b", "h100", 2, "selective", 8, 5762.0),
+]
+
+
+def torchtitan_rows() -> list[dict[str, object]]:
+    """Tokens/s/GPU from the per-operation layer times plus the sharded optimizer step (s = 8192,
+    flash attention, no tensor parallelism); FSDP's all-gathers/reduce-scatters are not charged."""
+    from cost_models.compute import optimizer_step_s
+    from cost_models.moe import num_parameters
+    from cost_models.transformer import transformer_profile
+
+    out = []
+    for name, device, b, recompute, gpus, published in TORCHTITAN:
+        cfg = api.load_model(name, seq_length=8192)
+        dev = api.load_cluster(f"{device}:1").device
+        assert dev is not None
+        prof = transformer_profile(cfg, device=dev, microbatch_size=b, attention="flash", sequence_parallel=False)
+        step_s = sum(la.forward_s + la.backward_s + la.strategies().get(recompute, la.strategies()["none"]).extra_s
+                     for la in prof.layers) + optimizer_step_s(num_parameters(cfg) / gpus, dev)
+        predicted = b * cfg.seq_length / step_s
+        out.append({"row": f"{name}, {gpus} {device}, b={b}, {recompute} recompute", "published": published,
+                    "predicted": predicted, "error": predicted / published - 1})
+    return out
+
+
 # ---- PipeDream-2BW's planner (ch. 3) ----------------------------------------------------------
 
 TWO_BW_DEPTHS = [("gpt2bw-2.2b", "v100-16gb:1x8", 8), ("gpt2bw-2.2b", "v100-16gb:8x8", 8),
@@ -227,6 +262,9 @@ def main(as_json: bool = False) -> None:
     for r in v100_rows():
         print(f"V100 {r['row']}: published {r['published']:.3g}, predicted {r['predicted']:.3g} "
               f"({100 * float(r['error']):+.1f}%)")
+    for r in torchtitan_rows():
+        print(f"torchtitan {r['row']}: published {r['published']:.0f} tokens/s/GPU, predicted "
+              f"{r['predicted']:.0f} ({100 * float(r['error']):+.1f}%)")
     for r in two_bw_rows():
         print(f"2BW {r['model']} on {r['cluster']}: chapter {r['published_depth']}-deep, ours "
               f"{r['predicted_depth']}-deep (b={r['b']}, recompute {r['recompute']}); the chapter's depth runs at "

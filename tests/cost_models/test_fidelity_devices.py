@@ -57,3 +57,15 @@ def test_two_bw_depth_rows() -> None:
     assert [r["predicted_depth"] for r in rows] == [8, 8, 8]
     assert [r["published_depth"] for r in rows] == [8, 8, 16]
     assert float(rows[2]["published_depth_relative_rate"]) == pytest.approx(0.896, abs=0.01)
+
+
+def test_torchtitan_rows_bound_from_above() -> None:
+    """torchtitan's FSDP2 runs, predicted from compute alone (FSDP traffic not charged): Llama 3 8B
+    on 64 A100s +11.7 % (its 47 GB per step of FSDP traffic over 25 GB/s per GPU is not fully hidden),
+    70B +4.7 %, tested within 13 % and 6 %; Llama 3.1 8B on 8 H100s at 500 W without torch.compile
+    +68 %, a known gap (docs/cost-model.md): every prediction is at or above the measurement."""
+    rows = FIDELITY.torchtitan_rows()
+    assert float(rows[0]["predicted"]) == pytest.approx(float(rows[0]["published"]), rel=0.13)
+    assert float(rows[1]["predicted"]) == pytest.approx(float(rows[1]["published"]), rel=0.06)
+    assert all(float(r["predicted"]) >= float(r["published"]) for r in rows)
+    assert float(rows[2]["error"]) == pytest.approx(0.684, abs=0.02)
