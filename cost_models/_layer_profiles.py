@@ -125,12 +125,12 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
     akw = {"microbatch_size": b, "tensor_parallel": t}
     flops, params = _layer_flops_and_params(cfg, b, t, index)
+    mkw = {**akw, "sequence_parallel": sp, "layer_index": index}
     options = {
-        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="none", sequence_parallel=sp)),
-        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(
-            cfg, **akw, recompute="selective", sequence_parallel=sp),
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="none")),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="selective"),
             extra_s=dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s),
-        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="full", sequence_parallel=sp),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="full"),
                                 extra_s=dec.forward_s),
     }
     out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from cost_models import compute, moe
+from cost_models import compute, moe, moe_memory
 from planner.errors import InvalidProblemError
 from planner.schema import Device, ModelProfile, TransformerConfig
 
@@ -201,7 +201,7 @@ def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: 
 
 def decoder_activation_bytes(
     cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none",
-    sequence_parallel: bool = True,
+    sequence_parallel: bool = True, layer_index: int = 0,
 ) -> float:
     """Bytes one decoder layer keeps for its backward, per microbatch and device.
 
@@ -212,7 +212,10 @@ def decoder_activation_bytes(
     or e(sbh + 3sbf) + sbh (swiglu); two norms save their inputs: 2e sbh. ``selective``: the same
     without the attention core, 34sbh/t (BPipe Eq. 5). ``full``: only the layer input, e sbh/t
     (BPipe Eq. 6 without the /t, which sequence parallelism adds). Assumes sequence parallelism
-    whenever t > 1, activations in ``cfg.dtype``, 1-byte dropout masks always counted.
+    whenever t > 1, activations in ``cfg.dtype``, 1-byte dropout masks always counted. In an MoE
+    layer (``layer_index`` at or past ``first_dense_layers`` of an MoE config) the MLP term is
+    ``cost_models.moe_memory.moe_mlp_activation_bytes`` (router scores, routed token copies, the
+    experts' activations over T k rows, combine inputs, shared experts).
 
     Raises:
         InvalidProblemError: unknown strategy.
@@ -228,6 +231,9 @@ def decoder_activation_bytes(
         )
     attention = e * (2 * sbh + 2 * s * b * _kv_dim(cfg)) / t + (e * sbh + sbh) / t_sp
     mlp = e * (3 if cfg.mlp == "swiglu" else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
+    if cfg.is_moe and moe.is_moe_layer(cfg, layer_index):
+        mlp = moe_memory.moe_mlp_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
+                                                  sequence_parallel=sequence_parallel)
     kept = attention + mlp + 2 * e * sbh / t_sp
     if recompute == "selective":
         return kept
