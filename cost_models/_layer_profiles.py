@@ -61,20 +61,26 @@ def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t
     kw = {"microbatch_size": b, "tensor_parallel": t}
     f_flops, bi_flops, w_flops = (decoder_forward_flops(cfg, **kw), decoder_backward_input_flops(cfg, **kw),
                                   decoder_backward_weight_flops(cfg, **kw))
+    params = decoder_layer_params(cfg) / t
+    if moe.uses_extended_counts(cfg):  # this layer's own shape (dense first layers or router + experts)
+        matmul = 2 * b * cfg.seq_length * moe.decoder_matmul_params(cfg, index) / t
+        core = attention_core_forward_flops(cfg, **kw)
+        f_flops, bi_flops, w_flops = matmul + core, matmul + 2 * core, matmul
+        params = moe.decoder_layer_params(cfg, index) / t
     comm_s = 2 * _tp_allreduce_s(cfg, b, t, bw)  # two all-reduces in each direction (L3709-3713)
     forward_s = f_flops / rate + comm_s
     if selective_fraction is None:
         selective_s = attention_core_forward_flops(cfg, **kw) / rate
     else:
         selective_s = selective_fraction * f_flops / rate
+    mkw = {**kw, "layer_index": index}
     options = {
-        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="none")),
-        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="selective"),
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="none")),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="selective"),
                                      extra_s=selective_s),
-        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="full"),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="full"),
                                 extra_s=forward_s),
     }
-    params = decoder_layer_params(cfg) / t
     return LayerProfile(
         name=f"decoder{index}", kind="decoder", forward_s=forward_s,
         backward_s=(bi_flops + w_flops) / rate + comm_s, backward_weight_s=w_flops / rate,

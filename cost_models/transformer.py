@@ -311,8 +311,12 @@ def transformer_profile(
     bandwidth, tensor-parallel all-reduces over ``intra_node_bytes_per_s``); devices without
     compute constants (the nominal ``cpu`` preset, hand-written devices) get the flat model at
     ``DEFAULT_EFFICIENCY``. With an explicit
-    ``efficiency`` the older flat model is used instead: FLOPs / (peak x efficiency), memory
-    traffic at the same fraction of HBM bandwidth (for calibration against one measured number).
+    ``efficiency`` the older flat model is used instead: each decoder layer's own FLOPs (a dense
+    first layer's, or an MoE layer's attention + router + k routed + shared experts) / (peak x
+    efficiency), the embedding's memory traffic at the same fraction of HBM bandwidth (for
+    calibration against one measured number). It has no tile/wave or roofline effects, so its
+    times are linear in ``b``, and it leaves out the norms, activations and the head's softmax
+    traffic (docs/cost-model.md, "Flat efficiency").
     Decoder layers offer recompute ``none``, ``selective`` and ``full``; every layer sets
     ``backward_weight_s`` so the zero-bubble schedules apply.
 
@@ -358,9 +362,13 @@ def transformer_profile(
         embedding = lp._embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather)
         head = lp._head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s)
     decoders = [block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
-    if efficiency is None and cfg.is_moe and cfg.first_dense_layers:  # dense first layers, then MoE layers
-        moe_block = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
-                                  selective_recompute_fraction, index=cfg.first_dense_layers)[1]
+    if cfg.is_moe and cfg.first_dense_layers:  # dense first layers, then MoE layers (either model)
+        if efficiency is None:
+            moe_block = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
+                                      selective_recompute_fraction, index=cfg.first_dense_layers)[1]
+        else:
+            moe_block = lp._decoder_layer(cfg, cfg.first_dense_layers, device, b, t, efficiency,
+                                          intra_node_bytes_per_s, scatter_gather, selective_recompute_fraction)
         decoders = decoders[:cfg.first_dense_layers] + [
             moe_block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.first_dense_layers, cfg.num_layers)]
     return ModelProfile(

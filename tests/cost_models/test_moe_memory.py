@@ -58,3 +58,15 @@ def test_mixtral_profile_keeps_the_routed_activations() -> None:
     dense = decoder_activation_bytes(dense_cfg, microbatch_size=1, sequence_parallel=False)
     assert layer.strategies()["none"].activation_bytes == pytest.approx(
         dense - mm.dense_mlp_activation_bytes(cfg, microbatch_size=1, sequence_parallel=False) + moe_bytes)
+
+
+def test_flat_efficiency_profile_costs_each_layer_shape() -> None:
+    # DeepSeek-V3-like: dense first layers and MoE layers differ in FLOPs and memory under --efficiency too
+    cfg = api.load_model("deepseek-v3", seq_length=1024)
+    device = api.load_cluster("h100:1").device
+    prof = transformer_profile(cfg, device=device, microbatch_size=1, efficiency=0.5)
+    dense, routed = prof.layers[1], prof.layers[1 + cfg.first_dense_layers]
+    assert dense.flops != routed.flops and dense.static_bytes < routed.static_bytes
+    for layer in (dense, routed):  # F = matmul + core = (F + B + W) / 3 at half of peak, t = 1
+        assert layer.forward_s == pytest.approx(layer.flops / 3 / (0.5 * device.peak_flops), rel=1e-12)
+    assert routed.strategies()["none"].activation_bytes > dense.strategies()["none"].activation_bytes
