@@ -11,6 +11,10 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   sequence parallelism reaches 54.2 % MFU with selective recompute and 42.1 % with full
   recompute (t = 8, p = 35, b = 1, interleaved v = 3 as in Table 4.1's 530B run) - not used to fit
   anything;
+- Korthikanti et al. Table 5 (configurations of their Table 3: t = 8, no data parallelism, b = 1
+  except the 22B's b = 4, interleaved v = 3 for 175B and 530B): iteration times with full
+  recompute (no SP) and with selective recompute + SP ("present work"), 2022 kernels (unfused
+  attention);
 - memory: BPipe's Fig. 3 (Kim et al., ICML 2023): GPT-3 13B, 8-way pipeline on 8 A100 80 GB,
   b = 1, no recompute, 1F1B: the first stage holds 37 GiB more than the last;
 - V100 (not fitted on): Megatron-LM's 1.2B GPT on one V100 of a DGX-2H (130 TF/s at 450 W),
@@ -136,6 +140,34 @@ MEGATRON_V1_1_2B_TFLOPS = 62.4
 MEGATRON_WEAK_SCALING = {8: 0.77, 512: 0.76}
 
 
+GPT_22B = TransformerConfig(name="gpt-22b", hidden_size=6144, num_layers=48, num_heads=64, seq_length=2048,
+                           vocab_size=51200)
+KORTHIKANTI_TABLE_5 = [  # (model, GPUs, p, batch, b, v, full-recompute s, selective + SP s)
+    (GPT_22B, 8, 1, 4, 4, 1, 1.42, 1.10),
+    ("gpt3-175b", 64, 8, 64, 1, 3, 18.13, 13.75),
+    ("gpt-529.6b", 280, 35, 280, 1, 3, 49.05, 37.83),
+    ("gpt-1t", 512, 64, 512, 1, 1, 94.42, 71.49),
+]
+
+
+def korthikanti_table_5() -> list[dict[str, object]]:
+    """Predicted vs published iteration seconds of Korthikanti et al.'s Table 5 (t = 8, d = 1)."""
+    out = []
+    for model, gpus, p, batch, b, v, full_s, present_s in KORTHIKANTI_TABLE_5:
+        schedule = "interleaved-1f1b" if v > 1 else "1f1b"
+        problem = api.make_problem(model, f"a100-80gb:{gpus // 8}", global_batch_size=batch, num_stages=p,
+                                   num_chunks=v, schedule=schedule, data_parallel=1)
+        for recompute, sp, published in (("full", False, full_s), ("selective", True, present_s)):
+            plan = ptdp.solve(problem, options={"tensor_parallel": 8, "microbatch_size": b, "recompute": recompute,
+                                                "attention": "unfused", "sequence_parallel": sp, "num_simulated": 1,
+                                                "schedules": schedule})
+            got = float(plan.candidates[0]["iteration_s"])
+            name = model if isinstance(model, str) else model.name
+            out.append({"row": f"{name} {recompute}{' + SP' if sp else ''}", "published": published, "predicted": got,
+                        "error": got / published - 1, "mfu": float(plan.candidates[0]["mfu"])})
+    return out
+
+
 def dgx2h(num_devices: int) -> Cluster:
     """DGX-2H V100s (450 W: 130 TF/s fp16, the peak of the "30 %"/"48 %" figures): 16 per node on
     NVSwitch (150 GB/s per direction), 8 x 100 Gb/s EDR per node (6.25 GB/s per GPU)."""
@@ -259,6 +291,9 @@ def main(as_json: bool = False) -> None:
         mfu = korthikanti_530b_mfu(recompute)
         print(f"Korthikanti 530B, 2240 A100, SP + {recompute} recompute: MFU {100 * mfu:.1f}% vs published "
               f"{100 * published:.1f}% ({100 * (mfu / published - 1):+.1f}%)")
+    for r in korthikanti_table_5():
+        print(f"Korthikanti Table 5 {r['row']}: {r['published']:.2f} s published, {r['predicted']:.2f} s predicted "
+              f"({100 * float(r['error']):+.1f}%), MFU {100 * float(r['mfu']):.1f}%")
     for r in v100_rows():
         print(f"V100 {r['row']}: published {r['published']:.3g}, predicted {r['predicted']:.3g} "
               f"({100 * float(r['error']):+.1f}%)")

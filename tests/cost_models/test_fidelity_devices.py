@@ -69,3 +69,18 @@ def test_torchtitan_rows_bound_from_above() -> None:
     assert float(rows[1]["predicted"]) == pytest.approx(float(rows[1]["published"]), rel=0.06)
     assert all(float(r["predicted"]) >= float(r["published"]) for r in rows)
     assert float(rows[2]["error"]) == pytest.approx(0.684, abs=0.02)
+
+
+def test_korthikanti_table_5_iteration_times() -> None:
+    """Korthikanti et al. Table 5 (A100, t = 8, no data parallelism; not fitted on): 8 iteration
+    times, predicted 0.7-11.2 % slow, mean 6.0 %; tested per row within 12 % and mean within 7 %,
+    and selective recompute + SP faster than full recompute by 33-36 % (measured 29-32 %: Megatron
+    overlaps the backward tensor-parallel all-reduce with the weight-gradient GEMM, which shortens
+    the full-recompute runs more; not modelled)."""
+    rows = FIDELITY.korthikanti_table_5()
+    errors = [float(r["error"]) for r in rows]
+    assert all(0 <= e < 0.12 for e in errors)
+    assert sum(errors) / len(errors) < 0.07
+    for full, present in zip(rows[::2], rows[1::2]):
+        speedup = float(full["predicted"]) / float(present["predicted"]) - 1
+        assert 0.32 < speedup < 0.37
