@@ -74,9 +74,8 @@ def test_torchtitan_rows_bound_from_above() -> None:
 def test_korthikanti_table_5_iteration_times() -> None:
     """Korthikanti et al. Table 5 (A100, t = 8, no data parallelism; not fitted on): 8 iteration
     times, predicted 0.7-11.2 % slow, mean 6.0 %; tested per row within 12 % and mean within 7 %,
-    and selective recompute + SP faster than full recompute by 33-36 % (measured 29-32 %: Megatron
-    overlaps the backward tensor-parallel all-reduce with the weight-gradient GEMM, which shortens
-    the full-recompute runs more; not modelled)."""
+    and selective recompute + SP faster than full recompute by 33-36 % (measured 29-32 %: our
+    full-recompute rows are the slower ones, +5.5 to +11.2 %; docs/cost-model.md, known limits)."""
     rows = FIDELITY.korthikanti_table_5()
     errors = [float(r["error"]) for r in rows]
     assert all(0 <= e < 0.12 for e in errors)
