@@ -275,7 +275,9 @@ def main(as_json: bool = False) -> None:
         first, diff = bpipe_fig3_memory_gib()
         memory = {"bpipe_fig3_first_stage_gib": first, "bpipe_fig3_diff_gib": diff,
                   "published_diff_gib": BPIPE_FIG3_DIFF_GIB}
-        json.dump({"rows": rows, "summary": summary(rows), "memory": memory}, sys.stdout, indent=1)
+        json.dump({"rows": rows, "summary": summary(rows), "memory": memory,
+                   "korthikanti_table_5": korthikanti_table_5(), "v100": v100_rows(),
+                   "torchtitan": torchtitan_rows(), "pipedream_2bw_depth": two_bw_rows()}, sys.stdout, indent=1)
         return
     print(f"{'source':<10}{'model':<12}{'GPUs':>6}{'B':>6}{'t,p,b,v':>11}{'published':>10}{'predicted':>10}"
           f"{'error':>8}{'MFU':>6}{'mem GiB':>9}")
