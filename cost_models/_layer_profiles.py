@@ -122,10 +122,11 @@ def _layer_flops_and_params(cfg: TransformerConfig, b: int, t: int, index: int) 
 
 def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float | None, sg: bool,
                sp: bool, attention: str, selective_fraction: float | None = None, index: int = 0,
-               ) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
+               overlap_tp_backward: bool = False) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
     """Embedding, decoder block ``index`` and head from the per-operation model (``layer_ops``)."""
     kw = {"microbatch_size": b, "tensor_parallel": t, "tp_link_bytes_per_s": bw}
-    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention, layer_index=index)
+    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention, layer_index=index,
+                                     overlap_tp_backward=overlap_tp_backward)
     head = layer_ops.head_op_times(cfg, device, **kw, sequence_parallel=sp)
     emb = layer_ops.embedding_op_times(cfg, device, **kw)
     e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size

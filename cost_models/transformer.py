@@ -303,6 +303,7 @@ def transformer_profile(
     selective_recompute_fraction: float | None = None,
     sequence_parallel: bool | None = None,
     attention: str = "flash",
+    overlap_tp_backward: bool = False,
 ) -> ModelProfile:
     """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
 
@@ -333,6 +334,9 @@ def transformer_profile(
         sequence_parallel: norms/dropouts split over t (Korthikanti et al.); None = on when t > 1.
         attention: ``flash`` (fused, no score traffic) or ``unfused`` (softmax and dropout over
             the b a s^2 scores, as Megatron-LM ran in 2021).
+        overlap_tp_backward: hide the backward tensor-parallel collectives behind the
+            weight-gradient GEMMs (Megatron-LM since 2022; ``layer_ops.decoder_op_times``);
+            per-operation model only.
 
     Returns:
         A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
@@ -355,7 +359,7 @@ def transformer_profile(
 
     if efficiency is None:
         embedding, block, head = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
-                                            selective_recompute_fraction)
+                                            selective_recompute_fraction, overlap_tp_backward=overlap_tp_backward)
     else:
         block = lp._decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
                                selective_recompute_fraction)
@@ -365,7 +369,8 @@ def transformer_profile(
     if cfg.is_moe and cfg.first_dense_layers:  # dense first layers, then MoE layers (either model)
         if efficiency is None:
             moe_block = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
-                                      selective_recompute_fraction, index=cfg.first_dense_layers)[1]
+                                      selective_recompute_fraction, index=cfg.first_dense_layers,
+                                      overlap_tp_backward=overlap_tp_backward)[1]
         else:
             moe_block = lp._decoder_layer(cfg, cfg.first_dense_layers, device, b, t, efficiency,
                                           intra_node_bytes_per_s, scatter_gather, selective_recompute_fraction)

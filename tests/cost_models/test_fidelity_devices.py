@@ -72,14 +72,15 @@ def test_torchtitan_rows_bound_from_above() -> None:
 
 
 def test_korthikanti_table_5_iteration_times() -> None:
-    """Korthikanti et al. Table 5 (A100, t = 8, no data parallelism; not fitted on): 8 iteration
-    times, predicted 0.7-11.2 % slow, mean 6.0 %; tested per row within 12 % and mean within 7 %,
-    and selective recompute + SP faster than full recompute by 33-36 % (measured 29-32 %: our
-    full-recompute rows are the slower ones, +5.5 to +11.2 %; docs/cost-model.md, known limits)."""
+    """Korthikanti et al. Table 5 (A100, t = 8, no data parallelism, backward TP collectives
+    overlapped as their Sec. 6.2 says; not fitted on): 8 iteration times, predicted -5.7 to +9.4 %,
+    mean |error| 4.0 %; tested per row within 10 % and mean within 4.5 %. Selective recompute + SP
+    comes out 34-38 % faster than full recompute (measured 29-32 %): our full-recompute rows are
+    the slow ones (docs/cost-model.md, known limits)."""
     rows = FIDELITY.korthikanti_table_5()
     errors = [float(r["error"]) for r in rows]
-    assert all(0 <= e < 0.12 for e in errors)
-    assert sum(errors) / len(errors) < 0.07
+    assert all(abs(e) < 0.10 for e in errors)
+    assert sum(abs(e) for e in errors) / len(errors) < 0.045
     for full, present in zip(rows[::2], rows[1::2]):
         speedup = float(full["predicted"]) / float(present["predicted"]) - 1
-        assert 0.32 < speedup < 0.37
+        assert 0.33 < speedup < 0.39
