@@ -52,10 +52,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.compute import profile_optimizer_step_s
-from solvers._partition import partition_bounds
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import allreduce_time_s
 from planner.schema import Cluster, ModelProfile
+from solvers._partition import partition_bounds
 
 SCHEDULES = ("2bw", "flush")
 
