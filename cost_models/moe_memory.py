@@ -22,8 +22,10 @@ factor ``c``: every expert padded to ``c T k / E`` rows, Switch Transformer, Fed
 - shared experts (DeepSeekMoE, Dai et al., ACL 2024, Sec. 3.2): a dense FFN of width
   ``n_shared f_e`` over all ``T`` tokens, reading the same block input: ``e T n_shared f_e (2 or 3) / t``.
 
-Expert parallelism (which splits the routed rows over the experts' ranks) is not modelled here:
-every rank holds all its tokens' routed copies.
+Expert parallelism over ``e`` ranks leaves these counts unchanged under balanced routing: each
+rank sends its ``T k`` routed copies out and receives ``T k / e`` from each of the ``e`` ranks,
+so it still holds ``T k`` rows (for its own experts); what EP divides is the expert weights. Routing
+imbalance (a hot expert's rank holding more rows) and dropped tokens are not modelled.
 """
 
 from __future__ import annotations
