@@ -55,7 +55,7 @@ from cost_models.compute import profile_optimizer_step_s
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import allreduce_time_s
 from planner.schema import Cluster, ModelProfile
-from solvers._partition import partition_bounds
+from solvers._partition import parametric_partition
 
 SCHEDULES = ("2bw", "flush")
 
@@ -155,7 +155,9 @@ def balanced_bounds(model: ModelProfile, num_stages: int, *, recompute: str, sch
         memory = fixed[j] - fixed[i] + min(p - q, m) * (act[j] - act[i]) + work.max(i, j)
         return time_s[j] - time_s[i] if memory <= capacity_bytes else math.inf
 
-    value, bounds = partition_bounds(len(model.layers), p, cost)
+    # a range costs no more on a later stage (fewer in-flight microbatches), which the parametric
+    # min-max search needs (``solvers._partition``; O(64 p log N) stage costs)
+    value, bounds = parametric_partition(len(model.layers), p, cost, part_trend="decreasing")
     return bounds if math.isfinite(value) else None
 
 
