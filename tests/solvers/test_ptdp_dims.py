@@ -369,3 +369,21 @@ def test_pinned_end_stage_layers_follow_megatrons_flags() -> None:
     first = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 4, "first_stage_layers": 2})
     assert _decoders_per_stage(first) == [2, 10, 10, 10]
     assert "--decoder-first-pipeline-num-layers" in to_megatron_args(first)
+
+
+def test_routing_imbalance_slows_only_expert_parallel_layers() -> None:
+    """load_balance_factor f: the routed experts' share of an MoE layer runs f times longer when the experts
+    are spread over e > 1 ranks (the busiest rank sets the pace); one rank holding every expert is not slowed."""
+    problem = api.make_problem("mixtral-8x7b", "h100:1", global_batch_size=64)
+    cfg, cluster = problem.transformer, problem.cluster
+    assert cfg is not None
+    base = model.unit_costs(cfg, cluster, 1, 1, model.ProfileSettings()).decoder
+    share = dims.routed_share(cfg)  # k x expert matmul weights over the layer's: 2 x 3 h f / (attention + router + that)
+    h, f, kv = 4096, 14336, 8 * 128
+    assert share == pytest.approx(2 * 3 * h * f / (h * (h + 2 * kv) + h * h + h * 8 + 2 * 3 * h * f))
+    kw = {"microbatch_size": 1, "moe_layer": True}
+    for e, slowed in ((1, 0.0), (8, 0.2 * share)):
+        d = dims.Dims(tensor=1, expert=e, data=8)
+        even = dims.decoder_at_degrees(base, cfg, cluster, d, **kw)
+        skewed = dims.decoder_at_degrees(base, cfg, cluster, d, **kw, load_balance_factor=1.2)
+        assert skewed.forward_s - even.forward_s == pytest.approx(slowed * base.forward_s)
