@@ -161,7 +161,7 @@ def _bubble(start_s: float, end_s: float, free_bytes: float) -> Bubble:
     builds, at a third of its cost (a 64 x 512 1F1B has tens of thousands of bubbles)."""
     b = _new(Bubble)
     _set(b, "__dict__", {"start_s": start_s, "end_s": end_s, "free_memory_bytes": free_bytes})
-    _set(b, "__pydantic_fields_set__", _BUBBLE_FIELDS)
+    _set(b, "__pydantic_fields_set__", {"start_s", "end_s", "free_memory_bytes"})  # a set: model_copy adds to it
     _set(b, "__pydantic_extra__", None)
     _set(b, "__pydantic_private__", None)
     return b

@@ -11,3 +11,4 @@ def test_fast_bubble_equals_a_validated_one() -> None:
     fast, checked = _bubble(0.5, 1.25, 3e9), Bubble(start_s=0.5, end_s=1.25, free_memory_bytes=3e9)
     assert fast == checked and fast.model_dump() == checked.model_dump() and hash(fast) == hash(checked)
     assert Bubble.model_validate_json(fast.model_dump_json()) == checked
+    assert fast.model_copy(update={"end_s": 2.0}) == checked.model_copy(update={"end_s": 2.0})
