@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cost_models import transformer
+from cost_models import extrapolate, transformer
 from cost_models.sim import rr
 from cost_models.sim.fill import FilledIteration, simulate_filled
 from cost_models.simulate import pipeline_costs, plan_actions, simulate
@@ -148,7 +148,15 @@ def _check_flushed(plan: Plan) -> None:
 
 def _filled_iteration(plan: Plan, stages: Sequence[StageBubbles], table: list[list[ExecutorPlan | None]],
                       done: list, switch_s: float) -> FilledIteration:
-    """The main job's iteration with each GPU's longest piece per bubble on its compute stream."""
+    """The main job's iteration with each GPU's longest piece per bubble on its compute stream.
+
+    Raises:
+        InvalidProblemError: a plan too large to simulate action by action.
+    """
+    if extrapolate.num_actions(plan) > extrapolate.MAX_EVENT_ACTIONS:
+        raise InvalidProblemError(
+            f"the main job has {extrapolate.num_actions(plan):,} actions; the filled iteration is simulated action "
+            f"by action, at most {extrapolate.MAX_EVENT_ACTIONS:,}: plan with fewer microbatches")
     t = plan.degrees.tensor
     longest: list[dict[int, float]] = [{} for _ in range(len(stages) * t)]
     for d in done:
