@@ -76,6 +76,13 @@ def simulate_filled(
     Raises:
         InvalidProblemError: a bubble start that is no idle instant of its rank, or a deadlock.
     """
+    with engine.gc_paused():
+        return _simulate_filled(costs, actions, num_microbatches, pieces, switch_s, trusted)
+
+
+def _simulate_filled(costs: PipelineCosts, actions: Sequence[Sequence[Action]], num_microbatches: int,
+                     pieces: Sequence[Sequence[Sequence[tuple[float, float]]]], switch_s: float,
+                     trusted: bool) -> FilledIteration:
     num_ranks = costs.num_ranks
     ops = pipeline.compile_actions(actions, stage_rank=[k % num_ranks for k in range(costs.num_virtual_stages)])
     durs = durations(costs, actions)

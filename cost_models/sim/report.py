@@ -153,6 +153,9 @@ def _bubbles(
 
 
 _BUBBLE_FIELDS = frozenset(("start_s", "end_s", "free_memory_bytes"))
+_FIELDS_SET = set(_BUBBLE_FIELDS)
+"""Shared by every bubble built here: pydantic copies it before changing it (``model_copy``), and
+one object instead of a new set per bubble spares the garbage collector tens of thousands."""
 _new, _set = object.__new__, object.__setattr__
 
 
@@ -161,7 +164,7 @@ def _bubble(start_s: float, end_s: float, free_bytes: float) -> Bubble:
     builds, at a third of its cost (a 64 x 512 1F1B has tens of thousands of bubbles)."""
     b = _new(Bubble)
     _set(b, "__dict__", {"start_s": start_s, "end_s": end_s, "free_memory_bytes": free_bytes})
-    _set(b, "__pydantic_fields_set__", {"start_s", "end_s", "free_memory_bytes"})  # a set: model_copy adds to it
+    _set(b, "__pydantic_fields_set__", _FIELDS_SET)
     _set(b, "__pydantic_extra__", None)
     _set(b, "__pydantic_private__", None)
     return b
