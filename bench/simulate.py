@@ -39,7 +39,7 @@ CASES = [
     ("interleaved-1f1b", 64, 2, 512),
     ("interleaved-1f1b", 32, 4, 256),
     ("2bw", 64, 1, 512),
-    ("readme-plan", 8, 6, 768),
+    ("readme-plan", 0, 0, 0),
     ("ptdp-search-16k", 0, 0, 0),
 ]
 
@@ -83,7 +83,8 @@ def time_case(name: str, p: int, v: int, m: int, plan_path: str | None) -> tuple
     if name == "readme-plan":
         assert plan_path is not None
         plan = Plan.from_json(Path(plan_path).read_text())
-        return 2 * p * v * m, _best_of_5(lambda: simulate(plan, include_events=False))
+        shape = plan.degrees.pipeline * plan.degrees.virtual * plan.num_microbatches
+        return 2 * shape, _best_of_5(lambda: simulate(plan, include_events=False))
     costs = PipelineCosts.uniform(
         num_stages=p, num_chunks=v, forward_s=1.0 / v, backward_s=2.0 / v, backward_weight_s=0.5 / v,
         recompute_s=0.1 / v, activation_bytes=1.0, send_s=0.01, static_bytes=1.0, allreduce_s=0.5,
@@ -106,13 +107,14 @@ def _readme_plan(path: Path) -> None:
     path.write_text(plan.model_dump_json(exclude={"offload"}))  # readable by revisions before Plan.offload
 
 
-def _baseline(directory: str, case: tuple[str, int, int, int], plan_path: str) -> float:
+def _baseline(directory: str, case: tuple[str, int, int, int], plan_path: str) -> tuple[float, float]:
     env = dict(os.environ, PYTHONPATH=directory)
     out = subprocess.run(
         [sys.executable, __file__, "--one", json.dumps([*case, plan_path])],
         env=env, cwd=directory, capture_output=True, text=True, check=True,
     )
-    return float(json.loads(out.stdout.strip().splitlines()[-1])[1])
+    _, wall, cpu = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(wall), float(cpu)
 
 
 def main() -> None:
@@ -123,18 +125,21 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         name, p, v, m, plan_path = json.loads(args.one)
-        print(json.dumps(time_case(name, p, v, m, plan_path)))
+        num_actions, wall = time_case(name, p, v, m, plan_path)
+        print(json.dumps([num_actions, wall, CPU[-1] if CPU and name != "ptdp-search-16k" else wall]))
         return
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = str(Path(tmp) / "readme-plan.json")
         _readme_plan(Path(plan_path))
-        head = "| case | p | v | m | actions | seconds (best of 5) | CPU seconds | first call |" + (" seconds, baseline | speed-up |" if args.baseline else "")
+        head = "| case | p | v | m | actions | seconds (best of 5) | CPU seconds | first call |" + (" seconds, baseline | speed-up | CPU seconds, baseline | CPU speed-up |" if args.baseline else "")
         print(head)
         print("|---" * (head.count("|") - 1) + "|")
         for case in CASES:
             old = _baseline(args.baseline, case, plan_path) if args.baseline else None
             num_actions, new = time_case(*case, plan_path)
-            extra = f" {old:.3f} | {old / new:.2f}x |" if old is not None else ""
+            new_cpu = CPU[-1] if CPU and case[0] != "ptdp-search-16k" else new
+            extra = (f" {old[0]:.3f} | {old[0] / new:.2f}x | {old[1]:.3f} | {old[1] / new_cpu:.2f}x |"
+                     if old is not None else "")
             shape = " | ".join(str(x) if x else "-" for x in (*case[1:], num_actions))
             cold = case[0] != "ptdp-search-16k"
             first, cpu = (f"{FIRST[-1]:.3f}", f"{CPU[-1]:.3f}") if cold else ("-", "-")
