@@ -3,9 +3,9 @@
 Prints schedule, p, v, m, number of actions and the best of five wall times of building the
 schedule's action lists and running ``simulate_costs`` on them (as ``simulate(plan)`` runs a
 built-in schedule, no structural validation; nothing is reused between calls), the best CPU
-time of those five, and the wall time of the first call, plus ``simulate(plan)`` of the README's plan (ptdp on
-gpt3-175b, 16 nodes of 8 A100, global batch 1536: interleaved 1F1B, 768 microbatches x 6
-chunks), which includes building the action lists. Both build the full SimResult (bubbles,
+time of those five, and the wall time of the first call, plus ``simulate(plan)`` of the
+README's plan (ptdp on gpt3-175b, 16 nodes of 8 A100, global batch 1536; its shape is the one
+ptdp chooses today), which includes building the action lists. Both build the full SimResult (bubbles,
 no timeline events). The 2BW row is ``simulate_2bw`` (three batches of 1F1B). The last row
 is one whole ptdp search for GPT-1T on 16,384 A100s (its simulated candidates included; the
 search budget is 60 s).
