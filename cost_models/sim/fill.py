@@ -28,7 +28,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cost_models.sim import engine, pipeline
+from cost_models.sim import engine, overlap, pipeline
 from cost_models.sim.costs import PipelineCosts, durations
 from planner.errors import InvalidProblemError
 from planner.schema import Action
@@ -63,6 +63,7 @@ def simulate_filled(
     pieces: Sequence[Sequence[Sequence[tuple[float, float]]]],
     switch_s: float,
     trusted: bool = True,
+    overlapped: Sequence[Sequence[int]] | None = None,
 ) -> FilledIteration:
     """Time one flushed iteration with fill pieces in its bubbles.
 
@@ -72,24 +73,40 @@ def simulate_filled(
             for GPU g of rank r; a bubble without a piece is left idle (no switch either).
         switch_s: main-job time spent at each filled bubble before the piece starts.
         trusted: the action lists are a built-in schedule's (see ``pipeline.build``).
+        overlapped: DualPipeV's overlapped F&B blocks (as ``simulate_costs`` takes them).
 
     Raises:
         InvalidProblemError: a bubble start that is no idle instant of its rank, or a deadlock.
     """
     with engine.gc_paused():
-        return _simulate_filled(costs, actions, num_microbatches, pieces, switch_s, trusted)
+        return _simulate_filled(costs, actions, num_microbatches, pieces, switch_s, trusted, overlapped)
 
 
 def _simulate_filled(costs: PipelineCosts, actions: Sequence[Sequence[Action]], num_microbatches: int,
                      pieces: Sequence[Sequence[Sequence[tuple[float, float]]]], switch_s: float,
-                     trusted: bool) -> FilledIteration:
+                     trusted: bool, overlapped: Sequence[Sequence[int]] | None) -> FilledIteration:
     num_ranks = costs.num_ranks
-    ops = pipeline.compile_actions(actions, stage_rank=[k % num_ranks for k in range(costs.num_virtual_stages)])
+    ops = pipeline.compile_actions(actions, stage_rank=costs.ranks())
     durs = durations(costs, actions)
-    base = pipeline.build(ops, num_microbatches=num_microbatches, durations=durs, trusted=trusted)
-    base_trace = pipeline.finish(base, engine.run(base.graph))
+    fused = overlapped if overlapped and any(overlapped) else None
+
+    def build() -> pipeline.PipelineGraph:
+        built = pipeline.build(ops, num_microbatches=num_microbatches, durations=durs, trusted=trusted)
+        if fused:
+            overlap.fuse_blocks(built, fused, forward_comm_s=costs.forward_comm_s,
+                                backward_comm_s=costs.backward_comm_s)
+        return built
+
+    def finish(built: pipeline.PipelineGraph, schedule: engine.Schedule) -> pipeline.Trace:
+        trace = pipeline.finish(built, schedule)
+        if fused:
+            overlap.split_fused_trace(trace, built, fused)
+        return trace
+
+    base = build()
+    base_trace = finish(base, engine.run(base.graph))
     base_s = _flush_s(base_trace, costs.allreduce_s)
-    built = pipeline.build(ops, num_microbatches=num_microbatches, durations=durs, trusted=trusted)
+    built = build()
     graph, tails, ids = built.graph, [], []
     for r, rank_gpus in enumerate(pieces[:num_ranks]):
         ar_op = -1
@@ -108,7 +125,7 @@ def _simulate_filled(costs: PipelineCosts, actions: Sequence[Sequence[Action]], 
                 else:
                     tails.append((r, piece))
     schedule = engine.run(graph)
-    trace = pipeline.finish(built, schedule)
+    trace = finish(built, schedule)
     iteration = _flush_s(trace, costs.allreduce_s)
     for r, piece in tails:
         head = trace.starts[r][0] if trace.starts[r] else 0.0

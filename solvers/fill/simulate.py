@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cost_models import extrapolate, transformer
+from cost_models.schedules import overlapped_blocks
 from cost_models.sim import rr
 from cost_models.sim.fill import FilledIteration, simulate_filled
 from cost_models.simulate import pipeline_costs, plan_actions, simulate
@@ -167,8 +168,10 @@ def _filled_iteration(plan: Plan, stages: Sequence[StageBubbles], table: list[li
             mine[piece.bubble] = max(mine.get(piece.bubble, 0.0), piece.duration_s)
     pieces = [[[(stages[s].bubbles[b].start_s, dur) for b, dur in longest[s * t + g].items()] for g in range(t)]
               for s in range(len(stages))]
+    blocks = (overlapped_blocks(plan.schedule, num_stages=plan.degrees.pipeline, num_microbatches=plan.num_microbatches)
+              if plan.schedule == "dualpipe-v" else None)  # DualPipeV's F&B blocks, as the simulator runs them
     return simulate_filled(pipeline_costs(plan), plan_actions(plan), num_microbatches=plan.num_microbatches,
-                           pieces=pieces, switch_s=switch_s, trusted=plan.schedule != "custom")
+                           pieces=pieces, switch_s=switch_s, trusted=plan.schedule != "custom", overlapped=blocks)
 
 
 def _result(plan: Plan, sim: SimResult, stages: Sequence[StageBubbles], jobs: Sequence[FillJob],
