@@ -43,3 +43,17 @@ def test_fill_drain_piece_wraps_into_the_next_head() -> None:
 def test_unknown_bubble_start_is_rejected() -> None:
     with pytest.raises(InvalidProblemError, match="no bubble starting at 3.5"):
         _filled([[[(3.5, 1.0)]], [[]]])
+
+
+@pytest.mark.parametrize(("schedule", "chunks"), [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe-v", 2)])
+def test_without_pieces_the_fill_engine_times_the_plan_as_the_simulator_does(schedule: str, chunks: int) -> None:
+    from cost_models.schedules import overlapped_blocks
+    from cost_models.simulate import pipeline_costs, plan_actions, simulate
+    from planner import api
+
+    plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", schedule=schedule, num_stages=4, num_chunks=chunks,
+                                     data_parallel=1, num_microbatches=8, global_batch_size=8), solver="even")
+    blocks = overlapped_blocks(schedule, num_stages=4, num_microbatches=8) if schedule == "dualpipe-v" else None
+    result = simulate_filled(pipeline_costs(plan), plan_actions(plan), num_microbatches=8, pieces=[], switch_s=0.0,
+                             overlapped=blocks)
+    assert result.base_iteration_s == result.iteration_s == simulate(plan, include_events=False).iteration_time_s
