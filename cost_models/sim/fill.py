@@ -107,24 +107,8 @@ def _simulate_filled(costs: PipelineCosts, actions: Sequence[Sequence[Action]], 
     base_trace = finish(base, engine.run(base.graph))
     base_s = _flush_s(base_trace, costs.allreduce_s)
     built = build()
-    graph, tails, ids = built.graph, [], []
-    for r, rank_gpus in enumerate(pieces[:num_ranks]):
-        ar_op = -1
-        for g, rank_pieces in enumerate(rank_gpus):
-            for start_s, piece_s in sorted(rank_pieces):
-                j = _action_before(base_trace, r, start_s, costs.allreduce_s[r], base_s)
-                first, n = built.rank_base[r], len(ops[r])
-                if j == n - 1 and ar_op < 0:  # the tail: after the rank's all-reduce
-                    ar_op = graph.add(costs.allreduce_s[r], deps=[first + j])
-                after = ar_op if j == n - 1 else first + j
-                switch = graph.add(switch_s, deps=[after] if j >= 0 else ())
-                piece = graph.add(piece_s, deps=[switch])
-                ids.append((r, g, switch, piece))
-                if j < n - 1:
-                    graph.add_dep(first + j + 1, piece)
-                else:
-                    tails.append((r, piece))
-    schedule = engine.run(graph)
+    ids, tails = _add_pieces(built, base_trace, base_s, costs.allreduce_s, pieces[:num_ranks], switch_s)
+    schedule = engine.run(built.graph)
     trace = finish(built, schedule)
     iteration = _flush_s(trace, costs.allreduce_s)
     for r, piece in tails:
@@ -134,6 +118,30 @@ def _simulate_filled(costs: PipelineCosts, actions: Sequence[Sequence[Action]], 
         base_iteration_s=base_s, iteration_s=max(iteration, base_s),
         pieces=tuple((r, g, schedule.start_s[sw], schedule.end_s[pc]) for r, g, sw, pc in ids),
     )
+
+
+def _add_pieces(built: pipeline.PipelineGraph, base_trace: pipeline.Trace, base_s: float,
+                allreduce_s: Sequence[float], pieces: Sequence[Sequence[Sequence[tuple[float, float]]]],
+                switch_s: float) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
+    """Switch and piece operations of every GPU in its bubbles; returns (rank, GPU, switch op,
+    piece op) of each and the (rank, piece op) of the pieces in a rank's tail."""
+    graph, ids, tails = built.graph, [], []
+    for r, rank_gpus in enumerate(pieces):
+        ar_op, first, n = -1, built.rank_base[r], len(built.ops[r])
+        for g, rank_pieces in enumerate(rank_gpus):
+            for start_s, piece_s in sorted(rank_pieces):
+                j = _action_before(base_trace, r, start_s, allreduce_s[r], base_s)
+                if j == n - 1 and ar_op < 0:  # the tail: after the rank's all-reduce
+                    ar_op = graph.add(allreduce_s[r], deps=[first + j])
+                after = ar_op if j == n - 1 else first + j
+                switch = graph.add(switch_s, deps=[after] if j >= 0 else ())
+                piece = graph.add(piece_s, deps=[switch])
+                ids.append((r, g, switch, piece))
+                if j < n - 1:
+                    graph.add_dep(first + j + 1, piece)
+                else:
+                    tails.append((r, piece))
+    return ids, tails
 
 
 def _flush_s(trace: pipeline.Trace, allreduce_s: Sequence[float]) -> float:
