@@ -142,7 +142,8 @@ def _check_flushed(plan: Plan) -> None:
     if kind is not None:
         raise InvalidProblemError(
             f"the main job is a {kind} plan (solver {plan.solver!r}, schedule {plan.schedule!r}); PipeFill fills the "
-            "bubbles of a flushed pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zb-*, custom): plan the main "
+            "bubbles of a flushed pipeline schedule (gpipe, 1f1b, flush, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v, "
+            "custom): plan the main "
             "job with one of those"
         )
 
