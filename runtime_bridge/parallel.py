@@ -67,17 +67,27 @@ class RankMesh:
     pp_group: Any = None
     dp_mesh: Any = None
     tp_mesh: Any = None
+    dp_group: Any = None
+    """The replicas of this rank's stage and tensor rank (None when d = 1)."""
+    ep_group: Any = None
+    """Expert parallelism: the e consecutive replicas that split the experts (None when e = 1)."""
+    edp_group: Any = None
+    """The d / e replicas holding the same experts (None when e = 1 or d = e)."""
+    ep_rank: int = 0
+    edp_size: int = 1
 
 
-def build_mesh(plan: Plan, rank: int, device: torch.device) -> RankMesh:
-    """The (pp, dp, tp) device mesh of a plan, in Megatron order; groups only where needed."""
+def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bool = False) -> RankMesh:
+    """The (pp, dp, tp) device mesh of a plan, in Megatron order; groups only where needed.
+    ``explicit_sync``: the bridge reduces data-parallel gradients itself (``grad_sync``), so
+    replicated parameters need the plain ``dp`` group, not FSDP2's hybrid mesh."""
     p, d, t = plan.degrees.pipeline, plan.degrees.data, plan.degrees.tensor
     stage, replica, tp_rank = rank // (d * t), (rank // t) % d, rank % t
     if d == 1 and t == 1:
         return RankMesh(stage, replica, tp_rank)
     from torch.distributed.device_mesh import init_device_mesh
 
-    if plan.zero_stage == 0 and d > 1 and t > 1:
+    if plan.zero_stage == 0 and d > 1 and t > 1 and not explicit_sync:
         # DDP does not take DTensor parameters: replicate with FSDP2's HSDP over a (d, 1) mesh
         mesh = init_device_mesh(device.type, (p, d, 1, t), mesh_dim_names=("pp", "dp", "dp_shard", "tp"))
         dp_mesh = mesh["dp", "dp_shard"]
@@ -85,7 +95,7 @@ def build_mesh(plan: Plan, rank: int, device: torch.device) -> RankMesh:
         mesh = init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
         dp_mesh = mesh["dp"] if d > 1 else None
     return RankMesh(stage, replica, tp_rank, pp_group=mesh["pp"].get_group(), dp_mesh=dp_mesh,
-                    tp_mesh=mesh["tp"] if t > 1 else None)
+                    tp_mesh=mesh["tp"] if t > 1 else None, dp_group=mesh["dp"].get_group() if d > 1 else None)
 
 
 def _embedding_plan(cfg: TransformerConfig, sp: bool) -> tuple[dict[str, Any], Any]:
@@ -166,14 +176,16 @@ def _moe_block(layer: nn.Module, tp_mesh: Any, sp: bool) -> nn.Module:
     return layer
 
 
-def shard_data_parallel(chunk: nn.Module, zero_stage: int, mesh: RankMesh) -> nn.Module:
-    """Wrap one chunk for data parallelism over the ``dp`` mesh by the plan's ZeRO stage.
+def shard_data_parallel(chunk: nn.Module, zero_stage: int, mesh: RankMesh, *, explicit_sync: bool = False
+                        ) -> nn.Module:
+    """Wrap one chunk for data parallelism over the ``dp`` mesh by the plan's ZeRO stage
+    (``explicit_sync``: replicated parameters left unwrapped, ``grad_sync`` reduces them).
 
     Returns:
         The module the pipeline stage runs: DDP, or the chunk itself made an FSDP2 module (each
         layer its own FSDP unit, so parameters are gathered one layer at a time).
     """
-    if mesh.dp_mesh is None:
+    if mesh.dp_mesh is None or (explicit_sync and zero_stage in (0, 1)):
         return chunk
     if zero_stage in (0, 1) and mesh.dp_mesh.ndim == 1 and mesh.tp_mesh is None:
         from torch.nn.parallel import DistributedDataParallel
@@ -192,7 +204,7 @@ def make_optimizer(params: list[nn.Parameter], zero_stage: int, mesh: RankMesh, 
     """The bridge's plain SGD; for ZeRO-1 without tensor parallelism, torch's
     ``ZeroRedundancyOptimizer`` over the ``dp`` group (DDP all-reduces the gradients, each replica
     updates and keeps the state of its share of the parameters, then broadcasts them)."""
-    if zero_stage == 1 and mesh.dp_mesh is not None and mesh.tp_mesh is None:
+    if zero_stage == 1 and mesh.dp_mesh is not None and mesh.tp_mesh is None and mesh.dp_mesh.ndim == 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, process_group=mesh.dp_mesh.get_group(),

@@ -286,19 +286,25 @@ def _check_schedule(plan: Plan) -> None:
 
 
 def _check_split_backward(plan: Plan) -> None:
-    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient).
-    torch's pipeline stage reduces a data-parallel stage's gradients (DDP's all-reduce, FSDP's
-    reduce-scatter) at the end of the input-gradient pass, before W has produced the weight
-    gradients: the replicas would average incomplete gradients (the tests saw a gradient error of
-    4e-2 with DDP and missing gradients with FSDP). Refused until that is handled."""
-    if plan.degrees.data == 1 or plan.schedule not in ("zb-h1", "zb-h2", "zb-v", "dualpipe-v", "custom"):
+    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient);
+    torch's stage reduces DDP/FSDP gradients before the W actions produce them. With ZeRO 0 and 1
+    the bridge therefore reduces the gradients itself after the step (``grad_sync``); FSDP2's
+    sharded gradients (ZeRO 2 and 3) are refused."""
+    if plan.degrees.data == 1 or plan.zero_stage in (0, 1):
         return
+    if splits_backward(plan):
+        raise InvalidProblemError(
+            f"schedule {plan.schedule!r} splits backwards into I and W, with degrees.data={plan.degrees.data} and "
+            f"zero_stage={plan.zero_stage}: torch's pipeline stage reduce-scatters FSDP2's gradients before the W "
+            "actions produce them; use zero_stage 0 or 1 (the bridge then all-reduces after every W action), or "
+            "schedule 1f1b, interleaved-1f1b or gpipe with FSDP"
+        )
+
+
+def splits_backward(plan: Plan) -> bool:
+    """Whether the plan's order splits some backward into I and W actions."""
+    if plan.schedule not in ("zb-h1", "zb-h2", "zb-v", "dualpipe-v", "custom"):
+        return False
     from cost_models.simulate import plan_actions
 
-    if any(a.kind in ("I", "W") for rank in plan_actions(plan) for a in rank):
-        raise InvalidProblemError(
-            f"schedule {plan.schedule!r} splits backwards into I and W, and degrees.data={plan.degrees.data}: torch's "
-            "pipeline stage reduces data-parallel gradients before the W actions produce them, so the replicas would "
-            "average incomplete gradients; with data parallelism use 1f1b, interleaved-1f1b or gpipe (or full 'B' "
-            "backwards in custom actions)"
-        )
+    return any(a.kind in ("I", "W") for rank in plan_actions(plan) for a in rank)

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
+from runtime_bridge.grad_sync import GradSync, needs_explicit_sync
 from runtime_bridge.parallel import (
     RankMesh,
     build_mesh,
@@ -97,7 +98,8 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
         init=lambda layer, i: gpt.init_layer(layer, i, seed=seed), dtype=gpt.model_dtype(cfg, device),
         parallelize=tp,
     )
-    wrapped = [shard_data_parallel(m, plan.zero_stage, mesh) for m in modules]
+    explicit = needs_explicit_sync(plan)
+    wrapped = [shard_data_parallel(m, plan.zero_stage, mesh, explicit_sync=explicit) for m in modules]
     num_stages = plan.degrees.pipeline * plan.degrees.virtual
     stages = [make_stage(w, stage_index=c.virtual_stage, num_stages=num_stages, device=device, group=mesh.pp_group)
               for w, c in zip(wrapped, chunks)]
@@ -107,8 +109,9 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
 def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -> dict[str, Any]:
     plan = Plan.from_dict(job["plan"])
     cfg = TransformerConfig.from_dict(job["config"])
-    mesh = build_mesh(plan, dist.get_rank(), device)
+    mesh = build_mesh(plan, dist.get_rank(), device, explicit_sync=needs_explicit_sync(plan))
     chunks, modules, stages = _build(job, plan, cfg, device, mesh)
+    sync = _grad_sync(plan, mesh)
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
     optimizer = make_optimizer([q for m in modules for q in m.parameters()], plan.zero_stage, mesh,
                                lr=float(job.get("lr", 0.05)))
@@ -132,7 +135,7 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
         if job.get("fail_rank") == record["rank"] and step == int(job.get("fail_step", 0)):
             os._exit(FAULT_EXIT_CODE)  # fault injection: die like a crashed host, no cleanup
         tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=int(job.get("seed", 0)))
-        _train_step(job, record, (schedule, stages, modules, optimizer, filler), tokens[rows], targets[rows], device)
+        _train_step(job, record, (schedule, stages, modules, optimizer, filler, sync), tokens[rows], targets[rows], device)
         if progress is not None and record["losses"][-1]:
             _report_progress(progress, job, step, record, plan.global_batch_size * cfg.seq_length)
     record.update(_peak_memory(device))
@@ -147,7 +150,7 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
     """One timed step: the pipeline schedule (with fill work in its bubbles), the whole gradients
     for ``--check``, the SGD step; appends the step time (wall, and this process's CPU time, which
     other jobs on a shared host do not inflate) and this rank's microbatch losses."""
-    schedule, stages, modules, optimizer, filler = parts
+    schedule, stages, modules, optimizer, filler, sync = parts
     dist.barrier()
     start, cpu_start = time.perf_counter(), time.process_time()
     if filler is not None:
@@ -155,6 +158,8 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
     losses = run_step(schedule, stages, tokens.to(device), targets.to(device))
     if filler is not None:
         filler.end_step()  # the idle tail is inside the timed step: its fill work counts
+    if sync is not None:  # after every W action: the data-parallel reduction DDP would have done
+        sync.reduce(modules)
     _sync(device)
     compute_s, compute_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if job.get("check"):  # untimed: gathering shards is not part of training
@@ -166,6 +171,14 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
     record["step_times_s"].append(compute_s + time.perf_counter() - start)
     record["step_cpu_times_s"].append(compute_cpu_s + time.process_time() - cpu_start)
     record["losses"].append([float(x) for x in losses])
+
+
+def _grad_sync(plan: Plan, mesh: RankMesh) -> GradSync | None:
+    """The explicit gradient reduction of zero-bubble or expert-parallel data parallelism, or None."""
+    if not needs_explicit_sync(plan):
+        return None
+    return GradSync(mesh.dp_group, plan.degrees.data, expert_group=mesh.edp_group,
+                    expert_group_size=mesh.edp_size)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

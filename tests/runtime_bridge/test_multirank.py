@@ -120,6 +120,9 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama interleaved v=2 x FSDP2": tiny_plan("interleaved-1f1b", v=2, d=2, zero_stage=3, model=LLAMA_TINY),
         "mixtral TP2 x PP2, experts split, sequence parallel": tiny_plan(
             "1f1b", t=2, sequence_parallel=True, model=MIXTRAL_TINY),
+        # I/W split with data parallelism: gradients all-reduced after the step's last W (grad_sync)
+        "zb-v PP2 x DP2 (explicit all-reduce)": tiny_plan("zb-v", d=2, m=4),
+        "llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)": tiny_plan("zb-h1", d=2, zero_stage=1, model=LLAMA_TINY),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))
@@ -147,6 +150,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
     assert wrappers["llama PP2 x DP2, ZeRO-1 (DDP + ZeroRedundancyOptimizer)"] == {
         ("DistributedDataParallel", "ZeroRedundancyOptimizer")}
     assert wrappers["llama TP2 x DP2 (zero 0)"] == {("FSDPChunkModule", "SGD")}  # DDP semantics via HSDP (d, 1)
+    assert wrappers["zb-v PP2 x DP2 (explicit all-reduce)"] == {("ChunkModule", "SGD")}
+    assert wrappers["llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)"] == {("ChunkModule", "ZeroRedundancyOptimizer")}
     tp_dp = results[5]
     assert [(r["replica"], r["tp_rank"]) for r in tp_dp] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 

@@ -1,0 +1,97 @@
+"""Explicit data-parallel gradient reduction, after the pipeline step has produced every gradient.
+
+torch's pipeline stage drives DDP and FSDP2 itself: it lets DDP's reducer all-reduce (and FSDP
+reduce-scatter) at the last backward of each microbatch series. Zero-bubble orders (ZB-H1/H2,
+ZB-V, DualPipeV, custom lists with I/W actions) split each backward into I (input gradients) and
+W (weight gradients), and ``stage_backward_weight`` writes the W gradients into ``param.grad`` by
+hand, outside autograd's accumulation hooks: DDP never sees them and would average incomplete
+gradients. Expert parallelism needs two groups (dense parameters over all replicas, experts over
+the replicas that hold the same experts), which DDP's one group cannot express.
+
+For those plans the bridge does not wrap chunks in DDP. After ``schedule.step`` (every F, I, W
+and torch's ``scale_grads`` by 1/m done) ``GradSync.reduce`` sums each gradient over its group with
+one flat all-reduce per group and divides by the data-parallel degree d, which is what DDP
+computes (Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*,
+VLDB 2020, Sec. 3: bucketed all-reduce of the averaged gradients). With ZeRO-1,
+``ZeroRedundancyOptimizer`` then updates each replica's share and broadcasts it, as under DDP.
+
+Expert parameters on an expert-parallel rank already hold the contributions of every token that
+was routed to them from the ``e`` replicas of its expert-parallel group (the all-to-all's
+backward brings them); they are summed over the expert-data-parallel group (the d / e replicas
+holding the same experts) and divided by d as well: every token's loss carries weight 1 / (d m)
+(Megatron-LM's expert-data-parallel gradient reduction; Lepikhin et al., *GShard*, ICLR 2021).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from planner.schema import Plan
+from runtime_bridge.validate import splits_backward
+
+__all__ = ["GradSync", "needs_explicit_sync", "splits_backward"]
+
+
+def needs_explicit_sync(plan: Plan) -> bool:
+    """Data parallelism whose gradients the bridge reduces itself instead of DDP (replicated
+    parameters, ZeRO 0 and 1): zero-bubble orders, or expert parallelism."""
+    if plan.degrees.data == 1 or plan.zero_stage not in (0, 1):
+        return False
+    return plan.degrees.expert > 1 or splits_backward(plan)
+
+
+def _is_expert(name: str) -> bool:
+    return ".experts." in f".{name}"
+
+
+class GradSync:
+    """Sum-and-average of the chunks' gradients over the data-parallel group (and the
+    expert-data-parallel group for expert-parallel experts).
+
+    Args:
+        dp_group: the replicas of this rank's stage (and tensor rank).
+        num_replicas: d, the divisor.
+        expert_group: the replicas that hold this rank's experts (None: experts are dense
+            parameters, reduced over ``dp_group``); a group of one rank skips the all-reduce.
+        expert_group_size: its size.
+    """
+
+    def __init__(self, dp_group: Any, num_replicas: int, *, expert_group: Any = None, expert_group_size: int = 1
+                 ) -> None:
+        self.dp_group, self.num_replicas = dp_group, num_replicas
+        self.expert_group, self.expert_group_size = expert_group, expert_group_size
+
+    def reduce(self, modules: Sequence[nn.Module]) -> None:
+        """All-reduce (sum) then divide by d every gradient of ``modules``; collective over the groups."""
+        dense, experts = [], []
+        for module in modules:
+            for name, param in module.named_parameters():
+                if param.grad is None:
+                    continue
+                local = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+                (experts if self.expert_group is not None and _is_expert(name) else dense).append(local)
+        _flat_all_reduce(dense, self.dp_group, 1.0 / self.num_replicas)
+        if experts:
+            group = self.expert_group if self.expert_group_size > 1 else None
+            _flat_all_reduce(experts, group, 1.0 / self.num_replicas)
+
+
+def _flat_all_reduce(grads: Iterable[torch.Tensor], group: Any, scale: float) -> None:
+    """One all-reduce of the concatenated gradients (a single bucket), scaled, copied back in place."""
+    grads = list(grads)
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    if group is not None:
+        dist.all_reduce(flat, group=group)
+    flat.mul_(scale)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset: offset + g.numel()].view_as(g))
+        offset += g.numel()
