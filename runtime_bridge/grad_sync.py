@@ -57,15 +57,15 @@ class GradSync:
     Args:
         dp_group: the replicas of this rank's stage (and tensor rank).
         num_replicas: d, the divisor.
-        expert_group: the replicas that hold this rank's experts (None: experts are dense
-            parameters, reduced over ``dp_group``); a group of one rank skips the all-reduce.
-        expert_group_size: its size.
+        expert_parallel: experts are split over ranks (else they are dense parameters, reduced
+            over ``dp_group``).
+        expert_group: the replicas that hold this rank's experts (None when there is one: d = e).
     """
 
-    def __init__(self, dp_group: Any, num_replicas: int, *, expert_group: Any = None, expert_group_size: int = 1
+    def __init__(self, dp_group: Any, num_replicas: int, *, expert_parallel: bool = False, expert_group: Any = None
                  ) -> None:
         self.dp_group, self.num_replicas = dp_group, num_replicas
-        self.expert_group, self.expert_group_size = expert_group, expert_group_size
+        self.expert_parallel, self.expert_group = expert_parallel, expert_group
 
     def reduce(self, modules: Sequence[nn.Module]) -> None:
         """All-reduce (sum) then divide by d every gradient of ``modules``; collective over the groups."""
@@ -75,11 +75,9 @@ class GradSync:
                 if param.grad is None:
                     continue
                 local = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-                (experts if self.expert_group is not None and _is_expert(name) else dense).append(local)
+                (experts if self.expert_parallel and _is_expert(name) else dense).append(local)
         _flat_all_reduce(dense, self.dp_group, 1.0 / self.num_replicas)
-        if experts:
-            group = self.expert_group if self.expert_group_size > 1 else None
-            _flat_all_reduce(experts, group, 1.0 / self.num_replicas)
+        _flat_all_reduce(experts, self.expert_group, 1.0 / self.num_replicas)
 
 
 def _flat_all_reduce(grads: Iterable[torch.Tensor], group: Any, scale: float) -> None:

@@ -28,9 +28,8 @@ tensor-parallel group.
   sharded), or, with tensor parallelism (DTensor parameters, which neither takes), as stage 2.
 
 Mixture-of-experts blocks under tensor parallelism split every expert's FFN the same way (expert
-tensor parallelism; the router is replicated). Not executed yet (refused before launch by
-``validate``): context parallelism (``degrees.context`` > 1) and expert parallelism
-(``degrees.expert`` > 1).
+tensor parallelism; the router is replicated). Expert parallelism (``degrees.expert`` > 1):
+``runtime_bridge.expert_parallel``, its groups built here (``_expert_groups``).
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ class RankMesh:
     edp_group: Any = None
     """The d / e replicas holding the same experts (None when e = 1 or d = e)."""
     ep_rank: int = 0
-    edp_size: int = 1
 
 
 def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bool = False) -> RankMesh:
@@ -95,7 +93,23 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bo
         mesh = init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
         dp_mesh = mesh["dp"] if d > 1 else None
     return RankMesh(stage, replica, tp_rank, pp_group=mesh["pp"].get_group(), dp_mesh=dp_mesh,
-                    tp_mesh=mesh["tp"] if t > 1 else None, dp_group=mesh["dp"].get_group() if d > 1 else None)
+                    tp_mesh=mesh["tp"] if t > 1 else None, dp_group=mesh["dp"].get_group() if d > 1 else None,
+                    **_expert_groups(plan, device))
+
+
+def _expert_groups(plan: Plan, device: torch.device) -> dict[str, Any]:
+    """Expert parallelism's groups, carved out of the data-parallel ranks (Megatron-LM's layout):
+    replicas g e .. g e + e - 1 split the experts, replicas with the same ``replica % e`` reduce
+    the same experts' gradients. A (pp, edp, ep, tp) mesh over the same ranks."""
+    e = plan.degrees.expert
+    if e == 1:
+        return {}
+    from torch.distributed.device_mesh import init_device_mesh
+
+    p, d, t = plan.degrees.pipeline, plan.degrees.data, plan.degrees.tensor
+    mesh = init_device_mesh(device.type, (p, d // e, e, t), mesh_dim_names=("pp", "edp", "ep", "tp"))
+    return {"ep_group": mesh["ep"].get_group(), "ep_rank": mesh["ep"].get_local_rank(),
+            "edp_group": mesh["edp"].get_group() if d > e else None}
 
 
 def _embedding_plan(cfg: TransformerConfig, sp: bool) -> tuple[dict[str, Any], Any]:

@@ -178,13 +178,12 @@ def check_buildable(cfg: TransformerConfig) -> None:
 def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
     """Degrees the bridge cannot run yet, and the divisibility tensor parallelism needs."""
     d = plan.degrees
-    for name, value, what in (("context", d.context, "context (sequence-split attention)"),
-                              ("expert", d.expert, "expert")):
-        if value != 1:
-            raise InvalidProblemError(
-                f"degrees.{name}={value}: the runtime bridge does not execute {what} parallelism yet; "
-                f"plan with degrees.{name}=1 (it runs pipeline x data x tensor)"
-            )
+    if d.context != 1:
+        raise InvalidProblemError(
+            f"degrees.context={d.context}: the runtime bridge does not execute context (sequence-split attention) "
+            "parallelism yet; plan with degrees.context=1 (it runs pipeline x data x tensor x expert)"
+        )
+    _check_expert(plan, cfg)
     t = d.tensor
     if t == 1:
         return
@@ -207,6 +206,31 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
             f"{' and, with sequence parallelism, the sequence' if plan.sequence_parallel else ''}); "
             "use a tensor-parallel degree that divides them"
         )
+
+
+def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
+    """Expert parallelism as the bridge runs it: whole experts (expert tensor parallelism 1) split
+    over e of the d replicas, gradients reduced explicitly (replicated dense parameters)."""
+    d = plan.degrees
+    if d.expert == 1:
+        return
+    problems = []
+    if cfg.num_experts is None:
+        problems.append(f"model {cfg.name!r} has no experts (num_experts unset): use degrees.expert=1")
+    elif cfg.num_experts % d.expert:
+        problems.append(f"num_experts={cfg.num_experts} is not divisible by degrees.expert={d.expert}: use an "
+                        "expert-parallel degree that divides it")
+    if d.data % d.expert:
+        problems.append(f"degrees.expert={d.expert} must divide degrees.data={d.data} (the expert-parallel group is "
+                        "carved out of the data-parallel replicas)")
+    if d.tensor > 1:
+        problems.append(f"degrees.tensor={d.tensor}: the bridge runs expert parallelism with whole experts only; use "
+                        "--tensor-parallel 1 or degrees.expert=1 (then every expert is tensor-split)")
+    if plan.zero_stage > 1:
+        problems.append(f"zero_stage={plan.zero_stage}: with expert parallelism the bridge replicates the dense "
+                        "parameters and reduces gradients itself; use zero_stage 0 or 1")
+    if problems:
+        raise InvalidProblemError(f"degrees.expert={d.expert}: " + "; ".join(problems))
 
 
 def _check_degrees(plan: Plan, world_size: int | None) -> None:

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
+from runtime_bridge.expert_parallel import expert_parallel_layer
 from runtime_bridge.grad_sync import GradSync, needs_explicit_sync
 from runtime_bridge.parallel import (
     RankMesh,
@@ -93,6 +94,9 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
     tp = None
     if mesh.tp_mesh is not None:
         tp = lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel)  # noqa: E731
+    if mesh.ep_group is not None:
+        tp = lambda layer, i: expert_parallel_layer(  # noqa: E731
+            layer, ep_rank=mesh.ep_rank, ep_size=plan.degrees.expert, group=mesh.ep_group)
     modules = build_chunk_modules(
         chunks, lambda i: gpt.build_layer(cfg, i), device=device,
         init=lambda layer, i: gpt.init_layer(layer, i, seed=seed), dtype=gpt.model_dtype(cfg, device),
@@ -177,8 +181,8 @@ def _grad_sync(plan: Plan, mesh: RankMesh) -> GradSync | None:
     """The explicit gradient reduction of zero-bubble or expert-parallel data parallelism, or None."""
     if not needs_explicit_sync(plan):
         return None
-    return GradSync(mesh.dp_group, plan.degrees.data, expert_group=mesh.edp_group,
-                    expert_group_size=mesh.edp_size)
+    return GradSync(mesh.dp_group, plan.degrees.data, expert_parallel=mesh.ep_group is not None,
+                    expert_group=mesh.edp_group)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

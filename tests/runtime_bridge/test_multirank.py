@@ -39,6 +39,8 @@ _TWO_RANK_PLANS = {
     "zb-v (ScheduleZBVZeroBubble, V placement)": tiny_plan("zb-v", m=4),
     "dualpipe-v (ScheduleDualPipeV, V placement)": tiny_plan("dualpipe-v", m=4),
     "dualpipe-v through the plan's action list": tiny_plan("dualpipe-v", m=6),
+    "mixtral EP2 (experts split over 2 replicas, all-to-all)": tiny_plan(
+        "gpipe", p=1, d=2, expert=2, model=MIXTRAL_TINY),
 }
 _EXECUTOR = {"1f1b through the plan's action list": "actions", "dualpipe-v through the plan's action list": "actions"}
 
@@ -70,6 +72,17 @@ def test_two_ranks_match_single_process(two_rank_reports: dict[str, dict], name:
 def test_v_schedules_run_in_v_placement(two_rank_reports: dict[str, dict], name: str) -> None:
     # rank 0 holds the first and the last virtual stage, rank 1 the turn of the V
     assert two_rank_reports[name]["rank_virtual_stages"] == [[0, 3], [1, 2]]
+
+
+def test_expert_parallel_ranks_hold_half_the_experts(two_rank_reports: dict[str, dict]) -> None:
+    from runtime_bridge import model as gpt
+
+    cfg = MIXTRAL_TINY
+    params = [(n, q.numel()) for i in range(cfg.num_layers + 2) for n, q in gpt.build_layer(cfg, i).named_parameters()]
+    experts = sum(k for n, k in params if ".experts." in n)
+    dense = sum(k for n, k in params) - experts
+    report = two_rank_reports["mixtral EP2 (experts split over 2 replicas, all-to-all)"]
+    assert report["rank_param_bytes"] == [4 * (dense + experts // 2)] * 2
 
 
 def test_two_ranks_measurements(two_rank_reports: dict[str, dict]) -> None:
@@ -123,6 +136,9 @@ def test_four_ranks_meshes(tmp_path) -> None:
         # I/W split with data parallelism: gradients all-reduced after the step's last W (grad_sync)
         "zb-v PP2 x DP2 (explicit all-reduce)": tiny_plan("zb-v", d=2, m=4),
         "llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)": tiny_plan("zb-h1", d=2, zero_stage=1, model=LLAMA_TINY),
+        "mixtral PP2 x EP2 with zb-v": tiny_plan("zb-v", d=2, expert=2, model=MIXTRAL_TINY),
+        "mixtral EP2 of DP4 (expert-data-parallel groups of 2)": tiny_plan(
+            "gpipe", p=1, d=4, expert=2, model=MIXTRAL_TINY),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))

@@ -91,14 +91,29 @@ def test_sequence_parallel_needs_t_to_divide_the_sequence() -> None:
         check_plan(_tp_plan(short, sequence_parallel=True), short)
 
 
-def test_context_and_expert_parallelism_are_refused() -> None:
+def test_context_parallelism_is_refused() -> None:
     with pytest.raises(InvalidProblemError, match=r"degrees.context=2: the runtime bridge does not execute context"):
         check_plan(_edit(_plan(), degrees={"pipeline": 2, "context": 2}), TINY)
+
+
+def test_expert_parallelism_runs_whole_experts_over_replicas() -> None:
     moe = TINY.model_copy(update={"name": "moe", "num_experts": 4, "experts_per_token": 2})
     moe_plan = api.plan(api.make_problem(moe, "cpu:4", num_stages=2, data_parallel=2, global_batch_size=8))
-    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .* expert parallelism"):
-        check_plan(_edit(moe_plan, degrees={"pipeline": 2, "data": 2, "expert": 2}), moe)
-    check_plan(_tp_plan(moe), moe)  # MoE with tensor parallelism: every expert split
+    ep2 = _edit(moe_plan, degrees={"pipeline": 2, "data": 2, "expert": 2})
+    check_plan(ep2, moe, world_size=4)  # experts split over the 2 replicas: runs (test_multirank)
+    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: zero_stage=3: .* use zero_stage 0 or 1"):
+        check_plan(_edit(ep2, zero_stage=3), moe)
+    from runtime_bridge.validate import _check_expert  # the plan schema refuses some shapes itself
+
+    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .*no experts"):
+        _check_expert(ep2, TINY)
+
+    for degrees, message in (({"pipeline": 2, "tensor": 2, "data": 2, "expert": 2}, "whole experts only"),
+                             ({"pipeline": 1, "data": 3, "expert": 2}, "must divide degrees.data=3")):
+        plan = ep2.model_construct(**(dict(ep2) | {"degrees": ep2.degrees.model_copy(update=degrees)}))
+        with pytest.raises(InvalidProblemError, match=message):
+            _check_expert(plan, moe)
+    check_plan(_tp_plan(moe), moe)
     odd = moe.model_copy(update={"moe_ffn_hidden_size": 33})
     # Refused when the plan is made (the cost model needs t | expert FFN width) or, for a plan
     # made elsewhere, by the runtime's own check.
