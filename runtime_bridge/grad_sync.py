@@ -40,10 +40,12 @@ __all__ = ["GradSync", "needs_explicit_sync", "splits_backward"]
 
 def needs_explicit_sync(plan: Plan) -> bool:
     """Data parallelism whose gradients the bridge reduces itself instead of DDP (replicated
-    parameters, ZeRO 0 and 1): zero-bubble orders, or expert parallelism."""
-    if plan.degrees.data == 1 or plan.zero_stage not in (0, 1):
+    parameters, ZeRO 0 and 1): zero-bubble orders, expert or context parallelism (whose ranks
+    reduce over the d c ranks of a stage, dividing by d c)."""
+    d = plan.degrees
+    if d.data * d.context == 1 or plan.zero_stage not in (0, 1):
         return False
-    return plan.degrees.expert > 1 or splits_backward(plan)
+    return d.expert > 1 or d.context > 1 or splits_backward(plan)
 
 
 def _is_expert(name: str) -> bool:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -73,6 +74,9 @@ class RankMesh:
     edp_group: Any = None
     """The d / e replicas holding the same experts (None when e = 1 or d = e)."""
     ep_rank: int = 0
+    cp_rank: int = 0
+    cp_group: Any = None
+    """Context parallelism: the c ranks that split one replica's sequence (None when c = 1)."""
 
 
 def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bool = False) -> RankMesh:
@@ -80,6 +84,8 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bo
     ``explicit_sync``: the bridge reduces data-parallel gradients itself (``grad_sync``), so
     replicated parameters need the plain ``dp`` group, not FSDP2's hybrid mesh."""
     p, d, t = plan.degrees.pipeline, plan.degrees.data, plan.degrees.tensor
+    if plan.degrees.context > 1:
+        return _context_mesh(plan, rank, device)
     stage, replica, tp_rank = rank // (d * t), (rank // t) % d, rank % t
     if d == 1 and t == 1:
         return RankMesh(stage, replica, tp_rank)
@@ -95,6 +101,20 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bo
     return RankMesh(stage, replica, tp_rank, pp_group=mesh["pp"].get_group(), dp_mesh=dp_mesh,
                     tp_mesh=mesh["tp"] if t > 1 else None, dp_group=mesh["dp"].get_group() if d > 1 else None,
                     **_expert_groups(plan, device))
+
+
+def _context_mesh(plan: Plan, rank: int, device: torch.device) -> RankMesh:
+    """Pipeline x data x context (tensor and expert degrees 1, checked before launch): rank =
+    stage x d c + replica x c + context rank (Megatron-LM's order, context inside data). The
+    gradient group of a stage is all its d c ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    p, d, c = plan.degrees.pipeline, plan.degrees.data, plan.degrees.context
+    mesh = init_device_mesh(device.type, (p, d, c), mesh_dim_names=("pp", "dp", "cp"))
+    stage_groups = [dist.new_group(list(range(s * d * c, (s + 1) * d * c))) for s in range(p)]  # every rank, in order
+    stage = rank // (d * c)
+    return RankMesh(stage, (rank // c) % d, 0, pp_group=mesh["pp"].get_group(), dp_group=stage_groups[stage],
+                    cp_rank=rank % c, cp_group=mesh["cp"].get_group())
 
 
 def _expert_groups(plan: Plan, device: torch.device) -> dict[str, Any]:

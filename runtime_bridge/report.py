@@ -17,7 +17,7 @@ __all__ = ["mfu", "summarize"]
 
 
 def _num_devices(plan: Plan) -> int:
-    return plan.degrees.tensor * sum(stage.replicas for stage in plan.stages)
+    return plan.degrees.tensor * plan.degrees.context * sum(stage.replicas for stage in plan.stages)
 
 
 def mfu(plan: Plan, cfg: TransformerConfig, step_s: float) -> float | None:

@@ -19,9 +19,9 @@ synchronous schedules cannot reproduce."""
 
 
 def num_ranks(plan: Plan) -> int:
-    """Processes a plan needs: pipeline x data x tensor degrees."""
+    """Processes a plan needs: pipeline x data x context x tensor degrees."""
     d = plan.degrees
-    return d.pipeline * d.data * d.tensor
+    return d.pipeline * d.data * d.context * d.tensor
 
 
 def resolve_config(plan: Plan, model: TransformerConfig | None = None) -> TransformerConfig:
@@ -178,11 +178,7 @@ def check_buildable(cfg: TransformerConfig) -> None:
 def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
     """Degrees the bridge cannot run yet, and the divisibility tensor parallelism needs."""
     d = plan.degrees
-    if d.context != 1:
-        raise InvalidProblemError(
-            f"degrees.context={d.context}: the runtime bridge does not execute context (sequence-split attention) "
-            "parallelism yet; plan with degrees.context=1 (it runs pipeline x data x tensor x expert)"
-        )
+    _check_context(plan, cfg)
     _check_expert(plan, cfg)
     t = d.tensor
     if t == 1:
@@ -206,6 +202,26 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
             f"{' and, with sequence parallelism, the sequence' if plan.sequence_parallel else ''}); "
             "use a tensor-parallel degree that divides them"
         )
+
+
+def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
+    """Context parallelism as the bridge runs it: the load-balanced split (2 c chunks), keys and
+    values all-gathered, with replicated parameters and no tensor or expert parallelism."""
+    d = plan.degrees
+    if d.context == 1:
+        return
+    problems = []
+    if cfg.seq_length % (2 * d.context):
+        problems.append(f"seq_length={cfg.seq_length} is not divisible by 2 x degrees.context = {2 * d.context} "
+                        "(the load-balanced split); use a context degree c with seq_length divisible by 2c")
+    if d.tensor > 1 or d.expert > 1:
+        problems.append(f"degrees.tensor={d.tensor}, degrees.expert={d.expert}: the bridge combines context "
+                        "parallelism with pipeline and data parallelism only; set both to 1 or degrees.context=1")
+    if plan.zero_stage > 1:
+        problems.append(f"zero_stage={plan.zero_stage}: with context parallelism the bridge replicates parameters "
+                        "and reduces gradients over data x context itself; use zero_stage 0 or 1")
+    if problems:
+        raise InvalidProblemError(f"degrees.context={d.context}: " + "; ".join(problems))
 
 
 def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
@@ -242,17 +258,19 @@ def _check_degrees(plan: Plan, world_size: int | None) -> None:
             "runs one data-parallel degree for all stages: plan with solver 'even' or 'ptdp'"
         )
     for stage in plan.stages:
-        size = d.data * d.tensor
+        size = d.data * d.context * d.tensor
         megatron = tuple(range(stage.index * size, (stage.index + 1) * size))
         if stage.ranks and tuple(stage.ranks) != megatron:
             raise InvalidProblemError(
                 f"stage {stage.index} has ranks {list(stage.ranks)}; the bridge places ranks in Megatron "
-                f"order (rank = stage x data x tensor + replica x tensor + tensor rank), i.e. {list(megatron)}"
+                f"order (rank = stage x data x context x tensor + replica x context x tensor + context rank x "
+                f"tensor + tensor rank), i.e. {list(megatron)}"
             )
     needed = num_ranks(plan)
     if world_size is not None and world_size != needed:
         raise InvalidProblemError(
-            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data} x tensor {d.tensor}) but "
+            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data}"
+            f"{f' x context {d.context}' if d.context > 1 else ''} x tensor {d.tensor}) but "
             f"the launch starts {world_size}; set --nproc-per-node x --nnodes = {needed}"
         )
 

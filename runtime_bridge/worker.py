@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
+from runtime_bridge.context_parallel import context_parallel_layer
 from runtime_bridge.expert_parallel import expert_parallel_layer
 from runtime_bridge.grad_sync import GradSync, needs_explicit_sync
 from runtime_bridge.parallel import (
@@ -97,6 +98,9 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
     if mesh.ep_group is not None:
         tp = lambda layer, i: expert_parallel_layer(  # noqa: E731
             layer, ep_rank=mesh.ep_rank, ep_size=plan.degrees.expert, group=mesh.ep_group)
+    if mesh.cp_group is not None:
+        shard = _context_shard(plan, cfg, mesh, device)
+        tp = lambda layer, i: context_parallel_layer(layer, shard)  # noqa: E731
     modules = build_chunk_modules(
         chunks, lambda i: gpt.build_layer(cfg, i), device=device,
         init=lambda layer, i: gpt.init_layer(layer, i, seed=seed), dtype=gpt.model_dtype(cfg, device),
@@ -131,15 +135,19 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
     if progress is not None:
         d = plan.degrees
         with progress.open("a") as fh:
+            extra = "".join(f" x {k} {v}" for k, v in (("context", d.context), ("expert", d.expert)) if v > 1)
             fh.write(f"{job.get('name') or 'run'}: ranks ready (pipeline {d.pipeline} x data {d.data} x tensor "
-                     f"{d.tensor}); step 1 also infers the stages' shapes\n")
+                     f"{d.tensor}{extra}); step 1 also infers the stages' shapes\n")
     per_replica = plan.num_microbatches * plan.microbatch_size
     rows = slice(mesh.replica * per_replica, (mesh.replica + 1) * per_replica)
+    shard = _context_shard(plan, cfg, mesh, device)
+    columns = shard.index if shard is not None else slice(None)  # context parallelism: the positions held
     for step in range(int(job["steps"])):
         if job.get("fail_rank") == record["rank"] and step == int(job.get("fail_step", 0)):
             os._exit(FAULT_EXIT_CODE)  # fault injection: die like a crashed host, no cleanup
         tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=int(job.get("seed", 0)))
-        _train_step(job, record, (schedule, stages, modules, optimizer, filler, sync), tokens[rows], targets[rows], device)
+        _train_step(job, record, (schedule, stages, modules, optimizer, filler, sync, mesh), tokens[rows][:, columns],
+                    targets[rows][:, columns], device)
         if progress is not None and record["losses"][-1]:
             _report_progress(progress, job, step, record, plan.global_batch_size * cfg.seq_length)
     record.update(_peak_memory(device))
@@ -154,7 +162,7 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
     """One timed step: the pipeline schedule (with fill work in its bubbles), the whole gradients
     for ``--check``, the SGD step; appends the step time (wall, and this process's CPU time, which
     other jobs on a shared host do not inflate) and this rank's microbatch losses."""
-    schedule, stages, modules, optimizer, filler, sync = parts
+    schedule, stages, modules, optimizer, filler, sync, mesh = parts
     dist.barrier()
     start, cpu_start = time.perf_counter(), time.process_time()
     if filler is not None:
@@ -164,6 +172,10 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
         filler.end_step()  # the idle tail is inside the timed step: its fill work counts
     if sync is not None:  # after every W action: the data-parallel reduction DDP would have done
         sync.reduce(modules)
+    if mesh.cp_group is not None:  # each context rank's loss is its tokens' mean
+        from runtime_bridge.context_parallel import average_losses
+
+        losses = average_losses(losses, mesh.cp_group, dist.get_world_size(mesh.cp_group))
     _sync(device)
     compute_s, compute_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if job.get("check"):  # untimed: gathering shards is not part of training
@@ -181,8 +193,18 @@ def _grad_sync(plan: Plan, mesh: RankMesh) -> GradSync | None:
     """The explicit gradient reduction of zero-bubble or expert-parallel data parallelism, or None."""
     if not needs_explicit_sync(plan):
         return None
-    return GradSync(mesh.dp_group, plan.degrees.data, expert_parallel=mesh.ep_group is not None,
+    return GradSync(mesh.dp_group, plan.degrees.data * plan.degrees.context, expert_parallel=mesh.ep_group is not None,
                     expert_group=mesh.edp_group)
+
+
+def _context_shard(plan: Plan, cfg: TransformerConfig, mesh: RankMesh, device: torch.device) -> Any:
+    """This rank's share of the sequence (None without context parallelism)."""
+    if mesh.cp_group is None:
+        return None
+    from runtime_bridge.context_parallel import ContextShard
+
+    return ContextShard(cfg.seq_length, size=plan.degrees.context, rank=mesh.cp_rank, group=mesh.cp_group,
+                        device=device)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

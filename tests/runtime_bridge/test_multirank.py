@@ -41,6 +41,8 @@ _TWO_RANK_PLANS = {
     "dualpipe-v through the plan's action list": tiny_plan("dualpipe-v", m=6),
     "mixtral EP2 (experts split over 2 replicas, all-to-all)": tiny_plan(
         "gpipe", p=1, d=2, expert=2, model=MIXTRAL_TINY),
+    "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
+        "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
 }
 _EXECUTOR = {"1f1b through the plan's action list": "actions", "dualpipe-v through the plan's action list": "actions"}
 
@@ -139,6 +141,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "mixtral PP2 x EP2 with zb-v": tiny_plan("zb-v", d=2, expert=2, model=MIXTRAL_TINY),
         "mixtral EP2 of DP4 (expert-data-parallel groups of 2)": tiny_plan(
             "gpipe", p=1, d=4, expert=2, model=MIXTRAL_TINY),
+        "llama PP2 x CP2 with zb-h1": tiny_plan("zb-h1", context=2, model=LLAMA_TINY),
+        "gpt CP2 x DP2 (learned positions)": tiny_plan("1f1b", p=1, d=2, context=2),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))

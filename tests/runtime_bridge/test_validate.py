@@ -91,9 +91,23 @@ def test_sequence_parallel_needs_t_to_divide_the_sequence() -> None:
         check_plan(_tp_plan(short, sequence_parallel=True), short)
 
 
-def test_context_parallelism_is_refused() -> None:
-    with pytest.raises(InvalidProblemError, match=r"degrees.context=2: the runtime bridge does not execute context"):
-        check_plan(_edit(_plan(), degrees={"pipeline": 2, "context": 2}), TINY)
+def test_context_parallelism_with_pipeline_and_data_only() -> None:
+    from tests.runtime_bridge.plans import tiny_plan
+
+    cp = tiny_plan("1f1b", context=2)
+    check_plan(cp, TINY, world_size=4)  # runs (test_multirank)
+    with pytest.raises(InvalidProblemError, match=r"needs 4 processes \(pipeline 2 x data 1 x context 2 x tensor 1\)"):
+        check_plan(cp, TINY, world_size=2)
+    with pytest.raises(InvalidProblemError, match=r"degrees.context=2: zero_stage=3: .*use zero_stage 0 or 1"):
+        check_plan(_edit(cp, zero_stage=3), TINY)
+    from runtime_bridge.validate import _check_context  # shapes the plan schema refuses itself
+
+    odd = TINY.model_copy(update={"seq_length": 18})
+    with pytest.raises(InvalidProblemError, match=r"seq_length=18 is not divisible by 2 x degrees.context = 4"):
+        _check_context(cp, odd)
+    tp = cp.model_construct(**(dict(cp) | {"degrees": cp.degrees.model_copy(update={"tensor": 2})}))
+    with pytest.raises(InvalidProblemError, match=r"degrees.tensor=2, degrees.expert=1: .*pipeline and data"):
+        _check_context(tp, TINY)
 
 
 def test_expert_parallelism_runs_whole_experts_over_replicas() -> None:
