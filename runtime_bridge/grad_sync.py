@@ -5,7 +5,9 @@ reduce-scatter) at the last backward of each microbatch series. Zero-bubble orde
 ZB-V, DualPipeV, custom lists with I/W actions) split each backward into I (input gradients) and
 W (weight gradients), and ``stage_backward_weight`` writes the W gradients into ``param.grad`` by
 hand, outside autograd's accumulation hooks: DDP never sees them and would average incomplete
-gradients. Expert parallelism needs two groups (dense parameters over all replicas, experts over
+gradients. (FSDP2 instead defers its reduce-scatter to torch's ``REDUCE_GRAD`` action after the
+last W, which is right for ZeRO-2; ZeRO-3 with I/W is refused by ``validate``.) Expert
+parallelism needs two groups (dense parameters over all replicas, experts over
 the replicas that hold the same experts), which DDP's one group cannot express.
 
 For those plans the bridge does not wrap chunks in DDP. After ``schedule.step`` (every F, I, W

@@ -328,18 +328,21 @@ def _check_schedule(plan: Plan) -> None:
 
 
 def _check_split_backward(plan: Plan) -> None:
-    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient);
-    torch's stage reduces DDP/FSDP gradients before the W actions produce them. With ZeRO 0 and 1
-    the bridge therefore reduces the gradients itself after the step (``grad_sync``); FSDP2's
-    sharded gradients (ZeRO 2 and 3) are refused."""
-    if plan.degrees.data == 1 or plan.zero_stage in (0, 1):
+    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient).
+    DDP's reducer never sees the W gradients (``stage_backward_weight`` writes them by hand), so
+    with ZeRO 0 and 1 the bridge reduces the gradients itself after the step (``grad_sync``).
+    FSDP2 defers its reduce-scatter to torch's ``REDUCE_GRAD`` action after every W: right with
+    ZeRO-2 (parameters kept gathered until the backward ends). ZeRO-3 re-gathers each layer in
+    its backward and frees it again before the W actions: the run lost the attention weights'
+    gradients (``--check`` caught it), so it is refused."""
+    if plan.degrees.data == 1 or plan.zero_stage != 3:
         return
     if splits_backward(plan):
         raise InvalidProblemError(
             f"schedule {plan.schedule!r} splits backwards into I and W, with degrees.data={plan.degrees.data} and "
-            f"zero_stage={plan.zero_stage}: torch's pipeline stage reduce-scatters FSDP2's gradients before the W "
-            "actions produce them; use zero_stage 0 or 1 (the bridge then all-reduces after every W action), or "
-            "schedule 1f1b, interleaved-1f1b or gpipe with FSDP"
+            "zero_stage=3: FSDP2 frees a layer's gathered parameters after its input-gradient pass, before the W "
+            "actions need them; use zero_stage 2 (parameters kept gathered until the backward ends), 1 or 0, or "
+            "schedule 1f1b, interleaved-1f1b or gpipe with zero_stage 3"
         )
 
 

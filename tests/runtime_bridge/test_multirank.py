@@ -138,6 +138,10 @@ def test_four_ranks_meshes(tmp_path) -> None:
         # I/W split with data parallelism: gradients all-reduced after the step's last W (grad_sync)
         "zb-v PP2 x DP2 (explicit all-reduce)": tiny_plan("zb-v", d=2, m=4),
         "llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)": tiny_plan("zb-h1", d=2, zero_stage=1, model=LLAMA_TINY),
+        "llama zb-v PP2 x DP2, ZeRO-2 (FSDP2 reduce-scatter after the last W)": tiny_plan(
+            "zb-v", d=2, zero_stage=2, model=LLAMA_TINY),
+        "llama zb-v TP2 x DP2 on one stage (explicit all-reduce of DTensor shards)": tiny_plan(
+            "zb-v", p=1, d=2, t=2, model=LLAMA_TINY),
         "mixtral PP2 x EP2 with zb-v": tiny_plan("zb-v", d=2, expert=2, model=MIXTRAL_TINY),
         "mixtral EP2 of DP4 (expert-data-parallel groups of 2)": tiny_plan(
             "gpipe", p=1, d=4, expert=2, model=MIXTRAL_TINY),
