@@ -225,8 +225,9 @@ def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
 
 
 def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
-    """Expert parallelism as the bridge runs it: whole experts (expert tensor parallelism 1) split
-    over e of the d replicas, gradients reduced explicitly (replicated dense parameters)."""
+    """Expert parallelism as the bridge runs it: experts split over e of the d replicas (each
+    expert tensor-split over t, as without expert parallelism), gradients reduced explicitly
+    (replicated dense parameters)."""
     d = plan.degrees
     if d.expert == 1:
         return
@@ -239,9 +240,9 @@ def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
     if d.data % d.expert:
         problems.append(f"degrees.expert={d.expert} must divide degrees.data={d.data} (the expert-parallel group is "
                         "carved out of the data-parallel replicas)")
-    if d.tensor > 1:
-        problems.append(f"degrees.tensor={d.tensor}: the bridge runs expert parallelism with whole experts only; use "
-                        "--tensor-parallel 1 or degrees.expert=1 (then every expert is tensor-split)")
+    if d.tensor > 1 and plan.sequence_parallel:
+        problems.append(f"degrees.tensor={d.tensor} with sequence parallelism: the bridge's expert-parallel block "
+                        "routes the whole sequence; set sequence_parallel false, or degrees.expert=1")
     if plan.zero_stage > 1:
         problems.append(f"zero_stage={plan.zero_stage}: with expert parallelism the bridge replicates the dense "
                         "parameters and reduces gradients itself; use zero_stage 0 or 1")

@@ -92,19 +92,17 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
     """This rank's chunks: built, tensor-parallelised, wrapped for data parallelism, as stages."""
     seed = int(job.get("seed", 0))
     chunks = local_chunks(plan, mesh.stage)
-    tp = None
-    if mesh.tp_mesh is not None:
-        tp = lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel)  # noqa: E731
-    if mesh.ep_group is not None:
-        tp = lambda layer, i: expert_parallel_layer(  # noqa: E731
-            layer, ep_rank=mesh.ep_rank, ep_size=plan.degrees.expert, group=mesh.ep_group)
-    if mesh.cp_group is not None:
-        shard = _context_shard(plan, cfg, mesh, device)
-        tp = lambda layer, i: context_parallel_layer(layer, shard)  # noqa: E731
+    hooks = _layer_hooks(plan, cfg, mesh, device)
+
+    def parallelize(layer: nn.Module, index: int) -> nn.Module:
+        for hook in hooks:
+            layer = hook(layer, index)
+        return layer
+
     modules = build_chunk_modules(
         chunks, lambda i: gpt.build_layer(cfg, i), device=device,
         init=lambda layer, i: gpt.init_layer(layer, i, seed=seed), dtype=gpt.model_dtype(cfg, device),
-        parallelize=tp,
+        parallelize=parallelize if hooks else None,
     )
     explicit = needs_explicit_sync(plan)
     wrapped = [shard_data_parallel(m, plan.zero_stage, mesh, explicit_sync=explicit) for m in modules]
@@ -112,6 +110,21 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
     stages = [make_stage(w, stage_index=c.virtual_stage, num_stages=num_stages, device=device, group=mesh.pp_group)
               for w, c in zip(wrapped, chunks)]
     return chunks, wrapped, stages
+
+
+def _layer_hooks(plan: Plan, cfg: TransformerConfig, mesh: RankMesh, device: torch.device) -> list[Any]:
+    """What each initialised layer goes through, in order: tensor parallelism (every expert split
+    too), then expert parallelism (keep this rank's experts), then the context shard."""
+    hooks: list[Any] = []
+    if mesh.tp_mesh is not None:
+        hooks.append(lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel))
+    if mesh.ep_group is not None:
+        hooks.append(lambda layer, i: expert_parallel_layer(
+            layer, ep_rank=mesh.ep_rank, ep_size=plan.degrees.expert, group=mesh.ep_group))
+    if mesh.cp_group is not None:
+        shard = _context_shard(plan, cfg, mesh, device)
+        hooks.append(lambda layer, i: context_parallel_layer(layer, shard))
+    return hooks
 
 
 def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -> dict[str, Any]:

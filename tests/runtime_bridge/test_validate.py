@@ -122,11 +122,13 @@ def test_expert_parallelism_runs_whole_experts_over_replicas() -> None:
     with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .*no experts"):
         _check_expert(ep2, TINY)
 
-    for degrees, message in (({"pipeline": 2, "tensor": 2, "data": 2, "expert": 2}, "whole experts only"),
-                             ({"pipeline": 1, "data": 3, "expert": 2}, "must divide degrees.data=3")):
-        plan = ep2.model_construct(**(dict(ep2) | {"degrees": ep2.degrees.model_copy(update=degrees)}))
+    for degrees, sp, message in (({"tensor": 2}, True, "with sequence parallelism: .* routes the whole sequence"),
+                                 ({"pipeline": 1, "data": 3}, False, "must divide degrees.data=3")):
+        plan = ep2.model_construct(**(dict(ep2) | {"degrees": ep2.degrees.model_copy(update=degrees),
+                                                   "sequence_parallel": sp}))
         with pytest.raises(InvalidProblemError, match=message):
             _check_expert(plan, moe)
+    _check_expert(ep2.model_construct(**(dict(ep2) | {"degrees": ep2.degrees.model_copy(update={"tensor": 2})})), moe)
     check_plan(_tp_plan(moe), moe)
     odd = moe.model_copy(update={"moe_ffn_hidden_size": 33})
     # Refused when the plan is made (the cost model needs t | expert FFN width) or, for a plan
