@@ -6,7 +6,8 @@ context rank i holds chunks i and 2c - 1 - i, so every rank has the same share o
 mask's work (Liu et al., *Ring Attention with Blockwise Transformers*, ICLR 2024, and the
 Llama 3 paper's context parallelism, Dubey et al., *The Llama 3 Herd of Models*, 2024, Sec. 3.3.2;
 Megatron-LM's context-parallel load balancing). Each rank runs the embedding, the norms, the
-projections, the FFN and the head on its s / c tokens only.
+projections, the FFN and the head on its s / c tokens only (tensor-split as usual when t > 1:
+each tensor rank gathers the keys and values of its own heads).
 
 Attention: the all-gather-KV form (Llama 3 Sec. 3.3.2): each rank all-gathers the keys and
 values of the whole sequence (after RoPE at the tokens' true positions), puts them back in

@@ -104,17 +104,21 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bo
 
 
 def _context_mesh(plan: Plan, rank: int, device: torch.device) -> RankMesh:
-    """Pipeline x data x context (tensor and expert degrees 1, checked before launch): rank =
-    stage x d c + replica x c + context rank (Megatron-LM's order, context inside data). The
-    gradient group of a stage is all its d c ranks."""
+    """Pipeline x data x context x tensor (expert degree 1, checked before launch) in Megatron-LM's
+    order, tensor fastest, context inside data: rank = stage x d c t + replica x c t + context
+    rank x t + tensor rank. A stage's gradients are reduced over its d c ranks of the same
+    tensor rank."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    p, d, c = plan.degrees.pipeline, plan.degrees.data, plan.degrees.context
-    mesh = init_device_mesh(device.type, (p, d, c), mesh_dim_names=("pp", "dp", "cp"))
-    stage_groups = [dist.new_group(list(range(s * d * c, (s + 1) * d * c))) for s in range(p)]  # every rank, in order
-    stage = rank // (d * c)
-    return RankMesh(stage, (rank // c) % d, 0, pp_group=mesh["pp"].get_group(), dp_group=stage_groups[stage],
-                    cp_rank=rank % c, cp_group=mesh["cp"].get_group())
+    p, d, c, t = plan.degrees.pipeline, plan.degrees.data, plan.degrees.context, plan.degrees.tensor
+    mesh = init_device_mesh(device.type, (p, d, c, t), mesh_dim_names=("pp", "dp", "cp", "tp"))
+    size = d * c * t
+    groups = {(s, j): dist.new_group(list(range(s * size + j, (s + 1) * size, t)))  # every rank, in order
+              for s in range(p) for j in range(t)}
+    stage, tp_rank = rank // size, rank % t
+    return RankMesh(stage, (rank // (c * t)) % d, tp_rank, pp_group=mesh["pp"].get_group(),
+                    tp_mesh=mesh["tp"] if t > 1 else None, dp_group=groups[stage, tp_rank],
+                    cp_rank=(rank // t) % c, cp_group=mesh["cp"].get_group())
 
 
 def _expert_groups(plan: Plan, device: torch.device) -> dict[str, Any]:

@@ -206,7 +206,7 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
 
 def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
     """Context parallelism as the bridge runs it: the load-balanced split (2 c chunks), keys and
-    values all-gathered, with replicated parameters and no tensor or expert parallelism."""
+    values all-gathered, replicated (or tensor-split) parameters, no expert parallelism."""
     d = plan.degrees
     if d.context == 1:
         return
@@ -214,9 +214,12 @@ def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
     if cfg.seq_length % (2 * d.context):
         problems.append(f"seq_length={cfg.seq_length} is not divisible by 2 x degrees.context = {2 * d.context} "
                         "(the load-balanced split); use a context degree c with seq_length divisible by 2c")
-    if d.tensor > 1 or d.expert > 1:
-        problems.append(f"degrees.tensor={d.tensor}, degrees.expert={d.expert}: the bridge combines context "
-                        "parallelism with pipeline and data parallelism only; set both to 1 or degrees.context=1")
+    if d.expert > 1:
+        problems.append(f"degrees.expert={d.expert}: the bridge combines context parallelism with pipeline, data "
+                        "and tensor parallelism; set degrees.expert=1 or degrees.context=1")
+    if plan.sequence_parallel and (cfg.seq_length // d.context) % d.tensor:
+        problems.append(f"sequence parallelism splits each context rank's {cfg.seq_length // d.context} tokens over "
+                        f"degrees.tensor={d.tensor}; use a tensor degree that divides them")
     if plan.zero_stage > 1:
         problems.append(f"zero_stage={plan.zero_stage}: with context parallelism the bridge replicates parameters "
                         "and reduces gradients over data x context itself; use zero_stage 0 or 1")

@@ -149,6 +149,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
             "gpipe", p=1, d=2, t=2, expert=2, model=MIXTRAL_TINY),
         "llama PP2 x CP2 with zb-h1": tiny_plan("zb-h1", context=2, model=LLAMA_TINY),
         "gpt CP2 x DP2 (learned positions)": tiny_plan("1f1b", p=1, d=2, context=2),
+        "llama TP2 x CP2": tiny_plan("1f1b", p=1, t=2, context=2, model=LLAMA_TINY),
+        "gpt TP2 x CP2, sequence parallel": tiny_plan("gpipe", p=1, t=2, context=2, sequence_parallel=True),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))

@@ -106,8 +106,14 @@ def test_context_parallelism_with_pipeline_and_data_only() -> None:
     with pytest.raises(InvalidProblemError, match=r"seq_length=18 is not divisible by 2 x degrees.context = 4"):
         _check_context(cp, odd)
     tp = cp.model_construct(**(dict(cp) | {"degrees": cp.degrees.model_copy(update={"tensor": 2})}))
-    with pytest.raises(InvalidProblemError, match=r"degrees.tensor=2, degrees.expert=1: .*pipeline and data"):
-        _check_context(tp, TINY)
+    _check_context(tp, TINY)  # TP x CP runs (test_multirank)
+    ep = cp.model_construct(**(dict(cp) | {"degrees": cp.degrees.model_copy(update={"expert": 2})}))
+    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .*set degrees.expert=1 or degrees.context=1"):
+        _check_context(ep, TINY)
+    sp = tp.model_construct(**(dict(tp) | {"sequence_parallel": True, "degrees": tp.degrees.model_copy(
+        update={"tensor": 3})}))
+    with pytest.raises(InvalidProblemError, match=r"splits each context rank's 8 tokens over degrees.tensor=3"):
+        _check_context(sp, TINY)
 
 
 def test_expert_parallelism_runs_whole_experts_over_replicas() -> None:
