@@ -106,19 +106,17 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bo
 def _context_mesh(plan: Plan, rank: int, device: torch.device) -> RankMesh:
     """Pipeline x data x context x tensor (expert degree 1, checked before launch) in Megatron-LM's
     order, tensor fastest, context inside data: rank = stage x d c t + replica x c t + context
-    rank x t + tensor rank. A stage's gradients are reduced over its d c ranks of the same
-    tensor rank."""
+    rank x t + tensor rank. Two meshes over the same ranks: (pp, dp, cp, tp) for the context
+    group, and (pp, dp x cp, tp) whose middle dimension reduces gradients (explicitly for ZeRO 0
+    and 1, FSDP2 over it for ZeRO 2 and 3, which averages over d c as the losses need)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     p, d, c, t = plan.degrees.pipeline, plan.degrees.data, plan.degrees.context, plan.degrees.tensor
-    mesh = init_device_mesh(device.type, (p, d, c, t), mesh_dim_names=("pp", "dp", "cp", "tp"))
-    size = d * c * t
-    groups = {(s, j): dist.new_group(list(range(s * size + j, (s + 1) * size, t)))  # every rank, in order
-              for s in range(p) for j in range(t)}
-    stage, tp_rank = rank // size, rank % t
-    return RankMesh(stage, (rank // (c * t)) % d, tp_rank, pp_group=mesh["pp"].get_group(),
-                    tp_mesh=mesh["tp"] if t > 1 else None, dp_group=groups[stage, tp_rank],
-                    cp_rank=(rank // t) % c, cp_group=mesh["cp"].get_group())
+    split = init_device_mesh(device.type, (p, d, c, t), mesh_dim_names=("pp", "dp", "cp", "tp"))
+    mesh = init_device_mesh(device.type, (p, d * c, t), mesh_dim_names=("pp", "dp_cp", "tp"))
+    return RankMesh(rank // (d * c * t), (rank // (c * t)) % d, rank % t, pp_group=mesh["pp"].get_group(),
+                    dp_mesh=mesh["dp_cp"], tp_mesh=mesh["tp"] if t > 1 else None,
+                    dp_group=mesh["dp_cp"].get_group(), cp_rank=(rank // t) % c, cp_group=split["cp"].get_group())
 
 
 def _expert_groups(plan: Plan, device: torch.device) -> dict[str, Any]:

@@ -206,7 +206,7 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
 
 def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
     """Context parallelism as the bridge runs it: the load-balanced split (2 c chunks), keys and
-    values all-gathered, replicated (or tensor-split) parameters, no expert parallelism."""
+    values all-gathered, any ZeRO stage over the data x context ranks, no expert parallelism."""
     d = plan.degrees
     if d.context == 1:
         return
@@ -220,9 +220,6 @@ def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
     if plan.sequence_parallel and (cfg.seq_length // d.context) % d.tensor:
         problems.append(f"sequence parallelism splits each context rank's {cfg.seq_length // d.context} tokens over "
                         f"degrees.tensor={d.tensor}; use a tensor degree that divides them")
-    if plan.zero_stage > 1:
-        problems.append(f"zero_stage={plan.zero_stage}: with context parallelism the bridge replicates parameters "
-                        "and reduces gradients over data x context itself; use zero_stage 0 or 1")
     if problems:
         raise InvalidProblemError(f"degrees.context={d.context}: " + "; ".join(problems))
 

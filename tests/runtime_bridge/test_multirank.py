@@ -150,6 +150,9 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama PP2 x CP2 with zb-h1": tiny_plan("zb-h1", context=2, model=LLAMA_TINY),
         "gpt CP2 x DP2 (learned positions)": tiny_plan("1f1b", p=1, d=2, context=2),
         "llama TP2 x CP2": tiny_plan("1f1b", p=1, t=2, context=2, model=LLAMA_TINY),
+        "llama PP2 x CP2, FSDP2 over data x context (zero 3)": tiny_plan(
+            "1f1b", context=2, zero_stage=3, model=LLAMA_TINY),
+        "llama CP2 x DP2, ZeRO-1": tiny_plan("gpipe", p=1, d=2, context=2, zero_stage=1, model=LLAMA_TINY),
         "gpt TP2 x CP2, sequence parallel": tiny_plan("gpipe", p=1, t=2, context=2, sequence_parallel=True),
     }
     jobs = _jobs(plans)
@@ -180,6 +183,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
     assert wrappers["llama TP2 x DP2 (zero 0)"] == {("FSDPChunkModule", "SGD")}  # DDP semantics via HSDP (d, 1)
     assert wrappers["zb-v PP2 x DP2 (explicit all-reduce)"] == {("ChunkModule", "SGD")}
     assert wrappers["llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)"] == {("ChunkModule", "ZeroRedundancyOptimizer")}
+    assert wrappers["llama PP2 x CP2, FSDP2 over data x context (zero 3)"] == {("FSDPChunkModule", "SGD")}
+    assert wrappers["llama CP2 x DP2, ZeRO-1"] == {("ChunkModule", "ZeroRedundancyOptimizer")}
     tp_dp = results[5]
     assert [(r["replica"], r["tp_rank"]) for r in tp_dp] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 

@@ -98,8 +98,7 @@ def test_context_parallelism_with_pipeline_and_data_only() -> None:
     check_plan(cp, TINY, world_size=4)  # runs (test_multirank)
     with pytest.raises(InvalidProblemError, match=r"needs 4 processes \(pipeline 2 x data 1 x context 2 x tensor 1\)"):
         check_plan(cp, TINY, world_size=2)
-    with pytest.raises(InvalidProblemError, match=r"degrees.context=2: zero_stage=3: .*use zero_stage 0 or 1"):
-        check_plan(_edit(cp, zero_stage=3), TINY)
+    check_plan(_edit(cp, zero_stage=3), TINY)  # FSDP2 over the data x context ranks
     from runtime_bridge.validate import _check_context  # shapes the plan schema refuses itself
 
     odd = TINY.model_copy(update={"seq_length": 18})
