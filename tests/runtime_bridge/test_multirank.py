@@ -1,10 +1,12 @@
 """Plans executed on CPU with gloo under torchrun, each checked against single-process training.
 
 One launch runs many plans (one process group), so the whole file costs about six spawns:
-2 ranks (every schedule, uneven splits, recompute, custom actions, a Mixtral-style MoE model),
-4 ranks (4 stages; the meshes tensor x pipeline, pipeline x FSDP, tensor x data, data x pipeline
-with DDP, the README's ptdp plan scaled to t = 2, p = 2, v = 2), a dead rank, the CLI, and two
-"nodes" on localhost. Tolerance: ``check.TOLERANCE`` (1e-5, fp32; why: its docstring).
+2 ranks (every schedule, uneven splits, recompute, custom actions, a Mixtral-style MoE model,
+expert parallelism EP2, context parallelism CP2), 4 ranks (4 stages; the meshes tensor x
+pipeline, pipeline x FSDP, tensor x data, data x pipeline with DDP, the README's ptdp plan scaled
+to t = 2, p = 2, v = 2; zero-bubble and V schedules with data parallelism; expert and context
+parallelism combined with pipeline, data, tensor parallelism and ZeRO), a dead rank, the CLI, and
+two "nodes" on localhost. Tolerance: ``check.TOLERANCE`` (1e-5, fp32; why: its docstring).
 """
 
 from __future__ import annotations
