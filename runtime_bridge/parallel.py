@@ -173,7 +173,7 @@ def tensor_parallel_layer(layer: nn.Module, index: int, cfg: TransformerConfig, 
         if sp:
             plan["norm"] = SequenceParallel()
         return parallelize_module(layer, tp_mesh, plan)
-    if isinstance(layer.feed_forward, gpt.MoE):
+    if getattr(layer.feed_forward, "router", None) is not None:  # MoE, whole or expert-parallel
         return _moe_block(layer, tp_mesh, sp)
     plan = _block_plan(sp)
     if getattr(layer.feed_forward, "w3", None) is not None:
@@ -199,7 +199,7 @@ def _moe_block(layer: nn.Module, tp_mesh: Any, sp: bool) -> nn.Module:
     for key in [k for k in plan if k.startswith("feed_forward")]:
         del plan[key]
     moe = layer.feed_forward
-    for e, expert in enumerate(moe.experts):
+    for e, expert in moe.experts.named_children():  # global indices, also of an expert-parallel block
         plan |= _ffn_plan(f"feed_forward.experts.{e}", expert)
     if moe.shared is not None:
         plan |= _ffn_plan("feed_forward.shared", moe.shared)

@@ -240,9 +240,6 @@ def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
     if d.data % d.expert:
         problems.append(f"degrees.expert={d.expert} must divide degrees.data={d.data} (the expert-parallel group is "
                         "carved out of the data-parallel replicas)")
-    if d.tensor > 1 and plan.sequence_parallel:
-        problems.append(f"degrees.tensor={d.tensor} with sequence parallelism: the bridge's expert-parallel block "
-                        "routes the whole sequence; set sequence_parallel false, or degrees.expert=1")
     if plan.zero_stage > 1:
         problems.append(f"zero_stage={plan.zero_stage}: with expert parallelism the bridge replicates the dense "
                         "parameters and reduces gradients itself; use zero_stage 0 or 1")

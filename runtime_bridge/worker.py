@@ -113,14 +113,15 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
 
 
 def _layer_hooks(plan: Plan, cfg: TransformerConfig, mesh: RankMesh, device: torch.device) -> list[Any]:
-    """What each initialised layer goes through, in order: tensor parallelism (every expert split
-    too), then expert parallelism (keep this rank's experts), then the context shard."""
+    """What each initialised layer goes through, in order: expert parallelism (keep this rank's
+    experts), tensor parallelism (every kept expert split too; with sequence parallelism the MoE
+    block gathers the sequence before routing), then the context shard."""
     hooks: list[Any] = []
-    if mesh.tp_mesh is not None:
-        hooks.append(lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel))
     if mesh.ep_group is not None:
         hooks.append(lambda layer, i: expert_parallel_layer(
             layer, ep_rank=mesh.ep_rank, ep_size=plan.degrees.expert, group=mesh.ep_group))
+    if mesh.tp_mesh is not None:
+        hooks.append(lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel))
     if mesh.cp_group is not None:
         shard = _context_shard(plan, cfg, mesh, device)
         hooks.append(lambda layer, i: context_parallel_layer(layer, shard))

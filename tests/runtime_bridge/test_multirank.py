@@ -147,8 +147,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "mixtral PP2 x EP2 with zb-v": tiny_plan("zb-v", d=2, expert=2, model=MIXTRAL_TINY),
         "mixtral EP2 of DP4 (expert-data-parallel groups of 2)": tiny_plan(
             "gpipe", p=1, d=4, expert=2, model=MIXTRAL_TINY),
-        "mixtral TP2 x EP2 (experts split over replicas, each expert tensor-split)": tiny_plan(
-            "gpipe", p=1, d=2, t=2, expert=2, model=MIXTRAL_TINY),
+        "mixtral TP2 x EP2 (experts split over replicas, each expert tensor-split), sequence parallel": tiny_plan(
+            "gpipe", p=1, d=2, t=2, expert=2, sequence_parallel=True, model=MIXTRAL_TINY),
         "llama PP2 x CP2 with zb-h1": tiny_plan("zb-h1", context=2, model=LLAMA_TINY),
         "gpt CP2 x DP2 (learned positions)": tiny_plan("1f1b", p=1, d=2, context=2),
         "llama TP2 x CP2": tiny_plan("1f1b", p=1, t=2, context=2, model=LLAMA_TINY),
