@@ -236,16 +236,46 @@ def shard_data_parallel(chunk: nn.Module, zero_stage: int, mesh: RankMesh, *, ex
     return chunk
 
 
-def make_optimizer(params: list[nn.Parameter], zero_stage: int, mesh: RankMesh, *, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], zero_stage: int, mesh: RankMesh, *, lr: float,
+                   expert_params: list[nn.Parameter] | None = None) -> Any:
     """The bridge's plain SGD; for ZeRO-1 without tensor parallelism, torch's
     ``ZeroRedundancyOptimizer`` over the ``dp`` group (DDP all-reduces the gradients, each replica
-    updates and keeps the state of its share of the parameters, then broadcasts them)."""
-    if zero_stage == 1 and mesh.dp_mesh is not None and mesh.tp_mesh is None and mesh.dp_mesh.ndim == 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+    updates and keeps the state of its share of the parameters, then broadcasts them).
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, process_group=mesh.dp_mesh.get_group(),
-                                       lr=lr)
-    return torch.optim.SGD(params, lr=lr)
+    With expert parallelism the experts (``expert_params``, the rest in ``params``) differ between
+    the replicas of the ``dp`` group, so ZeRO-1 shards them over the expert-data-parallel group
+    only (a second ``ZeroRedundancyOptimizer``; plain SGD when that group is one rank): one shared
+    partition over ``dp`` would broadcast one rank's experts over another's (``--check`` saw a
+    5e-3 error at the second step)."""
+    experts = expert_params or []
+    if zero_stage != 1 or mesh.dp_mesh is None or mesh.tp_mesh is not None or mesh.dp_mesh.ndim != 1:
+        return torch.optim.SGD(params + experts, lr=lr)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    dense = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, process_group=mesh.dp_mesh.get_group(),
+                                    lr=lr)
+    if not experts:
+        return dense
+    if mesh.edp_group is None:
+        return JointOptimizer([dense, torch.optim.SGD(experts, lr=lr)])
+    return JointOptimizer([dense, ZeroRedundancyOptimizer(experts, optimizer_class=torch.optim.SGD,
+                                                          process_group=mesh.edp_group, lr=lr)])
+
+
+class JointOptimizer:
+    """Several optimizers over disjoint parameters, stepped together (ZeRO-1 with expert
+    parallelism: dense parameters sharded over ``dp``, experts over the expert-data-parallel group)."""
+
+    def __init__(self, optimizers: list[Any]) -> None:
+        self.optimizers = optimizers
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
 
 
 def full_grads(module: nn.Module) -> dict[str, torch.Tensor]:

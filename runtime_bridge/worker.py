@@ -135,8 +135,11 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
     chunks, modules, stages = _build(job, plan, cfg, device, mesh)
     sync = _grad_sync(plan, mesh)
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
-    optimizer = make_optimizer([q for m in modules for q in m.parameters()], plan.zero_stage, mesh,
-                               lr=float(job.get("lr", 0.05)))
+    named = [(n, q) for m in modules for n, q in m.named_parameters()]
+    split = mesh.ep_group is not None  # expert-parallel experts differ per replica: their own ZeRO-1 group
+    optimizer = make_optimizer([q for n, q in named if not (split and ".experts." in n)], plan.zero_stage, mesh,
+                               lr=float(job.get("lr", 0.05)),
+                               expert_params=[q for n, q in named if split and ".experts." in n])
     filler = _fill_runner(job, plan, mesh.stage, stages, device)
     record: dict[str, Any] = {
         "rank": dist.get_rank(), "stage": mesh.stage, "replica": mesh.replica, "tp_rank": mesh.tp_rank,

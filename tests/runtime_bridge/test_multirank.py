@@ -43,6 +43,9 @@ _TWO_RANK_PLANS = {
     "dualpipe-v through the plan's action list": tiny_plan("dualpipe-v", m=6),
     "mixtral EP2 (experts split over 2 replicas, all-to-all)": tiny_plan(
         "gpipe", p=1, d=2, expert=2, model=MIXTRAL_TINY),
+    # one ZeroRedundancyOptimizer over both replicas broadcast one rank's experts over the other's (5e-3)
+    "mixtral EP2, ZeRO-1 (experts' optimizer apart)": tiny_plan(
+        "1f1b", p=1, d=2, expert=2, zero_stage=1, model=MIXTRAL_TINY),
     "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
         "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
 }
@@ -145,8 +148,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama zb-v TP2 x DP2 on one stage (explicit all-reduce of DTensor shards)": tiny_plan(
             "zb-v", p=1, d=2, t=2, model=LLAMA_TINY),
         "mixtral PP2 x EP2 with zb-v": tiny_plan("zb-v", d=2, expert=2, model=MIXTRAL_TINY),
-        "mixtral EP2 of DP4 (expert-data-parallel groups of 2)": tiny_plan(
-            "gpipe", p=1, d=4, expert=2, model=MIXTRAL_TINY),
+        "mixtral EP2 of DP4 (expert-data-parallel groups of 2), ZeRO-1": tiny_plan(
+            "gpipe", p=1, d=4, expert=2, zero_stage=1, model=MIXTRAL_TINY),
         "mixtral TP2 x EP2 (experts split over replicas, each expert tensor-split), sequence parallel": tiny_plan(
             "gpipe", p=1, d=2, t=2, expert=2, sequence_parallel=True, model=MIXTRAL_TINY),
         "llama PP2 x CP2 with zb-h1": tiny_plan("zb-h1", context=2, model=LLAMA_TINY),
@@ -187,6 +190,7 @@ def test_four_ranks_meshes(tmp_path) -> None:
     assert wrappers["llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)"] == {("ChunkModule", "ZeroRedundancyOptimizer")}
     assert wrappers["llama PP2 x CP2, FSDP2 over data x context (zero 3)"] == {("FSDPChunkModule", "SGD")}
     assert wrappers["llama CP2 x DP2, ZeRO-1"] == {("ChunkModule", "ZeroRedundancyOptimizer")}
+    assert wrappers["mixtral EP2 of DP4 (expert-data-parallel groups of 2), ZeRO-1"] == {("ChunkModule", "JointOptimizer")}
     tp_dp = results[5]
     assert [(r["replica"], r["tp_rank"]) for r in tp_dp] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
