@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from planner.schema import Plan
 from runtime_bridge.validate import splits_backward
 
-__all__ = ["GradSync", "needs_explicit_sync", "splits_backward"]
+__all__ = ["ExpertGradScale", "GradSync", "needs_explicit_sync", "splits_backward"]
 
 
 def needs_explicit_sync(plan: Plan) -> bool:
@@ -82,6 +82,20 @@ class GradSync:
                 (experts if self.expert_parallel and _is_expert(name) else dense).append(local)
         _flat_all_reduce(dense, self.dp_group, 1.0 / self.num_replicas)
         _flat_all_reduce(experts, self.expert_group, 1.0 / self.num_replicas)
+
+
+class ExpertGradScale:
+    """Expert parallelism under FSDP2 (ZeRO 2, 3): FSDP2 averaged the experts' gradients over the
+    d / e replicas holding them; multiply by 1 / e so they carry 1 / d like the dense ones."""
+
+    def __init__(self, num_expert_parallel: int) -> None:
+        self.scale = 1.0 / num_expert_parallel
+
+    def reduce(self, modules: Sequence[nn.Module]) -> None:
+        for module in modules:
+            for name, param in module.named_parameters():
+                if param.grad is not None and _is_expert(name):
+                    (param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad).mul_(self.scale)
 
 
 def _flat_all_reduce(grads: Iterable[torch.Tensor], group: Any, scale: float) -> None:

@@ -73,6 +73,8 @@ class RankMesh:
     """Expert parallelism: the e consecutive replicas that split the experts (None when e = 1)."""
     edp_group: Any = None
     """The d / e replicas holding the same experts (None when e = 1 or d = e)."""
+    edp_mesh: Any = None
+    """Their 1-D mesh (FSDP2 of the experts; size 1 when d = e)."""
     ep_rank: int = 0
     cp_rank: int = 0
     cp_group: Any = None
@@ -131,7 +133,7 @@ def _expert_groups(plan: Plan, device: torch.device) -> dict[str, Any]:
     p, d, t = plan.degrees.pipeline, plan.degrees.data, plan.degrees.tensor
     mesh = init_device_mesh(device.type, (p, d // e, e, t), mesh_dim_names=("pp", "edp", "ep", "tp"))
     return {"ep_group": mesh["ep"].get_group(), "ep_rank": mesh["ep"].get_local_rank(),
-            "edp_group": mesh["edp"].get_group() if d > e else None}
+            "edp_group": mesh["edp"].get_group() if d > e else None, "edp_mesh": mesh["edp"]}
 
 
 def _embedding_plan(cfg: TransformerConfig, sp: bool) -> tuple[dict[str, Any], Any]:
@@ -231,9 +233,25 @@ def shard_data_parallel(chunk: nn.Module, zero_stage: int, mesh: RankMesh, *, ex
 
     reshard = zero_stage == 3  # ZeRO-3 frees gathered parameters after the forward; 0-2 keep them
     for layer in chunk.layers.values():
+        _shard_experts(layer, mesh, reshard)
         fully_shard(layer, mesh=mesh.dp_mesh, reshard_after_forward=reshard)
     fully_shard(chunk, mesh=mesh.dp_mesh, reshard_after_forward=reshard)
     return chunk
+
+
+def _shard_experts(layer: nn.Module, mesh: RankMesh, reshard: bool) -> None:
+    """Expert parallelism under FSDP2: each kept expert its own unit over the expert-data-parallel
+    mesh (the d / e replicas holding it; torchtitan shards its experts the same way). FSDP2
+    averages those gradients over d / e; every token's loss carries 1 / (d m), so the worker
+    scales them by a further 1 / e after the step (``grad_sync.ExpertGradScale``: FSDP2's own
+    divide factor needs ``PREMUL_SUM``, which gloo lacks)."""
+    from torch.distributed.fsdp import fully_shard
+
+    experts = getattr(getattr(layer, "feed_forward", None), "experts", None)
+    if mesh.ep_group is None or experts is None:
+        return
+    for expert in experts.values():
+        fully_shard(expert, mesh=mesh.edp_mesh, reshard_after_forward=reshard)
 
 
 def make_optimizer(params: list[nn.Parameter], zero_stage: int, mesh: RankMesh, *, lr: float,

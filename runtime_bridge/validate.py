@@ -240,9 +240,9 @@ def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
     if d.data % d.expert:
         problems.append(f"degrees.expert={d.expert} must divide degrees.data={d.data} (the expert-parallel group is "
                         "carved out of the data-parallel replicas)")
-    if plan.zero_stage > 1:
-        problems.append(f"zero_stage={plan.zero_stage}: with expert parallelism the bridge replicates the dense "
-                        "parameters and reduces gradients itself; use zero_stage 0 or 1")
+    if plan.zero_stage > 1 and d.tensor > 1:
+        problems.append(f"zero_stage={plan.zero_stage} with degrees.tensor={d.tensor}: the bridge shards experts "
+                        "with FSDP2 over whole experts only; use zero_stage 0 or 1, or degrees.tensor=1")
     if problems:
         raise InvalidProblemError(f"degrees.expert={d.expert}: " + "; ".join(problems))
 

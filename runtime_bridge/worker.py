@@ -31,7 +31,7 @@ from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
 from runtime_bridge.context_parallel import context_parallel_layer
 from runtime_bridge.expert_parallel import expert_parallel_layer
-from runtime_bridge.grad_sync import GradSync, needs_explicit_sync
+from runtime_bridge.grad_sync import ExpertGradScale, GradSync, needs_explicit_sync
 from runtime_bridge.parallel import (
     RankMesh,
     build_mesh,
@@ -206,8 +206,11 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
     record["losses"].append([float(x) for x in losses])
 
 
-def _grad_sync(plan: Plan, mesh: RankMesh) -> GradSync | None:
-    """The explicit gradient reduction of zero-bubble or expert-parallel data parallelism, or None."""
+def _grad_sync(plan: Plan, mesh: RankMesh) -> GradSync | ExpertGradScale | None:
+    """The explicit gradient reduction of zero-bubble, expert- or context-parallel data parallelism
+    (or the experts' extra 1 / e under FSDP2), or None."""
+    if mesh.ep_group is not None and plan.zero_stage > 1:
+        return ExpertGradScale(plan.degrees.expert)
     if not needs_explicit_sync(plan):
         return None
     return GradSync(mesh.dp_group, plan.degrees.data * plan.degrees.context, expert_parallel=mesh.ep_group is not None,

@@ -147,6 +147,8 @@ def test_four_ranks_meshes(tmp_path) -> None:
             "zb-v", d=2, zero_stage=2, model=LLAMA_TINY),
         "llama zb-v TP2 x DP2 on one stage (explicit all-reduce of DTensor shards)": tiny_plan(
             "zb-v", p=1, d=2, t=2, model=LLAMA_TINY),
+        "mixtral PP2 x EP2, FSDP2 (zero 3; experts over the expert-data-parallel mesh)": tiny_plan(
+            "1f1b", d=2, expert=2, zero_stage=3, model=MIXTRAL_TINY),
         "mixtral PP2 x EP2 with zb-v": tiny_plan("zb-v", d=2, expert=2, model=MIXTRAL_TINY),
         "mixtral EP2 of DP4 (expert-data-parallel groups of 2), ZeRO-1": tiny_plan(
             "gpipe", p=1, d=4, expert=2, zero_stage=1, model=MIXTRAL_TINY),

@@ -120,8 +120,7 @@ def test_expert_parallelism_runs_whole_experts_over_replicas() -> None:
     moe_plan = api.plan(api.make_problem(moe, "cpu:4", num_stages=2, data_parallel=2, global_batch_size=8))
     ep2 = _edit(moe_plan, degrees={"pipeline": 2, "data": 2, "expert": 2})
     check_plan(ep2, moe, world_size=4)  # experts split over the 2 replicas: runs (test_multirank)
-    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: zero_stage=3: .* use zero_stage 0 or 1"):
-        check_plan(_edit(ep2, zero_stage=3), moe)
+    check_plan(_edit(ep2, zero_stage=3), moe)  # experts FSDP2-sharded over the expert-data-parallel ranks
     from runtime_bridge.validate import _check_expert  # the plan schema refuses some shapes itself
 
     with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .*no experts"):
@@ -132,7 +131,10 @@ def test_expert_parallelism_runs_whole_experts_over_replicas() -> None:
                                                    "sequence_parallel": sp}))
         with pytest.raises(InvalidProblemError, match=message):
             _check_expert(plan, moe)
-    _check_expert(ep2.model_construct(**(dict(ep2) | {"degrees": ep2.degrees.model_copy(update={"tensor": 2})})), moe)
+    tp = ep2.model_construct(**(dict(ep2) | {"degrees": ep2.degrees.model_copy(update={"tensor": 2})}))
+    _check_expert(tp, moe)
+    with pytest.raises(InvalidProblemError, match=r"zero_stage=3 with degrees.tensor=2: .*whole experts only"):
+        _check_expert(tp.model_construct(**(dict(tp) | {"zero_stage": 3})), moe)
     check_plan(_tp_plan(moe), moe)
     odd = moe.model_copy(update={"moe_ffn_hidden_size": 33})
     # Refused when the plan is made (the cost model needs t | expert FFN width) or, for a plan
