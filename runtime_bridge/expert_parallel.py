@@ -2,13 +2,14 @@
 dispatched to them and combined back with all-to-all.
 
 Layout (Megatron-LM's, as the planner assumes: the expert-parallel group is carved out of the
-data-parallel ranks): with data-parallel degree d and expert-parallel degree e (e | d), replicas
-g e .. g e + e - 1 of a stage form an expert-parallel group; its rank j holds experts
+data x context ranks): with data-parallel degree d, context degree c and expert-parallel degree e
+(e | d c), ranks g e .. g e + e - 1 of a stage's d c (numbered replica x c + context rank) form an
+expert-parallel group; its rank j holds experts
 [j E/e, (j + 1) E/e) of every MoE layer; with tensor parallelism t each of them is also split
 over the tensor ranks (expert tensor parallelism, applied first by ``parallel``; the tensor ranks
 route the same tokens and exchange with the same-numbered tensor ranks of the other replicas).
-The router, the attention and the shared experts stay replicated. Replicas with the same j form the
-expert-data-parallel group (d / e ranks) that reduces those experts' gradients
+The router, the attention and the shared experts stay replicated. The ranks with the same j form the
+expert-data-parallel group (d c / e ranks) that reduces those experts' gradients
 (``runtime_bridge.grad_sync``).
 
 Per MoE layer and microbatch, each rank (Lepikhin et al., *GShard*, ICLR 2021, Sec. 2.2;

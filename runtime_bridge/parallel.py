@@ -106,7 +106,7 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, *, explicit_sync: bo
 
 
 def _context_mesh(plan: Plan, rank: int, device: torch.device) -> RankMesh:
-    """Pipeline x data x context x tensor (expert degree 1, checked before launch) in Megatron-LM's
+    """Pipeline x data x context x tensor (experts carved out of data x context) in Megatron-LM's
     order, tensor fastest, context inside data: rank = stage x d c t + replica x c t + context
     rank x t + tensor rank. Two meshes over the same ranks: (pp, dp, cp, tp) for the context
     group, and (pp, dp x cp, tp) whose middle dimension reduces gradients (explicitly for ZeRO 0
@@ -118,22 +118,24 @@ def _context_mesh(plan: Plan, rank: int, device: torch.device) -> RankMesh:
     mesh = init_device_mesh(device.type, (p, d * c, t), mesh_dim_names=("pp", "dp_cp", "tp"))
     return RankMesh(rank // (d * c * t), (rank // (c * t)) % d, rank % t, pp_group=mesh["pp"].get_group(),
                     dp_mesh=mesh["dp_cp"], tp_mesh=mesh["tp"] if t > 1 else None,
-                    dp_group=mesh["dp_cp"].get_group(), cp_rank=(rank // t) % c, cp_group=split["cp"].get_group())
+                    dp_group=mesh["dp_cp"].get_group(), cp_rank=(rank // t) % c, cp_group=split["cp"].get_group(),
+                    **_expert_groups(plan, device))
 
 
 def _expert_groups(plan: Plan, device: torch.device) -> dict[str, Any]:
-    """Expert parallelism's groups, carved out of the data-parallel ranks (Megatron-LM's layout):
-    replicas g e .. g e + e - 1 split the experts, replicas with the same ``replica % e`` reduce
-    the same experts' gradients. A (pp, edp, ep, tp) mesh over the same ranks."""
+    """Expert parallelism's groups, carved out of the data x context ranks of a stage (Megatron-LM's
+    layout; n = d c of them, numbered replica x c + context rank): n-ranks g e .. g e + e - 1 split
+    the experts, those with the same index modulo e reduce the same experts' gradients. A (pp,
+    edp, ep, tp) mesh over the same ranks."""
     e = plan.degrees.expert
     if e == 1:
         return {}
     from torch.distributed.device_mesh import init_device_mesh
 
-    p, d, t = plan.degrees.pipeline, plan.degrees.data, plan.degrees.tensor
-    mesh = init_device_mesh(device.type, (p, d // e, e, t), mesh_dim_names=("pp", "edp", "ep", "tp"))
+    p, n, t = plan.degrees.pipeline, plan.degrees.data * plan.degrees.context, plan.degrees.tensor
+    mesh = init_device_mesh(device.type, (p, n // e, e, t), mesh_dim_names=("pp", "edp", "ep", "tp"))
     return {"ep_group": mesh["ep"].get_group(), "ep_rank": mesh["ep"].get_local_rank(),
-            "edp_group": mesh["edp"].get_group() if d > e else None, "edp_mesh": mesh["edp"]}
+            "edp_group": mesh["edp"].get_group() if n > e else None, "edp_mesh": mesh["edp"]}
 
 
 def _embedding_plan(cfg: TransformerConfig, sp: bool) -> tuple[dict[str, Any], Any]:

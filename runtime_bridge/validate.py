@@ -206,7 +206,7 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
 
 def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
     """Context parallelism as the bridge runs it: the load-balanced split (2 c chunks), keys and
-    values all-gathered, any ZeRO stage over the data x context ranks, no expert parallelism."""
+    values all-gathered, any ZeRO stage over the data x context ranks."""
     d = plan.degrees
     if d.context == 1:
         return
@@ -214,9 +214,6 @@ def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
     if cfg.seq_length % (2 * d.context):
         problems.append(f"seq_length={cfg.seq_length} is not divisible by 2 x degrees.context = {2 * d.context} "
                         "(the load-balanced split); use a context degree c with seq_length divisible by 2c")
-    if d.expert > 1:
-        problems.append(f"degrees.expert={d.expert}: the bridge combines context parallelism with pipeline, data "
-                        "and tensor parallelism; set degrees.expert=1 or degrees.context=1")
     if plan.sequence_parallel and (cfg.seq_length // d.context) % d.tensor:
         problems.append(f"sequence parallelism splits each context rank's {cfg.seq_length // d.context} tokens over "
                         f"degrees.tensor={d.tensor}; use a tensor degree that divides them")
@@ -237,9 +234,9 @@ def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
     elif cfg.num_experts % d.expert:
         problems.append(f"num_experts={cfg.num_experts} is not divisible by degrees.expert={d.expert}: use an "
                         "expert-parallel degree that divides it")
-    if d.data % d.expert:
-        problems.append(f"degrees.expert={d.expert} must divide degrees.data={d.data} (the expert-parallel group is "
-                        "carved out of the data-parallel replicas)")
+    if (d.data * d.context) % d.expert:
+        problems.append(f"degrees.expert={d.expert} must divide degrees.data x degrees.context = "
+                        f"{d.data * d.context} (the expert-parallel group is carved out of those ranks)")
     if plan.zero_stage > 1 and d.tensor > 1:
         problems.append(f"zero_stage={plan.zero_stage} with degrees.tensor={d.tensor}: the bridge shards experts "
                         "with FSDP2 over whole experts only; use zero_stage 0 or 1, or degrees.tensor=1")

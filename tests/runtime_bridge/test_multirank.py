@@ -157,6 +157,10 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama PP2 x CP2 with zb-h1": tiny_plan("zb-h1", context=2, model=LLAMA_TINY),
         "gpt CP2 x DP2 (learned positions)": tiny_plan("1f1b", p=1, d=2, context=2),
         "llama TP2 x CP2": tiny_plan("1f1b", p=1, t=2, context=2, model=LLAMA_TINY),
+        "mixtral PP2 x CP2 x EP2 (experts over the context ranks), zb-h1": tiny_plan(
+            "zb-h1", context=2, expert=2, model=MIXTRAL_TINY),
+        "mixtral DP2 x CP2 x EP2, FSDP2 (zero 3)": tiny_plan(
+            "gpipe", p=1, d=2, context=2, expert=2, zero_stage=3, model=MIXTRAL_TINY),
         "llama PP2 x CP2, FSDP2 over data x context (zero 3)": tiny_plan(
             "1f1b", context=2, zero_stage=3, model=LLAMA_TINY),
         "llama CP2 x DP2, ZeRO-1": tiny_plan("gpipe", p=1, d=2, context=2, zero_stage=1, model=LLAMA_TINY),

@@ -106,9 +106,6 @@ def test_context_parallelism_with_pipeline_and_data_only() -> None:
         _check_context(cp, odd)
     tp = cp.model_construct(**(dict(cp) | {"degrees": cp.degrees.model_copy(update={"tensor": 2})}))
     _check_context(tp, TINY)  # TP x CP runs (test_multirank)
-    ep = cp.model_construct(**(dict(cp) | {"degrees": cp.degrees.model_copy(update={"expert": 2})}))
-    with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .*set degrees.expert=1 or degrees.context=1"):
-        _check_context(ep, TINY)
     sp = tp.model_construct(**(dict(tp) | {"sequence_parallel": True, "degrees": tp.degrees.model_copy(
         update={"tensor": 3})}))
     with pytest.raises(InvalidProblemError, match=r"splits each context rank's 8 tokens over degrees.tensor=3"):
@@ -126,7 +123,7 @@ def test_expert_parallelism_runs_whole_experts_over_replicas() -> None:
     with pytest.raises(InvalidProblemError, match=r"degrees.expert=2: .*no experts"):
         _check_expert(ep2, TINY)
 
-    for degrees, sp, message in (({"pipeline": 1, "data": 3}, False, "must divide degrees.data=3"),):
+    for degrees, sp, message in (({"pipeline": 1, "data": 3}, False, "must divide degrees.data x degrees.context = 3"),):
         plan = ep2.model_construct(**(dict(ep2) | {"degrees": ep2.degrees.model_copy(update=degrees),
                                                    "sequence_parallel": sp}))
         with pytest.raises(InvalidProblemError, match=message):
