@@ -12,9 +12,8 @@ each tensor rank gathers the keys and values of its own heads).
 Attention: the all-gather-KV form (Llama 3 Sec. 3.3.2): each rank all-gathers the keys and
 values of the whole sequence (after RoPE at the tokens' true positions), puts them back in
 sequence order, and attends its own queries to them under the causal mask of their true
-positions. The all-gather is differentiable: its backward sums every rank's gradient of the
-gathered keys and values (an all-reduce, which gloo has, where NCCL would reduce-scatter) and
-keeps this rank's slice. Torch's experimental ``context_parallel`` (ring attention over SDPA) is
+positions. The all-gather is differentiable: its backward reduce-scatters the gradients of the
+gathered keys and values, so each rank receives the sum over ranks of its own slice's gradient. Torch's experimental ``context_parallel`` (ring attention over SDPA) is
 not used: it dispatches the CUDA attention kernels only, and the bridge's checks run on CPU.
 
 Each rank's loss is the mean over its tokens; the microbatch loss is the mean over the c ranks
@@ -47,7 +46,7 @@ def held_positions(seq_length: int, size: int, rank: int) -> torch.Tensor:
 
 class _GatherSequence(torch.autograd.Function):
     """All-gather along the sequence dimension (dim 2 of (batch, heads, seq, head_dim)) in rank
-    order; backward: the sum of every rank's gradient, this rank's slice."""
+    order; backward: reduce-scatter (every rank's gradient of this rank's slice, summed)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, size: int, rank: int) -> torch.Tensor:
@@ -58,9 +57,10 @@ class _GatherSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad.narrow(2, ctx.rank * ctx.local, ctx.local).contiguous(), None, None, None
+        parts = [part.contiguous() for part in grad.split(ctx.local, dim=2)]
+        out = torch.empty_like(parts[ctx.rank])
+        dist.reduce_scatter(out, parts, group=ctx.group)
+        return out, None, None, None
 
 
 class ContextShard:
