@@ -59,8 +59,8 @@ class GradSync:
     expert-data-parallel group for expert-parallel experts).
 
     Args:
-        dp_group: the replicas of this rank's stage (and tensor rank).
-        num_replicas: d, the divisor.
+        dp_group: the data (x context) ranks of this rank's stage and tensor rank.
+        num_replicas: their number, d (d c with context parallelism): the divisor.
         expert_parallel: experts are split over ranks (else they are dense parameters, reduced
             over ``dp_group``).
         expert_group: the replicas that hold this rank's experts (None when there is one: d = e).
@@ -86,7 +86,7 @@ class GradSync:
 
 class ExpertGradScale:
     """Expert parallelism under FSDP2 (ZeRO 2, 3): FSDP2 averaged the experts' gradients over the
-    d / e replicas holding them; multiply by 1 / e so they carry 1 / d like the dense ones."""
+    d c / e ranks holding them; multiply by 1 / e so they carry 1 / (d c) like the dense ones."""
 
     def __init__(self, num_expert_parallel: int) -> None:
         self.scale = 1.0 / num_expert_parallel
