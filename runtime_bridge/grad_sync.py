@@ -6,7 +6,7 @@ ZB-V, DualPipeV, custom lists with I/W actions) split each backward into I (inpu
 W (weight gradients), and ``stage_backward_weight`` writes the W gradients into ``param.grad`` by
 hand, outside autograd's accumulation hooks: DDP never sees them and would average incomplete
 gradients. (FSDP2 instead defers its reduce-scatter to torch's ``REDUCE_GRAD`` action after the
-last W, which is right for ZeRO-2; ZeRO-3 with I/W is refused by ``validate``.) Expert
+last W, which is right for ZeRO-2; ZeRO-3 also needs ``torch_pp.unshard_before_backward``.) Expert
 parallelism needs two groups (dense parameters over all replicas, experts over
 the replicas that hold the same experts), which DDP's one group cannot express.
 

@@ -309,7 +309,6 @@ def _check_schedule(plan: Plan) -> None:
                 f"torch's interleaved 1F1B needs num_microbatches divisible by max(1, m // p) = {rounds}; "
                 f"got m={m} for p={p}: use a multiple of {p}"
             )
-    _check_split_backward(plan)
     if plan.schedule == "custom":
         assert plan.actions is not None  # Plan validation requires actions for 'custom'
         for rank, actions in enumerate(plan.actions):
@@ -320,25 +319,6 @@ def _check_schedule(plan: Plan) -> None:
                         f"actions[{rank}] has {text!r}, but virtual stage {stage} lives on pipeline rank "
                         f"{stage % p} (virtual stage k is chunk k // p of stage k % p); move the action"
                     )
-
-
-def _check_split_backward(plan: Plan) -> None:
-    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient).
-    DDP's reducer never sees the W gradients (``stage_backward_weight`` writes them by hand), so
-    with ZeRO 0 and 1 the bridge reduces the gradients itself after the step (``grad_sync``).
-    FSDP2 defers its reduce-scatter to torch's ``REDUCE_GRAD`` action after every W: right with
-    ZeRO-2 (parameters kept gathered until the backward ends). ZeRO-3 re-gathers each layer in
-    its backward and frees it again before the W actions: the run lost the attention weights'
-    gradients (``--check`` caught it), so it is refused."""
-    if plan.degrees.data == 1 or plan.zero_stage != 3:
-        return
-    if splits_backward(plan):
-        raise InvalidProblemError(
-            f"schedule {plan.schedule!r} splits backwards into I and W, with degrees.data={plan.degrees.data} and "
-            "zero_stage=3: FSDP2 frees a layer's gathered parameters after its input-gradient pass, before the W "
-            "actions need them; use zero_stage 2 (parameters kept gathered until the backward ends), 1 or 0, or "
-            "schedule 1f1b, interleaved-1f1b or gpipe with zero_stage 3"
-        )
 
 
 def splits_backward(plan: Plan) -> bool:

@@ -41,7 +41,8 @@ from runtime_bridge.parallel import (
     tensor_parallel_layer,
 )
 from runtime_bridge.stages import LocalChunk, build_chunk_modules, local_chunks
-from runtime_bridge.torch_pp import build_schedule, make_stage, run_step
+from runtime_bridge.torch_pp import build_schedule, make_stage, run_step, unshard_before_backward
+from runtime_bridge.validate import splits_backward
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,9 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
     num_stages = plan.degrees.pipeline * plan.degrees.virtual
     stages = [make_stage(w, stage_index=c.virtual_stage, num_stages=num_stages, device=device, group=mesh.pp_group)
               for w, c in zip(wrapped, chunks)]
+    if plan.zero_stage == 3 and mesh.dp_mesh is not None and splits_backward(plan):
+        for stage in stages:
+            unshard_before_backward(stage)
     return chunks, wrapped, stages
 
 

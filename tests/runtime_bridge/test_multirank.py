@@ -145,6 +145,9 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)": tiny_plan("zb-h1", d=2, zero_stage=1, model=LLAMA_TINY),
         "llama zb-v PP2 x DP2, ZeRO-2 (FSDP2 reduce-scatter after the last W)": tiny_plan(
             "zb-v", d=2, zero_stage=2, model=LLAMA_TINY),
+        # ZeRO-3: each backward of a stage first gathers its FSDP units (torch_pp.unshard_before_backward)
+        "llama zb-h1 PP2 x DP2, ZeRO-3": tiny_plan("zb-h1", d=2, zero_stage=3, model=LLAMA_TINY),
+        "llama dualpipe-v PP2 x DP2, ZeRO-3": tiny_plan("dualpipe-v", d=2, zero_stage=3, model=LLAMA_TINY),
         "llama zb-v TP2 x DP2 on one stage (explicit all-reduce of DTensor shards)": tiny_plan(
             "zb-v", p=1, d=2, t=2, model=LLAMA_TINY),
         "mixtral PP2 x EP2, FSDP2 (zero 3; experts over the expert-data-parallel mesh)": tiny_plan(
