@@ -38,7 +38,7 @@ from planner.schema import Plan
 
 __all__ = [
     "Executor", "WaitHook", "build_schedule", "executor_for", "install_wait_hook", "lower_offline", "make_stage",
-    "torch_actions",
+    "torch_actions", "unshard_before_backward",
 ]
 
 Executor = Literal["auto", "builtin", "actions"]
