@@ -57,8 +57,7 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ["RANK"])
     try:
         device = _setup(spec)
-        progress = out_dir / "progress.log" if rank == dist.get_world_size() - 1 else None
-        records = [_run_job(job, device, progress) for job in spec["jobs"]]
+        records = [_run_job(job, device, out_dir / "progress.log") for job in spec["jobs"]]
         gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
         dist.gather_object(records, gathered if rank == 0 else None, dst=0)
         if rank == 0:
@@ -132,11 +131,12 @@ def _layer_hooks(plan: Plan, cfg: TransformerConfig, mesh: RankMesh, device: tor
     return hooks
 
 
-def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -> dict[str, Any]:
+def _run_job(job: dict[str, Any], device: torch.device, progress_path: Path) -> dict[str, Any]:
     plan = Plan.from_dict(job["plan"])
     cfg = TransformerConfig.from_dict(job["config"])
     mesh = build_mesh(plan, dist.get_rank(), device, explicit_sync=needs_explicit_sync(plan))
     chunks, modules, stages = _build(job, plan, cfg, device, mesh)
+    progress = progress_path if _writes_progress(plan, mesh.stage) else None
     sync = _grad_sync(plan, mesh)
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
     named = [(n, q) for m in modules for n, q in m.named_parameters()]
@@ -176,6 +176,15 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
         filler.detach()
         record["fill"] = filler.record()
     return record
+
+
+def _writes_progress(plan: Plan, stage: int) -> bool:
+    """The highest rank of the pipeline stage holding the last virtual stage writes the progress
+    lines (its losses are the model's; under a V schedule that stage is pipeline rank 0)."""
+    if stage != plan.stage_ranks()[-1]:
+        return False
+    ranks = plan.stages[stage].ranks
+    return dist.get_rank() == (max(ranks) if ranks else dist.get_world_size() - 1)
 
 
 def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, ...], tokens: torch.Tensor,

@@ -215,11 +215,13 @@ def test_dead_rank_fails_within_the_timeout() -> None:
     assert "rank0:" in str(info.value)
 
 
-def test_cli_run_check_json(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("plan", [tiny_plan("1f1b", splits=[[(0, 2)], [(2, 6)]]), tiny_plan("zb-v", m=4)],
+                         ids=["1f1b", "zb-v (last stage on pipeline rank 0)"])
+def test_cli_run_check_json(tmp_path, capsys, plan) -> None:
     from planner import api
 
     path = tmp_path / "plan.json"
-    api.save(tiny_plan("1f1b", splits=[[(0, 2)], [(2, 6)]]), path)
+    api.save(plan, path)
     assert main(["run", str(path), "--steps", "2", "--check", "--json"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)  # stdout holds the one JSON document; progress went to stderr
