@@ -47,7 +47,7 @@ def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], 
     from planner.errors import PlannerError
 
     config = models.model_preset(shape).model_copy(update={"num_layers": num_layers, "name": f"gpt-{num_layers}l"})
-    problem = api.make_problem(config, f"a100-80gb:{num_gpus // 8}", **extra)  # type: ignore[arg-type]
+    problem = api.make_problem(config, f"a100-80gb:{num_gpus}", **extra)  # type: ignore[arg-type]
     try:
         plan = api.plan(problem, solver=solver)
         d = plan.degrees
@@ -87,7 +87,7 @@ def simulate_rows() -> None:
     config = models.model_preset("gpt-1.7b").model_copy(update={"num_layers": 1536, "name": "gpt-1536l"})
     print(f"\n{'simulate: p':>12} {'m':>14} {'actions':>16} {'mode':>13} {'time s':>7} {'iteration s':>14}")
     for m in (256, 1024, 4096, 10**6, 10**12):
-        problem = api.make_problem(config, "a100-80gb:8", num_stages=32, num_microbatches=m)
+        problem = api.make_problem(config, "a100-80gb:64", num_stages=32, num_microbatches=m)
         plan = api.plan(problem, solver="even")
         start = time.perf_counter()
         result = api.simulate(plan)

@@ -30,6 +30,11 @@ def cluster_expansion(cluster: Cluster) -> str:
     return f"{nodes} x {cluster.devices_per_node} {cluster.device.name} = {cluster.num_devices} devices"
 
 
+def expansion_line(spec: object, cluster: Cluster) -> str:
+    """The stderr line every command prints for ``--cluster``: ``cluster a100-80gb:64 -> 8 nodes x 8 a100-80gb = 64 devices``."""
+    return f"cluster {spec} -> {cluster_expansion(cluster)}"
+
+
 def devices_line(plan: Plan) -> str:
     """How many of the cluster's devices the plan uses, and how they split."""
     d = plan.degrees
