@@ -20,6 +20,7 @@ from cost_models import offload, transformer
 from cost_models.sim.offload import OffloadResult, simulate_offload
 from planner.errors import InfeasibleError
 from planner.schema import Chunk, Degrees, ModelProfile, OffloadHost, OffloadSpec, PipelineProblem, Plan, Predicted, Stage
+from solvers.budget import Budget, out_of_time, untried_note
 from solvers.common import reject_fixed_shape
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -144,10 +145,16 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
     best: tuple[float, Plan] | None = None
     rows: list[dict[str, Any]] = []
     smallest = float("inf")
+    budget, configs = Budget.of(problem), list(configs)
+    tried, stopped = 0, False
     for cfg in configs:
         model = profile_for(problem, cfg.microbatch_size)
         if model is None or not keep(cfg):
             continue
+        if budget.stop_before(tried):
+            stopped = True
+            break
+        tried += 1
         try:
             plan, result = evaluate(build_plan(problem, model, cfg, host, solver=solver))
         except InfeasibleError:
@@ -156,16 +163,18 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
         smallest = min(smallest, max(result.gpu_memory_bytes))
         if rows[-1]["fits"] and (best is None or result.sim.iteration_time_s < best[0]):
             best = (result.sim.iteration_time_s, plan)
+    total = sum(1 for cfg in configs if keep(cfg))
     if best is None:
         cap = usable_memory_bytes(problem.cluster.device)  # type: ignore[arg-type]
-        raise InfeasibleError(
+        raise InfeasibleError((
             f"no {solver} configuration fits GPU memory: the smallest peak found is {smallest / 2**30:.1f} GiB "
             f"per GPU, the device has {cap / 2**30:.1f} GiB; use more GPUs, a smaller microbatch size or a "
-            "smaller global batch" if rows else f"{solver} found no stage configuration for this model and batch"
-        )
+            "smaller global batch" if rows else f"{solver} found no stage configuration for this model and batch")
+            + (untried_note(problem, tried=tried, total=total, what="configurations") if stopped else ""))
     rows.sort(key=lambda r: (not r["fits"], r["iteration_time_s"]))
-    return best[1].model_copy(update={"candidates": tuple(rows), "solve_time_s": time.perf_counter() - start,
+    plan = best[1].model_copy(update={"candidates": tuple(rows), "solve_time_s": time.perf_counter() - start,
                                       "status": "optimal"})
+    return out_of_time(plan, problem, tried=tried, total=total, what="configurations") if stopped else plan
 
 
 def check_problem(problem: PipelineProblem, *, solver: str) -> None:

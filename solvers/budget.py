@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from planner.schema import PipelineProblem
+from planner.schema import PipelineProblem, Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +49,22 @@ class Budget:
         """A solve's time limit: ``default_s`` without a budget, else what is left (at least 0.05 s)."""
         left = self.left_s()
         return default_s if left is None else max(min(left, default_s), 0.05)
+
+    def stop_before(self, num_done: int) -> bool:
+        """Whether a loop should stop before its next item: the budget is spent and at least
+        one item was tried (the first always runs, so a tiny limit still gives an answer)."""
+        return num_done > 0 and self.spent()
+
+
+def out_of_time(plan: Plan, problem: PipelineProblem, *, tried: int, total: int, what: str) -> Plan:
+    """``plan`` (the best of the ``tried`` first of ``total`` ``what``) with status
+    ``time_limit`` and a note naming what was left untried."""
+    note = (f"time_limit_s={problem.time_limit_s:g} spent after {tried} of {total} {what}; the best of those is "
+            "returned (raise --time-limit to search the rest)")
+    return plan.model_copy(update={"status": "time_limit", "notes": (*plan.notes, note)})
+
+
+def untried_note(problem: PipelineProblem, *, tried: int, total: int, what: str) -> str:
+    """The clause an infeasibility message adds when the budget ended the search early."""
+    return (f"; time_limit_s={problem.time_limit_s:g} was spent after {tried} of {total} {what}, the rest were not "
+            "tried: raise --time-limit")

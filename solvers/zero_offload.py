@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from planner.errors import InfeasibleError
 from planner.schema import PipelineProblem, Plan
 from solvers import _spipe_common as common
 from solvers.options import parse_options
@@ -40,4 +41,29 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     configs = [common.OffloadConfig(forward_per_gpu=1, backward_per_forward=1, decoupled=False, microbatch_size=b,
                                     num_microbatches=m, async_optimizer=False, zero=True)
                for b, m in common.microbatch_choices(problem, sizes, replicas=g)]
-    return common.sweep(problem, configs, host, solver="zero-offload")
+    bounded = [cfg for cfg in configs if simulated_ops(problem, cfg.num_microbatches) <= MAX_SIMULATED_OPS]
+    if configs and not bounded:
+        raise InfeasibleError(_too_large_message(problem, min(cfg.num_microbatches for cfg in configs)))
+    return common.sweep(problem, bounded, host, solver="zero-offload")
+
+
+MAX_SIMULATED_OPS = 400_000
+"""The simulator's operations one configuration may need: each GPU fetches, gathers and runs
+every layer for every microbatch in both passes (about 20 us each on a loaded 2-core host, so
+the bound keeps one configuration under about 10 s and 1 GB)."""
+
+
+def simulated_ops(problem: PipelineProblem, num_microbatches: int) -> int:
+    """Operations ``cost_models.sim.offload`` builds for one ZeRO-Offload configuration."""
+    num_layers = problem.model.num_layers
+    return problem.cluster.num_devices * (4 * num_layers * num_microbatches + 2 * num_layers)
+
+
+def _too_large_message(problem: PipelineProblem, num_microbatches: int) -> str:
+    g, num_layers = problem.cluster.num_devices, problem.model.num_layers
+    per_gpu = simulated_ops(problem, num_microbatches) // g
+    most_gpus = max(MAX_SIMULATED_OPS // per_gpu, 1)
+    return (f"zero-offload simulates every GPU's per-layer fetches and passes: {g:,} GPUs x {num_layers:,} layers x "
+            f"{num_microbatches} microbatch(es) is {simulated_ops(problem, num_microbatches):,} operations, above its "
+            f"bound of {MAX_SIMULATED_OPS:,} (about 10 s); plan ZeRO-Offload on at most {most_gpus:,} GPUs, or use "
+            "solver spipe or ptdp at this scale")
