@@ -44,6 +44,7 @@ from one start), ``suffix_values`` (A^k for every range ending at the last layer
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,6 +120,10 @@ class RangeValues:
         return np.where(a_arr == 0, self.prefix[b_arr], self.suffix[a_arr])
 
 
+class OutOfTime(Exception):
+    """The DP tables were cut short by the command's time limit."""
+
+
 @dataclass(frozen=True)
 class LevelCosts:
     """Stage and boundary costs of one topology level (level 1 is the lowest)."""
@@ -135,6 +140,13 @@ class LevelCosts:
     memory: MemoryLimit | None = None
     component_workers: int = 1
     """Workers in one component of the level below (product of the lower counts)."""
+    deadline: float | None = None
+    """``time.perf_counter()`` value past which the tables stop with ``OutOfTime`` (the command's
+    --time-limit); None: no limit."""
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise OutOfTime()
 
     @property
     def depends_on_upstream(self) -> bool:
@@ -239,6 +251,7 @@ def forward_values(
         table[m] = costs.stage_s(start, ends, m, 0)
     ys = np.arange(1, top)[:, None]
     for s_loc in range(num - 1):
+        costs.check_time()
         s, rows = start + s_loc, None
         for x in range(1, top):
             head = table[x, s_loc]
@@ -261,6 +274,7 @@ def all_range_values(costs: LevelCosts) -> np.ndarray:
         table[m, first, last] = costs.stage_s(first, last, m, 0)
     ys = np.arange(1, top)[:, None]
     for s in range(num - 1):
+        costs.check_time()
         rows = None
         for x in range(1, top):
             if rows is None or costs.depends_on_upstream:
@@ -284,6 +298,7 @@ def suffix_values(costs: LevelCosts) -> np.ndarray:
     for m in range(1, top + 1):
         table[m] = costs.stage_s(starts, last, m, top - m)
     for t in range(num - 1, 0, -1):  # the tail t..N-1 is final; stages i..t-1 go before it
+        costs.check_time()
         for x in range(1, top):
             tail = table[x, t]
             if not np.isfinite(tail):

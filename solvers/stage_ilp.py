@@ -160,8 +160,10 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options, *, bud
     budget = budget or Budget.of(problem)
     layout = resolve_layout(problem, num_stages)
     model = build_model(problem, layout, strategies=_strategies(problem, opts))
-    fixed = problem.model_copy(update={"num_stages": num_stages})
-    seeds = _baseline_seeds(fixed, model) if opts.warm_start else []
+    left_s = budget.left_s()  # the baselines draw on the same budget (their own searches stop at it)
+    fixed = problem.model_copy(update={"num_stages": num_stages,
+                                       "time_limit_s": None if left_s is None else max(left_s, 1e-9)})
+    seeds = _baseline_seeds(fixed, model, budget) if opts.warm_start else []
     form = milp.formulate(model, opts.terms)
     start = None
     if seeds:
@@ -224,13 +226,17 @@ def _bpipe_evaluator(problem: PipelineProblem, model: StageModel) -> Callable[[C
     return evaluate
 
 
-def _baseline_seeds(problem: PipelineProblem, model: StageModel) -> list[tuple[str, Counts]]:
-    """Plans of the baselines that fit, as counts (warm start and re-ranking seeds)."""
+def _baseline_seeds(problem: PipelineProblem, model: StageModel, budget: Budget) -> list[tuple[str, Counts]]:
+    """Plans of the baselines that fit, as counts (warm start and re-ranking seeds); once the
+    budget is spent no further baseline starts (the first always runs)."""
     from solvers import _partition, adapipe, even, merak
 
-    out = []
-    for name, run in (("even", even.solve), ("pipedream-fixed", _partition.pipedream_fixed),
-                      ("merak", merak.solve), ("adapipe", adapipe.solve)):
+    out: list[tuple[str, Counts]] = []
+    for index, (name, run) in enumerate((("even", even.solve), ("pipedream-fixed", _partition.pipedream_fixed),
+                                         ("merak", merak.solve), ("adapipe", adapipe.solve))):
+        if budget.stop_before(index):
+            log.info("time limit spent: baseline %s and later ones give no warm start", name)
+            break
         try:
             plan = run(problem)
         except PlannerError as e:

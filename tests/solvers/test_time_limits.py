@@ -65,3 +65,25 @@ def test_zero_offload_refuses_a_simulation_beyond_its_bound_at_once() -> None:
     problem = api.make_problem("gpt-1.7b", "a100-80gb:4096")
     with pytest.raises(InfeasibleError, match=r"4,096 GPUs x 26 layers .* above its bound of 400,000 .* at most 2,564 GPUs"):
         solvers.solve(problem, solver="zero-offload")
+
+
+def test_pipedream_cut_short_in_its_dp_returns_the_data_parallel_plan() -> None:
+    problem = api.make_problem("pipedream:vgg16", "v100:2x8")
+    full = solvers.solve(problem, solver="pipedream", options={"memory": "false"})
+    plan = solvers.solve(_spent(problem), solver="pipedream", options={"memory": "false"})
+    assert full.status == "optimal" and len(full.stages) > 1
+    assert plan.status == "time_limit" and [s.replicas for s in plan.stages] == [16]
+    assert any("spent in the partitioning DP" in note and "gap unknown" in note for note in plan.notes)
+    # the DP's objective (bottleneck per input) is at most the data-parallel candidate's
+    assert full.predicted.bottleneck_s <= plan.predicted.bottleneck_s  # type: ignore[union-attr]
+    assert api.simulate(plan).fits_memory
+
+
+def test_pipedream_cut_short_without_a_fitting_candidate_says_so() -> None:
+    problem = api.make_problem("gpt3-175b", "a100-80gb:64")
+    with pytest.raises(InfeasibleError) as full:
+        solvers.solve(problem, solver="pipedream")
+    assert "the best partition needs 699.7 GiB" in str(full.value)
+    with pytest.raises(InfeasibleError, match=r"time_limit_s=1e-09 was spent in PipeDream's partitioning DP .* "
+                                              r"the data-parallel plan needs 2.8 TiB per device of 75.0 GiB usable"):
+        solvers.solve(_spent(problem), solver="pipedream")
