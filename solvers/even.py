@@ -128,7 +128,7 @@ def with_bpipe(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
     p, v = plan.degrees.pipeline, plan.degrees.virtual
     if p < 4:
         return plan, (f"bpipe: {p} stages hold at most mu_opt activation sets already (BPipe acts from "
-                      "4 stages, seed 004 L100); planned without it",)
+                      "4 stages, [bpipe] Sec. 3.3); planned without it",)
     ranks = bpipe.pair_adjacent_ranks(p, data_parallel=plan.degrees.data, tensor_parallel=plan.degrees.tensor)
     stages = tuple(Stage(index=s.index, replicas=s.replicas, ranks=ranks[s.index], chunks=s.chunks)
                    for s in plan.stages)

@@ -396,11 +396,11 @@ def _notes(
     num_workers = sum(replicas)
     notes = [
         f"configuration {'-'.join(map(str, replicas))}: replicas per stage, input stage first "
-        f"(dissertation L1754-1758); levels {options['levels']}, {options['cost_mode']} accounting",
+        f"([narayanan-thesis] Sec. 2.5); levels {options['levels']}, {options['cost_mode']} accounting",
         f"bottleneck {bottleneck_s:.6g} s per input = A^L(0 -> N, m_L), the slowest stage or boundary "
-        "(dissertation L1207-1291)",
+        "([narayanan-thesis] Sec. 2.4.1)",
         f"NOAM = ceil({num_workers} workers / {replicas[0]} input-stage replicas) = {noam} in-flight inputs per "
-        f"input-stage replica (dissertation L1313-1319); num_microbatches {m} per input-stage replica",
+        f"input-stage replica ([narayanan-thesis] Sec. 2.4.2); num_microbatches {m} per input-stage replica",
         "schedule 1F1B with weight stashing (PipeDream); replicated stages take inputs round-robin (1F1B-RR)",
     ]
     available = problem.cluster.num_devices // problem.model.tensor_parallel

@@ -189,7 +189,7 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options, *, bud
     if math.isinf(search.simulated.get(best, 0.0)):
         raise InfeasibleError(
             f"every stage-ilp plan of {problem.model.name} on {num_stages} stages with BPipe overflows memory in "
-            "simulation or fails the pair-link check (seed 004 App. B); use more stages, full recompute, or a "
+            "simulation or fails the pair-link check ([bpipe] App. B); use more stages, full recompute, or a "
             "faster link between paired stages")
     return _finish(problem, model, best, search, result, opts, began)
 
