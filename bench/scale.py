@@ -56,13 +56,13 @@ def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], 
     options = {"memory": bool(extra.pop("memory"))} if "memory" in extra else {}
     config = shape if shape.startswith("pipedream:") else models.model_preset(shape).model_copy(
         update={"num_layers": num_layers, "name": f"gpt-{num_layers}l"})
-    problem = api.make_problem(config, f"a100-80gb:{num_gpus}", **extra)  # type: ignore[arg-type]
     try:
+        problem = api.make_problem(config, f"a100-80gb:{num_gpus}", **extra)  # type: ignore[arg-type]
         plan = api.plan(problem, solver=solver, options=options)
         d = plan.degrees
         print(f"t={d.tensor} p={d.pipeline} v={d.virtual} d={d.data} m={plan.num_microbatches} {plan.status}")
     except PlannerError as e:
-        print(f"{type(e).__name__.replace('Error', '').lower()}: {str(e)[:60]}")
+        print(f"{type(e).__name__.replace('Error', '').lower()}: {str(e)[:90]}")
 
 
 def measure(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], limit_s: float,

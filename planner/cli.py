@@ -195,7 +195,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.solver is None:
         print(f"solver {solver} (the default for this problem; --solver to choose another)", file=sys.stderr)
     began = time.perf_counter()
-    with progress(f"planning with {solver}"):
+    from solvers.budget import listening
+
+    with progress(f"planning with {solver}") as ticker, listening(ticker.update):
         plan = api.plan(problem, solver=solver, options=_parse_options(args.option),
                         offload_fallback=not args.no_offload, timings=args.timings)
     solve_time_s = time.perf_counter() - began

@@ -45,9 +45,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     shapes = bench.QUICK_GEMM_SHAPES if args.quick else bench.DEFAULT_GEMM_SHAPES
-    gemms = bench.measure_gemms(shapes, device=args.device, dtype=dtype, repeats=args.repeats)
-    copies = bench.measure_copies((1 << 20, 1 << 22) if args.quick else (1 << 24, 1 << 26, 1 << 28),
-                                  device=args.device, repeats=args.repeats)
+    from planner.progress import progress
+
+    with progress(f"measuring {len(shapes)} GEMM shapes and memory copies on {args.device}"):
+        gemms = bench.measure_gemms(shapes, device=args.device, dtype=dtype, repeats=args.repeats)
+        copies = bench.measure_copies((1 << 20, 1 << 22) if args.quick else (1 << 24, 1 << 26, 1 << 28),
+                                      device=args.device, repeats=args.repeats)
     device, error = calibration.fit_gemm_constants(gemms, cluster.device)
     device = calibration.fit_memory_fraction(copies, device)
     assert device.compute is not None

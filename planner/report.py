@@ -35,10 +35,17 @@ def expansion_line(spec: object, cluster: Cluster) -> str:
     return f"cluster {spec} -> {cluster_expansion(cluster)}"
 
 
+def plan_devices(plan: Plan) -> int:
+    """The devices a plan uses (its stages' replicas x tensor x context), which may be fewer
+    than its cluster's: the count every command prints for a plan."""
+    d = plan.degrees
+    return sum(stage.replicas for stage in plan.stages) * d.tensor * d.context
+
+
 def devices_line(plan: Plan) -> str:
     """How many of the cluster's devices the plan uses, and how they split."""
     d = plan.degrees
-    used = sum(stage.replicas for stage in plan.stages) * d.tensor * d.context
+    used = plan_devices(plan)
     total = plan.cluster.num_devices
     split = f"{d.pipeline} stages x {d.data} replicas x {d.tensor} tensor" + (f" x {d.context} context" if d.context > 1 else "")
     if used == total:

@@ -20,7 +20,7 @@ from cost_models import offload, transformer
 from cost_models.sim.offload import OffloadResult, simulate_offload
 from planner.errors import InfeasibleError
 from planner.schema import Chunk, Degrees, ModelProfile, OffloadHost, OffloadSpec, PipelineProblem, Plan, Predicted, Stage
-from solvers.budget import Budget, out_of_time, untried_note
+from solvers.budget import Budget, out_of_time, report_phase, untried_note
 from solvers.common import reject_fixed_shape
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -146,7 +146,7 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
     rows: list[dict[str, Any]] = []
     smallest = float("inf")
     budget, configs = Budget.of(problem), list(configs)
-    tried, stopped = 0, False
+    tried, stopped, shape_error = 0, False, ""
     for cfg in configs:
         model = profile_for(problem, cfg.microbatch_size)
         if model is None or not keep(cfg):
@@ -154,10 +154,12 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
         if budget.stop_before(tried):
             stopped = True
             break
+        report_phase(f"{solver}: configuration {tried + 1}", tried, len(configs))
         tried += 1
         try:
             plan, result = evaluate(build_plan(problem, model, cfg, host, solver=solver))
-        except InfeasibleError:
+        except InfeasibleError as e:
+            shape_error = shape_error or str(e)
             continue  # a shape the model cannot take (more stages than layers)
         rows.append(row(cfg, plan, result))
         smallest = min(smallest, max(result.gpu_memory_bytes))
@@ -169,7 +171,8 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
         raise InfeasibleError((
             f"no {solver} configuration fits GPU memory: the smallest peak found is {smallest / 2**30:.1f} GiB "
             f"per GPU, the device has {cap / 2**30:.1f} GiB; use more GPUs, a smaller microbatch size or a "
-            "smaller global batch" if rows else f"{solver} found no stage configuration for this model and batch")
+            "smaller global batch" if rows else f"{solver} found no stage configuration for this model and batch"
+            + (f": {shape_error} (every GPU holds at least one forward stage: use at most as many GPUs as decoder layers)" if shape_error else ""))
             + (untried_note(problem, tried=tried, total=total, what="configurations") if stopped else ""))
     rows.sort(key=lambda r: (not r["fits"], r["iteration_time_s"]))
     plan = best[1].model_copy(update={"candidates": tuple(rows), "solve_time_s": time.perf_counter() - start,

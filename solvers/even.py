@@ -36,7 +36,7 @@ from solvers.common import (
     resolve_layout,
     with_prediction,
 )
-from solvers.budget import Budget, untried_note
+from solvers.budget import Budget, report_phase, untried_note
 from solvers.options import parse_options
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     for p in depths:
         if budget.stop_before(tried):
             break
+        report_phase(f"{p} stages", tried, len(depths))
         tried += 1
         try:
             layout = resolve_layout(problem, p)

@@ -50,7 +50,7 @@ from solvers._pipedream_artifact import (
     solve_range,
     suffix_values,
 )
-from solvers.budget import Budget
+from solvers.budget import Budget, report_phase
 from solvers.common import format_bytes, reject_fixed_shape, with_prediction
 from solvers.options import parse_options
 
@@ -110,6 +110,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         if worst > capacity:
             memory = MemoryLimit(capacity_bytes=capacity, num_workers=num_workers)
     budget = Budget.of(problem)
+    report_phase(f"partitioning DP over {problem.model.num_layers} layers and {num_workers} workers")
     try:
         value, stages = partition(chain, levels, mode=opts.cost_mode, memory=memory,
                                   compression_ratio=opts.activation_compression_ratio, deadline=budget.deadline)
@@ -365,6 +366,7 @@ def build_plan(
         notes=_notes(problem, replicas, noam, m, bottleneck_s, options),
         sequence_parallel=problem.transformer is not None and t > 1,  # the analytic memory model assumes it
     )
+    report_phase(f"simulating 1F1B-RR over {num_workers} workers")
     plan, _ = with_prediction(plan)
     assert plan.predicted is not None
     return plan.model_copy(update={"predicted": plan.predicted.model_copy(update={"bottleneck_s": bottleneck_s})})
