@@ -62,7 +62,7 @@ def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], 
         d = plan.degrees
         print(f"t={d.tensor} p={d.pipeline} v={d.virtual} d={d.data} m={plan.num_microbatches} {plan.status}")
     except PlannerError as e:
-        print(f"{type(e).__name__.replace('Error', '').lower()}: {str(e)[:90]}")
+        print(f"{type(e).__name__.replace('Error', '').lower()}: {' '.join(str(e).split())[:90]}")
 
 
 def measure(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], limit_s: float,

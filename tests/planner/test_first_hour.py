@@ -35,3 +35,15 @@ def test_fill_prints_the_plans_gpu_count_not_the_clusters(tmp_path: Path) -> Non
     whole = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:8", schedule="gpipe", num_stages=4,
                                       global_batch_size=16), solver="even")
     assert plan_devices(whole) == 8 and json.loads(whole.model_dump_json())["degrees"]["data"] == 2
+
+
+def test_transformer_default_is_ptdp_and_t1_solvers_say_so() -> None:
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:16", global_batch_size=64)
+    assert api.default_solver(problem) == "ptdp"
+    outcome = run_cli(["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:16", "--global-batch", "64"])
+    assert outcome.code == 0 and "solver ptdp (the default" in outcome.err, outcome.err
+    fixed = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:16", num_stages=4, global_batch_size=64), solver="even")
+    assert fixed.degrees.tensor == 1
+    assert any(note.startswith("tensor parallelism fixed at t=1: solver 'even' does not search it") for note in fixed.notes)
+    searched = api.plan(problem)
+    assert not any("fixed at t=1" in note for note in searched.notes)
