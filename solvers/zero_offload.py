@@ -41,16 +41,36 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     configs = [common.OffloadConfig(forward_per_gpu=1, backward_per_forward=1, decoupled=False, microbatch_size=b,
                                     num_microbatches=m, async_optimizer=False, zero=True)
                for b, m in common.microbatch_choices(problem, sizes, replicas=g)]
-    bounded = [cfg for cfg in configs if simulated_ops(problem, cfg.num_microbatches) <= MAX_SIMULATED_OPS]
-    if configs and not bounded:
+    kept = _within_bound(problem, configs)
+    if configs and not kept:
         raise InfeasibleError(_too_large_message(problem, min(cfg.num_microbatches for cfg in configs)))
-    return common.sweep(problem, bounded, host, solver="zero-offload")
+    plan = common.sweep(problem, kept, host, solver="zero-offload")
+    skipped = sorted({cfg.microbatch_size for cfg in configs} - {cfg.microbatch_size for cfg in kept})
+    if not skipped:
+        return plan
+    note = (f"microbatch sizes {skipped} not simulated: with them the sweep would build more than "
+            f"{MAX_SIMULATED_OPS:,} simulator operations (zero-offload simulates every GPU); give "
+            "--option microbatch_size=B to simulate one of them alone")
+    return plan.model_copy(update={"notes": (*plan.notes, note),
+                                   "status": "feasible" if plan.status == "optimal" else plan.status})
 
 
 MAX_SIMULATED_OPS = 400_000
-"""The simulator's operations one configuration may need: each GPU fetches, gathers and runs
-every layer for every microbatch in both passes (about 20 us each on a loaded 2-core host, so
-the bound keeps one configuration under about 10 s and 1 GB)."""
+"""The simulator's operations one sweep may build: each GPU fetches, gathers and runs every
+layer for every microbatch in both passes (about 20 us each on a loaded 2-core host, so the
+bound keeps the sweep under about 10 s and 1 GB)."""
+
+
+def _within_bound(problem: PipelineProblem, configs: list[common.OffloadConfig]) -> list[common.OffloadConfig]:
+    """The configurations the sweep simulates, cheapest first while their operations together
+    stay within ``MAX_SIMULATED_OPS`` (in their original order)."""
+    kept, total = set(), 0
+    for index in sorted(range(len(configs)), key=lambda i: configs[i].num_microbatches):
+        total += simulated_ops(problem, configs[index].num_microbatches)
+        if total > MAX_SIMULATED_OPS:
+            break
+        kept.add(index)
+    return [cfg for i, cfg in enumerate(configs) if i in kept]
 
 
 def simulated_ops(problem: PipelineProblem, num_microbatches: int) -> int:

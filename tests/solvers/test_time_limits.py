@@ -87,3 +87,16 @@ def test_pipedream_cut_short_without_a_fitting_candidate_says_so() -> None:
     with pytest.raises(InfeasibleError, match=r"time_limit_s=1e-09 was spent in PipeDream's partitioning DP .* "
                                               r"the data-parallel plan needs 2.8 TiB per device of 75.0 GiB usable"):
         solvers.solve(_spent(problem), solver="pipedream")
+
+
+def test_zero_offload_simulates_the_cheapest_sizes_within_its_bound_and_says_which_it_left(monkeypatch) -> None:
+    from solvers import zero_offload
+
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", global_batch_size=64)
+    full = solvers.solve(problem, solver="zero-offload")
+    assert {row["microbatch_size"] for row in full.candidates} == {1, 2, 4, 8} and full.status == "optimal"
+    # 8 GPUs x (4 x 26 layers x m + 2 x 26): m = 1, 2 (b = 8, 4) fit 5,000 operations together; m = 4, 8 do not
+    monkeypatch.setattr(zero_offload, "MAX_SIMULATED_OPS", 5_000)
+    plan = solvers.solve(problem, solver="zero-offload")
+    assert {row["microbatch_size"] for row in plan.candidates} == {4, 8} and plan.status == "feasible"
+    assert any(note.startswith("microbatch sizes [1, 2] not simulated") for note in plan.notes)
