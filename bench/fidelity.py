@@ -156,7 +156,7 @@ def korthikanti_table_5() -> list[dict[str, object]]:
     out = []
     for model, gpus, p, batch, b, v, full_s, present_s in KORTHIKANTI_TABLE_5:
         schedule = "interleaved-1f1b" if v > 1 else "1f1b"
-        problem = api.make_problem(model, f"a100-80gb:{gpus // 8}", global_batch_size=batch, num_stages=p,
+        problem = api.make_problem(model, f"a100-80gb:{gpus}", global_batch_size=batch, num_stages=p,
                                    num_chunks=v, schedule=schedule, data_parallel=1)
         for recompute, sp, published in (("full", False, full_s), ("selective", True, present_s)):
             plan = ptdp.solve(problem, options={"tensor_parallel": 8, "microbatch_size": b, "recompute": recompute,

@@ -169,7 +169,7 @@ def test_backward_tensor_parallel_collectives_hide_behind_weight_gradients() -> 
     from planner import api
 
     cfg = api.load_model("gpt3-175b")
-    device = api.load_cluster("a100-80gb:1").device
+    device = api.load_cluster("a100-80gb:8").device
     kw = {"microbatch_size": 1, "tensor_parallel": 8, "tp_link_bytes_per_s": 300e9}
     plain = decoder_op_times(cfg, device, **kw)
     hidden = decoder_op_times(cfg, device, **kw, overlap_tp_backward=True)

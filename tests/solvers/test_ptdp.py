@@ -443,7 +443,7 @@ def test_v_inflight_memory_closed_form_bounds_the_simulator(schedule: str) -> No
 def test_v_closed_form_agrees_with_the_simulator(schedule: str) -> None:
     """Every simulated V configuration's closed form (solvers._ptdp_v) within 3% of the simulator
     (measured: 0.977-1.009 over GPT-3 175B, Llama-3 70B and GPT-1T cases)."""
-    problem = api.make_problem("gpt3-175b", "a100-80gb:12", global_batch_size=384)
+    problem = api.make_problem("gpt3-175b", "a100-80gb:96", global_batch_size=384)
     plan = ptdp.solve(problem, options={"schedules": schedule, "num_simulated": 6})
     rows = [r for r in plan.candidates if r["simulated"]]
     assert len(rows) >= 4 and all(r["schedule"] == schedule for r in rows)
