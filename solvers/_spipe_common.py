@@ -167,17 +167,25 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
             best = (result.sim.iteration_time_s, plan)
     total = sum(1 for cfg in configs if keep(cfg))
     if best is None:
-        cap = usable_memory_bytes(problem.cluster.device)  # type: ignore[arg-type]
-        raise InfeasibleError((
-            f"no {solver} configuration fits GPU memory: the smallest peak found is {smallest / 2**30:.1f} GiB "
-            f"per GPU, the device has {cap / 2**30:.1f} GiB; use more GPUs, a smaller microbatch size or a "
-            "smaller global batch" if rows else f"{solver} found no stage configuration for this model and batch"
-            + (f": {shape_error} (every GPU holds at least one forward stage: use at most as many GPUs as decoder layers)" if shape_error else ""))
-            + (untried_note(problem, tried=tried, total=total, what="configurations") if stopped else ""))
+        raise InfeasibleError(_no_fit_message(problem, solver, smallest if rows else None, shape_error)
+                              + (untried_note(problem, tried=tried, total=total, what="configurations") if stopped else ""))
     rows.sort(key=lambda r: (not r["fits"], r["iteration_time_s"]))
     plan = best[1].model_copy(update={"candidates": tuple(rows), "solve_time_s": time.perf_counter() - start,
                                       "status": "optimal"})
     return out_of_time(plan, problem, tried=tried, total=total, what="configurations") if stopped else plan
+
+
+def _no_fit_message(problem: PipelineProblem, solver: str, smallest_bytes: float | None, shape_error: str) -> str:
+    """Why the sweep found nothing: the smallest GPU peak simulated, or why no shape was possible."""
+    if smallest_bytes is not None:
+        cap = usable_memory_bytes(problem.cluster.device)  # type: ignore[arg-type]
+        return (f"no {solver} configuration fits GPU memory: the smallest peak found is {smallest_bytes / 2**30:.1f} GiB "
+                f"per GPU, the device has {cap / 2**30:.1f} GiB; use more GPUs, a smaller microbatch size or a "
+                "smaller global batch")
+    text = f"{solver} found no stage configuration for this model and batch"
+    if shape_error:
+        text += f": {shape_error} (every GPU holds at least one forward stage: use at most as many GPUs as decoder layers)"
+    return text
 
 
 def check_problem(problem: PipelineProblem, *, solver: str) -> None:

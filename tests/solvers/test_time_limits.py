@@ -100,3 +100,12 @@ def test_zero_offload_simulates_the_cheapest_sizes_within_its_bound_and_says_whi
     plan = solvers.solve(problem, solver="zero-offload")
     assert {row["microbatch_size"] for row in plan.candidates} == {4, 8} and plan.status == "feasible"
     assert any(note.startswith("microbatch sizes [1, 2] not simulated") for note in plan.notes)
+
+
+@pytest.mark.parametrize("solver", ["spipe", "mobius"])
+def test_offload_pipelines_on_more_gpus_than_layers_are_refused_with_the_reason(solver: str) -> None:
+    # 1,536 layers on 4,096 GPUs in the scale table; here 24 decoder layers on 32 GPUs
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:32")
+    with pytest.raises(InfeasibleError, match=r"32 stages need at least 32 decoder layers; the model has 24 \(every GPU "
+                                              r"holds at least one forward stage: use at most as many GPUs as decoder layers\)"):
+        solvers.solve(problem, solver=solver)
