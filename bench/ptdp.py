@@ -42,14 +42,14 @@ def _timed(name: str, gpus: int, batch: int, repeats: int) -> tuple[float, Plan]
 
 
 MODERN = [  # label, model, cluster, global batch (sequences), sequence length or None, options
-    ("llama2-7b", "llama2-7b", "h100:1", 1024, None, {}),  # 4M tokens (Llama 2 Sec. 2.2)
-    ("llama3-8b 128K", "llama3-8b", "h100:8", 16, 131072, {}),
-    ("mixtral-8x7b", "mixtral-8x7b", "h100:8", 256, None, {}),
-    ("mixtral-8x7b ZeRO<=1", "mixtral-8x7b", "h100:8", 256, None, {"zero_stages": "0,1"}),
-    ("llama3-405b p=16", "llama3-405b", "h100:2048", 2048, None, {"pipeline_parallel": 16}),  # 16M tokens
-    ("llama3-405b", "llama3-405b", "h100:2048", 2048, None, {}),
-    ("deepseek-v3", "deepseek-v3", "h100:256", 15360, None, {}),  # DeepSeek-V3 Sec. 3.2: 2048 GPUs
-    ("deepseek-v3 16K GPUs", "deepseek-v3", "h100:2048", 15360, None, {}),
+    ("llama2-7b", "llama2-7b", "h100:8", 1024, None, {}),  # 4M tokens (Llama 2 Sec. 2.2)
+    ("llama3-8b 128K", "llama3-8b", "h100:64", 16, 131072, {}),
+    ("mixtral-8x7b", "mixtral-8x7b", "h100:64", 256, None, {}),
+    ("mixtral-8x7b ZeRO<=1", "mixtral-8x7b", "h100:64", 256, None, {"zero_stages": "0,1"}),
+    ("llama3-405b p=16", "llama3-405b", "h100:16384", 2048, None, {"pipeline_parallel": 16}),  # 16M tokens
+    ("llama3-405b", "llama3-405b", "h100:16384", 2048, None, {}),
+    ("deepseek-v3", "deepseek-v3", "h100:2048", 15360, None, {}),  # DeepSeek-V3 Sec. 3.2: 2048 GPUs
+    ("deepseek-v3 16K GPUs", "deepseek-v3", "h100:16384", 15360, None, {}),
 ]
 
 

@@ -66,7 +66,7 @@ def _agrees_with_simulator(plan: Plan, rel: float) -> None:
 def test_zero_sharded_model_states_match_zero_paper_per_rank_bytes() -> None:
     """Llama-2-7B, t = p = 1: the search's rank states equal ZeRO's (2 + 2 + 12/N) Psi (stage 1) and
     (2 + 2 + 12) Psi / N (stage 3) for all the model's parameters."""
-    problem = _problem("llama2-7b", "h100:1", 1024)
+    problem = _problem("llama2-7b", "h100:8", 1024)
     cfg = problem.transformer
     assert cfg is not None
     for z in (0, 1, 2, 3):
@@ -84,7 +84,7 @@ def test_zero_sharded_model_states_match_zero_paper_per_rank_bytes() -> None:
 def test_expert_states_shard_over_the_expert_data_parallel_ranks() -> None:
     """Mixtral, e = 8, t = 2, etp = 1, d = 8: one expert (3 x 4096 x 14336 weights) per rank and layer; its
     Adam states over t d c / (e etp) = 2 ranks, the dense weights' over d c = 8."""
-    cfg = api.make_problem("mixtral-8x7b", "h100:2", global_batch_size=64).transformer
+    cfg = api.make_problem("mixtral-8x7b", "h100:16", global_batch_size=64).transformer
     assert cfg is not None
     d = dims.Dims(tensor=2, expert=8, expert_tensor=1, data=8, zero_stage=1)
     assert d.expert_dp_ranks == 2 and d.dp_ranks == 8
@@ -95,7 +95,7 @@ def test_expert_states_shard_over_the_expert_data_parallel_ranks() -> None:
 def test_alltoall_time_splits_in_node_and_off_node_shares() -> None:
     """b s/(c t) = 4096 tokens x k = 2 x h = 4096 x 2 B = 64 MiB dispatched, (e-1)/e of it to others.
     e = 8 on one node: all over NVLink; e = 16 (etp 1): 7 of 15 peers in the node, 8 over the NIC."""
-    problem = api.make_problem("mixtral-8x7b", "h100:2", global_batch_size=64)
+    problem = api.make_problem("mixtral-8x7b", "h100:16", global_batch_size=64)
     cfg, cluster = problem.transformer, problem.cluster
     assert cfg is not None and cfg.seq_length == 4096
     fraction = dims._collective_fraction(cluster)
@@ -113,7 +113,7 @@ def test_alltoall_time_splits_in_node_and_off_node_shares() -> None:
 def test_ring_attention_hides_behind_the_block_attention_until_the_link_is_slower() -> None:
     """Llama-3 8B, s = 131072, c = 16 on 8-GPU nodes (t = 1): K/V blocks of 8192 tokens x 1024 (8 KV heads x
     128) x 2 (K and V) x 2 B = 32 MiB per step cross the NIC (stride 1, 16 ranks: two nodes)."""
-    problem = _problem("llama3-8b", "h100:2", 16, seq=131072)
+    problem = _problem("llama3-8b", "h100:16", 16, seq=131072)
     cfg, cluster = problem.transformer, problem.cluster
     assert cfg is not None
     d = dims.Dims(tensor=1, context=16)
@@ -127,7 +127,7 @@ def test_ring_attention_hides_behind_the_block_attention_until_the_link_is_slowe
 def test_context_parallel_rank_costs_c_times_the_attention_of_its_shard() -> None:
     """The attention core of a rank holding s/c tokens of a causal sequence: c x that of an s/c
     sequence (the load-balanced split); the linear layers see s/c tokens."""
-    problem = _problem("llama3-8b", "h100:8", 16, seq=131072)
+    problem = _problem("llama3-8b", "h100:64", 16, seq=131072)
     cfg, cluster = problem.transformer, problem.cluster
     assert cfg is not None
     plain = model.unit_costs(dims.profile_config(cfg, 8), cluster, 1, 1, model.ProfileSettings())
@@ -166,7 +166,7 @@ def test_zero_stages_searched() -> None:
 
 def test_llama2_7b_on_8_h100_plans_a_sharded_optimizer_and_no_pipeline() -> None:
     """Llama 2's batch: 4M tokens = 1024 sequences of 4096 (Llama 2 paper Sec. 2.2)."""
-    problem = _problem("llama2-7b", "h100:1", 1024)
+    problem = _problem("llama2-7b", "h100:8", 1024)
     plan = ptdp.solve(problem, options=MEGATRON)
     assert plan.zero_stage >= 1 and plan.degrees.pipeline == 1 and plan.degrees.data == 8
     assert plan.predicted is not None
@@ -181,7 +181,7 @@ def test_llama2_7b_on_8_h100_plans_a_sharded_optimizer_and_no_pipeline() -> None
 def test_llama3_405b_on_16_pipeline_stages_plans_uneven_ends() -> None:
     """126 layers on 16 stages as Meta trained it (Llama 3 paper Sec. 3.3.2): 7 + 14 x 8 + 7, 16,384 H100,
     16M tokens = 2048 x 8192 per batch; Megatron-Core reads the first/last counts back."""
-    problem = _problem("llama3-405b", "h100:2048", 2048)
+    problem = _problem("llama3-405b", "h100:16384", 2048)
     plan = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 16})
     assert plan.degrees.pipeline == 16
     assert _decoders_per_stage(plan) == [7] + [8] * 14 + [7]
@@ -197,7 +197,7 @@ def test_llama3_405b_on_16_pipeline_stages_plans_uneven_ends() -> None:
 
 def test_128k_sequence_plans_context_parallelism() -> None:
     """Llama-3 8B at 131072 tokens on 64 H100, 16 sequences (2M tokens) per batch."""
-    problem = _problem("llama3-8b", "h100:8", 16, seq=131072)
+    problem = _problem("llama3-8b", "h100:64", 16, seq=131072)
     plan = ptdp.solve(problem, options=MEGATRON)
     c = plan.degrees.context
     assert c > 1 and 131072 % (2 * c) == 0
@@ -210,7 +210,7 @@ def test_128k_sequence_plans_context_parallelism() -> None:
 
 def test_mixtral_plans_expert_parallelism() -> None:
     """Mixtral 8x7B on 64 H100, 256 x 4096 tokens (the Megatron-Bridge recipe's setting), default search."""
-    problem = _problem("mixtral-8x7b", "h100:8", 256)
+    problem = _problem("mixtral-8x7b", "h100:64", 256)
     plan = ptdp.solve(problem, options=MEGATRON)
     d = plan.degrees
     assert d.expert > 1 and 8 % d.expert == 0 and (d.data * d.context) % d.expert == 0
@@ -223,7 +223,7 @@ def test_deepseek_v3_plans_expert_parallelism_and_takes_its_published_recipe() -
     (ZeRO-1, no FSDP) the search plans expert parallelism; the published degrees pinned give exactly that
     plan. (With FSDP allowed the model prefers gathering all experts per layer over 8 NICs per node:
     docs/solver-ptdp.md.)"""
-    problem = _problem("deepseek-v3", "h100:256", 15360)
+    problem = _problem("deepseek-v3", "h100:2048", 15360)
     plan = ptdp.solve(problem, options={**MEGATRON, "zero_stages": "0,1"})
     assert plan.degrees.expert > 1 and plan.zero_stage == 1
     recipe = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 16, "tensor_parallel": 1, "context_parallel": 1,
@@ -249,7 +249,7 @@ def test_deepseek_v3_plans_expert_parallelism_and_takes_its_published_recipe() -
     (["--model", "llama3-8b", "--option", "pipeline_parallel=0"], "pipeline_parallel=0"),
 ])
 def test_bad_degrees_exit_2_naming_the_field(args: list[str], needle: str, capsys) -> None:
-    code = main(["plan", *args, "--cluster", "h100:8", "--global-batch", "64", "--solver", "ptdp"])
+    code = main(["plan", *args, "--cluster", "h100:64", "--global-batch", "64", "--solver", "ptdp"])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
 
@@ -329,7 +329,7 @@ def test_search_over_every_dimension_finds_the_brute_force_best(memory_bytes: fl
 def test_overlap_options_hide_what_the_other_microbatch_computes() -> None:
     """overlap_moe_alltoall: a layer's 2 all-to-alls show only beyond the other direction's compute;
     overlap_param_gather: ZeRO-1's weight all-gather hides under the forward but its last bucket."""
-    problem = api.make_problem("qwen3-30b-a3b", "h100:2", global_batch_size=64)  # 128 experts
+    problem = api.make_problem("qwen3-30b-a3b", "h100:16", global_batch_size=64)  # 128 experts
     cfg, cluster = problem.transformer, problem.cluster
     assert cfg is not None
     d = dims.Dims(tensor=1, expert=16, data=16, zero_stage=1)
@@ -353,7 +353,7 @@ def test_overlap_options_hide_what_the_other_microbatch_computes() -> None:
 
 
 def test_pinned_expert_degree_without_room_says_which_degrees_leave_it(capsys) -> None:
-    code = main(["plan", "--model", "mixtral-8x7b", "--cluster", "h100:1", "--global-batch", "64", "--solver", "ptdp",
+    code = main(["plan", "--model", "mixtral-8x7b", "--cluster", "h100:8", "--global-batch", "64", "--solver", "ptdp",
                  "--option", "expert_parallel=8", "--option", "tensor_parallel=8", "--no-offload"])
     err = capsys.readouterr().err
     assert code == 3 and "expert_parallel=8 must divide the data x context ranks" in err and "[1]" in err
@@ -362,7 +362,7 @@ def test_pinned_expert_degree_without_room_says_which_degrees_leave_it(capsys) -
 def test_pinned_end_stage_layers_follow_megatrons_flags() -> None:
     """first_stage_layers / last_stage_layers as Megatron reads them: one given, the other p - 1 stages split
     the rest evenly; both given, the middle stages do."""
-    problem = _problem("llama3-8b", "h100:1", 64)
+    problem = _problem("llama3-8b", "h100:8", 64)
     both = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 4, "first_stage_layers": 5,
                                         "last_stage_layers": 9})
     assert _decoders_per_stage(both) == [5, 9, 9, 9] and both.degrees.virtual == 1
@@ -374,7 +374,7 @@ def test_pinned_end_stage_layers_follow_megatrons_flags() -> None:
 def test_routing_imbalance_slows_only_expert_parallel_layers() -> None:
     """load_balance_factor f: the routed experts' share of an MoE layer runs f times longer when the experts
     are spread over e > 1 ranks (the busiest rank sets the pace); one rank holding every expert is not slowed."""
-    problem = api.make_problem("mixtral-8x7b", "h100:1", global_batch_size=64)
+    problem = api.make_problem("mixtral-8x7b", "h100:8", global_batch_size=64)
     cfg, cluster = problem.transformer, problem.cluster
     assert cfg is not None
     base = model.unit_costs(cfg, cluster, 1, 1, model.ProfileSettings()).decoder
