@@ -174,12 +174,23 @@ def context_ranks(plan: Plan, stage_index: int) -> list[int]:
     return data_context_ranks(plan, stage_index)[: plan.degrees.context]
 
 
+def stage_ranks(plan: Plan, stage_index: int) -> list[int]:
+    """Every rank of a stage: ``Stage.ranks`` when complete, else the stage's block in Megatron's order."""
+    width = plan.degrees.tensor * plan.degrees.context * plan.stages[stage_index].replicas
+    ranks = plan.stages[stage_index].ranks
+    return list(ranks) if len(ranks) >= width else list(range(stage_index * width, (stage_index + 1) * width))
+
+
 def expert_ranks(plan: Plan, stage_index: int) -> list[int]:
-    return data_context_ranks(plan, stage_index)[: plan.degrees.expert]
+    """The expert-parallel group of the stage's first rank: e ranks ``expert TP`` apart
+    (Megatron-Core's expert order, expert TP fastest, then expert, then expert data)."""
+    etp = expert_tensor_parallel(plan)
+    return stage_ranks(plan, stage_index)[:: etp][: plan.degrees.expert]
 
 
 def expert_data_ranks(plan: Plan, stage_index: int) -> list[int]:
-    return data_context_ranks(plan, stage_index)[:: plan.degrees.expert]
+    """The expert-data-parallel group of the stage's first rank: t d c / (e x expert TP) ranks."""
+    return stage_ranks(plan, stage_index)[:: expert_tensor_parallel(plan) * plan.degrees.expert]
 
 
 # ------------------------------------------------------------------------------------------
@@ -189,17 +200,27 @@ def expert_data_ranks(plan: Plan, stage_index: int) -> list[int]:
 
 def expert_fraction(plan: Plan, layer_index: int) -> float:
     """Share of profile layer ``layer_index``'s parameters that are routed experts (0 for dense
-    layers, the embedding and the head; the profile's layer i is decoder block i - 1)."""
+    layers, the embedding and the head; the profile's layer i is decoder block i - 1), for a profile
+    holding every expert split by t, or E / (e x expert TP) experts when it is per expert rank."""
     cfg = plan.transformer
     block = layer_index - 1
     if cfg is None or not cfg.is_moe or not 0 <= block < cfg.num_layers or not moe.is_moe_layer(cfg, block):
         return 0.0
-    return int(cfg.num_experts or 0) * moe.expert_params(cfg) / moe.decoder_layer_params(cfg, block)
+    experts = int(cfg.num_experts or 0) * moe.expert_params(cfg)
+    dense = moe.decoder_layer_params(cfg, block) - experts
+    if plan.model.expert_parallel > 1:  # a per-expert-rank profile: E / (e etp) experts beside dense / t
+        d = plan.degrees
+        experts = experts / (d.expert * expert_tensor_parallel(plan)) * d.tensor
+    return experts / (experts + dense)
 
 
 def context_scale(plan: Plan) -> float:
-    """1/c when the profile was derived for the whole sequence (``tokens_per_sample`` equal to the
-    transformer's ``seq_length``), else 1 (a profile already per context rank, or no context)."""
+    """1/c when the profile holds the whole sequence (``ModelProfile.context_parallel`` 1 and
+    ``tokens_per_sample`` unset or the transformer's ``seq_length``), else 1 (already per context rank).
+
+    Raises:
+        InvalidProblemError: a context degree without the plan's transformer.
+    """
     c, cfg = plan.degrees.context, plan.transformer
     if c == 1:
         return 1.0
@@ -207,7 +228,22 @@ def context_scale(plan: Plan) -> float:
         raise InvalidProblemError(
             f"degrees.context={c} needs the plan's transformer (sequence, K/V widths) to cost the ring attention; "
             "plan from a transformer config or use context 1")
-    return 1.0 / c if plan.model.tokens_per_sample in (None, cfg.seq_length) else 1.0
+    whole = plan.model.context_parallel == 1 and plan.model.tokens_per_sample in (None, cfg.seq_length)
+    return 1.0 / c if whole else 1.0
+
+
+def expert_tensor_parallel(plan: Plan) -> int:
+    """The experts' tensor-parallel degree: ``plan.options["expert_tensor_parallel"]`` (the ptdp
+    search's), else t (experts split like the dense FFN)."""
+    return int(plan.options.get("expert_tensor_parallel", plan.degrees.tensor))
+
+
+def expert_share_per_rank(plan: Plan) -> float:
+    """What a rank holds of a profile layer's expert weights: t / (e x expert TP) of a profile with
+    every expert split by t, 1 when the profile is already per expert rank."""
+    if plan.model.expert_parallel > 1:
+        return 1.0
+    return plan.degrees.tensor / (plan.degrees.expert * expert_tensor_parallel(plan))
 
 
 def _element_bytes(plan: Plan) -> int:
@@ -246,7 +282,7 @@ def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[lis
             ring_f, ring_b = ring_attention_s(plan, layers[i], cp, scale)
             a2a = expert_alltoall_s(plan, i, ep)
             f, b = f + ring_f + 2 * a2a, b + ring_b + 2 * a2a
-        if plan.zero_stage == 3:
+        if plan.zero_stage == 3 and not plan.model.fsdp_included:
             fsdp_f, fsdp_b = fsdp_gather_s(plan, range(*chunk.layers), dense, experts, scale)
             f, b = f + fsdp_f, b + fsdp_b
         forward.append(f)
@@ -260,7 +296,7 @@ def ring_attention_s(plan: Plan, layer: LayerProfile, group: Group, scale: float
     the bytes) while the attention of the block held runs (forward: core / c^2 per step; backward
     ``FLASH_BACKWARD_FACTOR`` times that)."""
     c, cfg = plan.degrees.context, plan.transformer
-    if c == 1 or cfg is None or not _is_attention(layer):
+    if c == 1 or cfg is None or not _is_attention(layer) or plan.model.context_parallel > 1:
         return 0.0, 0.0
     core = _attention_core_s(layer)
     block_s = core / c**2 if scale < 1 else core  # whole-sequence core split over c x c blocks
@@ -278,7 +314,7 @@ def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
     """One dispatch (or combine) all-to-all of MoE layer ``layer_index`` per microbatch: the rank's
     b s / c tokens (/ t under sequence parallelism) x k copies x h, spread over the e expert ranks."""
     cfg, d = plan.transformer, plan.degrees
-    if d.expert == 1 or cfg is None or expert_fraction(plan, layer_index) == 0.0:
+    if d.expert == 1 or cfg is None or plan.model.expert_parallel > 1 or expert_fraction(plan, layer_index) == 0.0:
         return 0.0
     split = d.context * (d.tensor if plan.sequence_parallel else 1)
     tokens = plan.microbatch_size * cfg.seq_length / split
@@ -290,12 +326,12 @@ def fsdp_gather_s(plan: Plan, indices: Sequence[int], dense: Group, experts: Gro
     """(forward, backward) exposed time of FSDP's per-layer weight all-gathers over a chunk per
     microbatch, one layer prefetched (``parallelism.fsdp_exposed_comm_s``): forward in layer order
     under the forwards, backward in reverse under the backwards."""
-    layers, e = plan.model.layers, plan.degrees.expert
+    layers, held = plan.model.layers, expert_share_per_rank(plan)
     gathers, fwd, bwd = [], [], []
     for i in indices:
         share = expert_fraction(plan, i)
         param = layers[i].param_bytes
-        gathers.append(dense.allgather_s(param * (1 - share)) + experts.allgather_s(param * share / e))
+        gathers.append(dense.allgather_s(param * (1 - share)) + experts.allgather_s(param * share * held))
         fwd.append(layers[i].forward_s * scale)
         bwd.append(layers[i].backward_s * scale)
     return fsdp_exposed_comm_s(gathers, fwd), fsdp_exposed_comm_s(gathers[::-1], bwd[::-1])
@@ -322,19 +358,20 @@ def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_
     ``indices`` (module docstring); ``forward_s`` / ``backward_s``: its compute per microbatch for
     the overlap options."""
     layers, z = plan.model.layers, plan.zero_stage
-    e, dc = plan.degrees.expert, plan.stages[stage_index].replicas * plan.degrees.context
+    dc, held = plan.stages[stage_index].replicas * plan.degrees.context, expert_share_per_rank(plan)
+    edp = max(1, len(expert_data_ranks(plan, stage_index)))
     shares = [expert_fraction(plan, i) for i in indices]
     dense_params = math.fsum(layers[i].param_bytes * (1 - f) for i, f in zip(indices, shares))
-    expert_params = math.fsum(layers[i].param_bytes * f for i, f in zip(indices, shares)) / e
+    expert_params = math.fsum(layers[i].param_bytes * f for i, f in zip(indices, shares)) * held
     dense_static = math.fsum(layers[i].static_bytes * (1 - f) for i, f in zip(indices, shares))
-    expert_static = math.fsum(layers[i].static_bytes * f for i, f in zip(indices, shares)) / e
-    static = dense_static * zero_static_scale(z, dc) + expert_static * zero_static_scale(z, max(1, dc // e))
+    expert_static = math.fsum(layers[i].static_bytes * f for i, f in zip(indices, shares)) * held
+    static = dense_static * zero_static_scale(z, dc) + expert_static * zero_static_scale(z, edp)
     if z == 3 and indices:  # the layer being computed and the prefetched one, unsharded
-        static += 2 * max(layers[i].param_bytes * (1 - f + f / e) for i, f in zip(indices, shares))
+        static += 2 * max(layers[i].param_bytes * (1 - f + f * held) for i, f in zip(indices, shares))
     dense = make_group(plan, data_context_ranks(plan, stage_index))
     experts = make_group(plan, expert_data_ranks(plan, stage_index))
     sync = _sync_s(plan, dense, experts, dense_params, expert_params, forward_s, backward_s)
-    optimizer = dense_static / (dc if z else 1) + expert_static / (max(1, dc // e) if z else 1)
+    optimizer = dense_static / (dc if z else 1) + expert_static / (edp if z else 1)
     return RankTerms(static_bytes=static, sync_s=sync, optimizer_static_bytes=optimizer)
 
 
