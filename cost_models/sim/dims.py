@@ -13,9 +13,7 @@ Every term is charged per rank or per virtual stage, not as engine events on sha
   the gradients, ZeRO-1/2 reduce-scatter them and all-gather the updated weights (the same
   2 (n-1)/n volume, ZeRO Sec. 7.2), ZeRO-3 only reduce-scatters (weights are gathered per layer);
   ``overlap_grad_reduce`` hides the reduction under the backward and ``overlap_param_gather`` the
-  all-gather under the forward, bucket by bucket (``collectives.exposed_dp_allreduce_s``), for
-  every stage alike (as ptdp's closed form: without the option FSDP's reduce-scatter is charged
-  in full after the backward);
+  all-gather under the forward, bucket by bucket (``collectives.exposed_dp_allreduce_s``);
 - FSDP (ZeRO-3): each layer's weights all-gathered before its forward and again before its
   backward, one layer of prefetch (``parallelism.fsdp_exposed_comm_s``), added to the virtual
   stage's forward and backward per microbatch; two gathered layers stay resident;
@@ -385,7 +383,7 @@ def _sync_s(plan: Plan, dense: Group, experts: Group, dense_bytes: float, expert
         return exposed_dp_allreduce_s(total, backward_s) if options.get("overlap_grad_reduce") else total
     reduce = dense.allgather_s(dense_bytes) + experts.allgather_s(expert_bytes)  # reduce-scatter
     gather = reduce if plan.zero_stage < 3 else 0.0  # ZeRO-3 gathers per layer (stage_extras)
-    if options.get("overlap_grad_reduce"):
+    if plan.zero_stage == 3 or options.get("overlap_grad_reduce"):
         reduce = exposed_dp_allreduce_s(reduce, backward_s)
     if options.get("overlap_param_gather"):
         gather = exposed_dp_allreduce_s(gather, forward_s)
