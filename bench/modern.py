@@ -39,7 +39,7 @@ from planner.schema import Plan
 from planner.validate import validate_plan
 
 GIB = 2.0**30
-PINNED_OPTIONS = ("tensor_parallel", "pipeline_parallel", "virtual_stages", "context_parallel", "expert_parallel",
+PINNED_OPTIONS = ("tensor_parallel", "pipeline_parallel", "virtual_pipeline", "context_parallel", "expert_parallel",
                   "zero_stage", "microbatch_size")
 
 
