@@ -81,7 +81,8 @@ def pinned_plan(recipe: Recipe, global_batch_size: int | None = None) -> tuple[P
                                                    "overlap_grad_reduce": recipe.overlap_grad_reduce}
     try:
         plan = api.plan(_problem(recipe, global_batch_size), solver="ptdp", options=options)
-        return plan, "ptdp pinned"
+        extra = {"overlap_param_gather": recipe.overlap_param_gather, "overlap_moe_alltoall": recipe.overlap_moe_alltoall}
+        return plan.model_copy(update={"options": {**plan.options, **extra}}), "ptdp pinned"
     except (InvalidProblemError, InfeasibleError):
         return validate_plan(recipe_plan(recipe, global_batch_size=global_batch_size)), "built"
 

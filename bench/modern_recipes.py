@@ -43,6 +43,7 @@ class Recipe:
     recompute: str
     overlap_grad_reduce: bool
     overlap_param_gather: bool
+    overlap_moe_alltoall: bool
     source: str
     source_key: str
     measured: dict[str, Any] | None
@@ -88,7 +89,8 @@ def recipe_plan(recipe: Recipe, *, global_batch_size: int | None = None) -> Plan
 
 
 def _options(recipe: Recipe) -> dict[str, Any]:
-    return {"overlap_grad_reduce": recipe.overlap_grad_reduce, "overlap_param_gather": recipe.overlap_param_gather}
+    return {"overlap_grad_reduce": recipe.overlap_grad_reduce, "overlap_param_gather": recipe.overlap_param_gather,
+            "overlap_moe_alltoall": recipe.overlap_moe_alltoall}
 
 
 def _stages(num_layers: int, p: int, v: int, recompute: str, replicas: int) -> tuple[Stage, ...]:

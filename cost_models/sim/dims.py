@@ -21,7 +21,9 @@ Every term is charged per rank or per virtual stage, not as engine events on sha
   activations and stage outputs x 1/c); each attention layer adds the K/V ring steps its
   attention does not hide (``parallelism.ring_attention_exposed_s``);
 - expert parallelism: a dispatch and a combine all-to-all per MoE layer in the forward and two
-  more in the backward (GShard Sec. 3), on the intra- and inter-node links the group spans.
+  more in the backward (GShard Sec. 3), on the intra- and inter-node links the group spans; with
+  ``overlap_moe_alltoall`` a forward's all-to-alls hide under another microbatch's backward of the
+  layer and vice versa (Megatron's 1F1B all-to-all overlap, DualPipe's pairing).
 
 Collective model: ``ring`` (default) uses ``costs.allreduce_link``'s ring, the model the solvers'
 closed forms share; ``plan.options["collectives"] = "hierarchical"`` uses NCCL's hierarchical
@@ -284,8 +286,8 @@ def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[lis
         f = b = 0.0
         for i in range(*chunk.layers):
             ring_f, ring_b = ring_attention_s(plan, layers[i], cp, scale)
-            a2a = expert_alltoall_s(plan, i, ep)
-            f, b = f + ring_f + 2 * a2a, b + ring_b + 2 * a2a
+            a2a_f, a2a_b = _exposed_alltoall_s(plan, layers[i], expert_alltoall_s(plan, i, ep), scale)
+            f, b = f + ring_f + a2a_f, b + ring_b + a2a_b
         if plan.zero_stage == 3 and not plan.model.fsdp_included:
             fsdp_f, fsdp_b = fsdp_gather_s(plan, range(*chunk.layers), dense, experts, scale)
             f, b = f + fsdp_f, b + fsdp_b
@@ -323,6 +325,15 @@ def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
     split = d.context * (d.tensor if plan.sequence_parallel else 1)
     tokens = plan.microbatch_size * cfg.seq_length / split
     return group.alltoall_s(tokens * int(cfg.experts_per_token or 1) * cfg.hidden_size * _element_bytes(plan))
+
+
+def _exposed_alltoall_s(plan: Plan, layer: LayerProfile, a2a_s: float, scale: float) -> tuple[float, float]:
+    """(forward, backward) all-to-all time of an MoE layer: dispatch + combine each way, in full; with
+    ``options["overlap_moe_alltoall"]`` (Megatron's --overlap-moe-expert-parallel-comm, DualPipe) one
+    microbatch's all-to-alls run under another's compute of the layer, and only what exceeds it shows."""
+    if not plan.options.get("overlap_moe_alltoall"):
+        return 2 * a2a_s, 2 * a2a_s
+    return (max(0.0, 2 * a2a_s - scale * layer.backward_s), max(0.0, 2 * a2a_s - scale * layer.forward_s))
 
 
 def fsdp_gather_s(plan: Plan, indices: Sequence[int], dense: Group, experts: Group,

@@ -167,3 +167,14 @@ def test_the_validator_refuses_a_profile_at_other_degrees() -> None:
     odd = plan.model_copy(update={"model": plan.model.model_copy(update={"context_parallel": 4})})
     assert any("context_parallel=4" in d for d in plan_defects(odd))
     assert not any("context_parallel" in d for d in plan_defects(plan))
+
+
+def test_overlapped_all_to_all_shows_only_beyond_the_other_microbatchs_compute() -> None:
+    plan = preset_plan(MOE, data=8, expert=8)
+    slow = plan.cluster.model_copy(update={"intra_node_bytes_per_s": 2e3})  # a2a of 8192 B: 7/8 x 4.096 s
+    a2a = 7 / 8 * 8192 / 2e3
+    base = pipeline_costs(preset_plan(MOE, data=8))
+    hidden = pipeline_costs(plan.model_copy(update={"cluster": slow, "options": {"overlap_moe_alltoall": True}}))
+    # four MoE layers of forward 1 s and backward 2 s: the forward's 2 a2a show beyond the backward's 2 s
+    assert hidden.forward_s[0] == pytest.approx(base.forward_s[0] + 4 * max(0.0, 2 * a2a - 2.0))
+    assert hidden.backward_s[0] == pytest.approx(base.backward_s[0] + 4 * max(0.0, 2 * a2a - 1.0))
