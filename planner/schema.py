@@ -205,16 +205,11 @@ class ModelProfile(_Frozen):
     """Samples per microbatch that the per-microbatch costs were measured or derived for."""
     tensor_parallel: DeviceCount = 1
     """Tensor-parallel degree that the per-device costs assume."""
-    context_parallel: DeviceCount = 1
-    """Context-parallel degree the costs assume: 1 = the whole sequence on the device (the simulator
-    splits it over ``degrees.context`` and adds the K/V ring); ``degrees.context`` = already one
-    context rank's share, ring included (the ptdp search's profiles)."""
-    expert_parallel: DeviceCount = 1
-    """Expert-parallel degree the costs assume: 1 = every routed expert on the device, split by t (the
-    simulator splits them over ``degrees.expert`` and adds the all-to-alls); ``degrees.expert`` =
-    already one expert rank's experts (split by the plan's expert TP), all-to-alls included."""
-    fsdp_included: bool = False
-    """ZeRO-3's per-layer weight all-gathers are already in the layer times (the simulator adds none)."""
+    degrees_included: bool = False
+    """The per-layer costs are already one rank's share at the plan's context, expert (and expert
+    tensor) degrees, with the K/V ring, the expert all-to-alls and ZeRO-3's per-layer gathers in
+    them (the ptdp search's profiles). False: the costs hold the whole sequence and every expert
+    split by t only, and the simulator derives those terms (cost_models/sim/dims.py)."""
     tokens_per_sample: PositiveInt | None = None
     device: str | None = None
     """Name of the device the times are for, when known."""

@@ -74,11 +74,6 @@ def _device_defects(plan: Plan) -> list[str]:
             f"{f' x context {d.context}' if d.context > 1 else ''}) but its cluster {plan.cluster.name!r} has "
             f"{devices}; plan again for this cluster or use fewer stages or replicas"
         )
-    for name, assumed, degree in (("context_parallel", plan.model.context_parallel, d.context),
-                                  ("expert_parallel", plan.model.expert_parallel, d.expert)):
-        if assumed not in (1, degree):
-            out.append(f"the layer profile's {name}={assumed} but the plan's degree is {degree}; a profile holds the "
-                       f"whole model (1) or one rank's share at the plan's degree ({degree}): plan again")
     if d.expert > d.data * d.context:
         out.append(f"degrees.expert={d.expert} exceeds data x context = {d.data * d.context}: experts are split over "
                    "the data-parallel (and context) ranks; use an expert degree dividing data x context")

@@ -210,14 +210,14 @@ def expert_fraction(plan: Plan, layer_index: int) -> float:
         return 0.0
     experts = int(cfg.num_experts or 0) * moe.expert_params(cfg)
     dense = moe.decoder_layer_params(cfg, block) - experts
-    if _experts_at_degree(plan):  # one expert rank's profile: E / (e etp) experts beside dense / t
+    if plan.model.degrees_included:  # one rank's profile: E / (e etp) experts beside dense / t
         d = plan.degrees
         experts = experts / (d.expert * expert_tensor_parallel(plan)) * d.tensor
     return experts / (experts + dense)
 
 
 def context_scale(plan: Plan) -> float:
-    """1/c when the profile holds the whole sequence (``ModelProfile.context_parallel`` 1 and
+    """1/c when the profile holds the whole sequence (not ``ModelProfile.degrees_included``, and
     ``tokens_per_sample`` unset or the transformer's ``seq_length``), else 1 (already per context rank).
 
     Raises:
@@ -230,7 +230,7 @@ def context_scale(plan: Plan) -> float:
         raise InvalidProblemError(
             f"degrees.context={c} needs the plan's transformer (sequence, K/V widths) to cost the ring attention; "
             "plan from a transformer config or use context 1")
-    whole = plan.model.context_parallel == 1 and plan.model.tokens_per_sample in (None, cfg.seq_length)
+    whole = not plan.model.degrees_included and plan.model.tokens_per_sample in (None, cfg.seq_length)
     return 1.0 / c if whole else 1.0
 
 
@@ -241,15 +241,11 @@ def expert_tensor_parallel(plan: Plan) -> int:
 
 
 def expert_share_per_rank(plan: Plan) -> float:
-    """What a rank holds of a profile layer's expert weights: 1/e of a whole-model profile (its experts
-    split by t, i.e. expert TP t), all of a profile already at the plan's expert degree."""
-    return 1.0 if _experts_at_degree(plan) else 1.0 / plan.degrees.expert
-
-
-def _experts_at_degree(plan: Plan) -> bool:
-    """The profile's expert costs are one expert rank's (``ModelProfile.expert_parallel`` equal to
-    ``degrees.expert``; trivially so at e = 1, where the plan's expert TP says how they are split)."""
-    return plan.model.expert_parallel == plan.degrees.expert
+    """What a rank holds of a profile layer's expert weights: t / (e x expert TP) of a whole-model
+    profile (every expert split by t), all of a profile already per rank (``degrees_included``)."""
+    if plan.model.degrees_included:
+        return 1.0
+    return plan.degrees.tensor / (plan.degrees.expert * expert_tensor_parallel(plan))
 
 
 def _element_bytes(plan: Plan) -> int:
@@ -288,7 +284,7 @@ def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[lis
             ring_f, ring_b = ring_attention_s(plan, layers[i], cp, scale)
             a2a_f, a2a_b = _exposed_alltoall_s(plan, layers[i], expert_alltoall_s(plan, i, ep), scale)
             f, b = f + ring_f + a2a_f, b + ring_b + a2a_b
-        if plan.zero_stage == 3 and not plan.model.fsdp_included:
+        if plan.zero_stage == 3 and not plan.model.degrees_included:
             fsdp_f, fsdp_b = fsdp_gather_s(plan, range(*chunk.layers), dense, experts, scale)
             f, b = f + fsdp_f, b + fsdp_b
         forward.append(f)
@@ -302,7 +298,7 @@ def ring_attention_s(plan: Plan, layer: LayerProfile, group: Group, scale: float
     the bytes) while the attention of the block held runs (forward: core / c^2 per step; backward
     ``FLASH_BACKWARD_FACTOR`` times that)."""
     c, cfg = plan.degrees.context, plan.transformer
-    if c == 1 or cfg is None or not _is_attention(layer) or plan.model.context_parallel > 1:
+    if c == 1 or cfg is None or not _is_attention(layer) or plan.model.degrees_included:
         return 0.0, 0.0
     core = _attention_core_s(layer)
     block_s = core / c**2 if scale < 1 else core  # whole-sequence core split over c x c blocks
@@ -320,7 +316,7 @@ def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
     """One dispatch (or combine) all-to-all of MoE layer ``layer_index`` per microbatch: the rank's
     b s / c tokens (/ t under sequence parallelism) x k copies x h, spread over the e expert ranks."""
     cfg, d = plan.transformer, plan.degrees
-    if d.expert == 1 or cfg is None or plan.model.expert_parallel > 1 or expert_fraction(plan, layer_index) == 0.0:
+    if d.expert == 1 or cfg is None or plan.model.degrees_included or expert_fraction(plan, layer_index) == 0.0:
         return 0.0
     split = d.context * (d.tensor if plan.sequence_parallel else 1)
     tokens = plan.microbatch_size * cfg.seq_length / split

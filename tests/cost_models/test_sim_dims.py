@@ -146,10 +146,9 @@ def test_plans_with_every_dimension_simulate() -> None:
 
 def test_a_profile_already_at_the_degrees_is_charged_no_second_time() -> None:
     """The ptdp search bakes the per-rank shape and the ring, all-to-all and FSDP gathers into its layer
-    costs (ModelProfile.context_parallel / expert_parallel / fsdp_included): the simulator adds none."""
+    costs (ModelProfile.degrees_included): the simulator adds none of them."""
     plan = _with_weights(preset_plan(MOE, data=8, context=2, expert=4, zero_stage=3), 1e9)
-    baked = plan.model_copy(update={"model": plan.model.model_copy(update={
-        "context_parallel": 2, "expert_parallel": 4, "fsdp_included": True})})
+    baked = plan.model_copy(update={"model": plan.model.model_copy(update={"degrees_included": True})})
     whole_costs, baked_costs = pipeline_costs(plan), pipeline_costs(baked)
     layers = plan.model.layers
     assert baked_costs.forward_s[0] == pytest.approx(sum(layer.forward_s for layer in layers))
@@ -158,15 +157,6 @@ def test_a_profile_already_at_the_degrees_is_charged_no_second_time() -> None:
     # its MoE layers hold E/e experts already: the expert part is not divided again
     assert dims.expert_share_per_rank(baked) == 1.0 and dims.expert_share_per_rank(plan) == 1 / 4
     assert baked_costs.static_bytes[0] > whole_costs.static_bytes[0]
-
-
-def test_the_validator_refuses_a_profile_at_other_degrees() -> None:
-    from planner.validate import plan_defects
-
-    plan = preset_plan(MOE, data=8, context=2, expert=4)
-    odd = plan.model_copy(update={"model": plan.model.model_copy(update={"context_parallel": 4})})
-    assert any("context_parallel=4" in d for d in plan_defects(odd))
-    assert not any("context_parallel" in d for d in plan_defects(plan))
 
 
 def test_overlapped_all_to_all_shows_only_beyond_the_other_microbatchs_compute() -> None:
