@@ -16,8 +16,7 @@ engine of ``cost_models.sim`` (docs/simulator.md has the full statement):
 Per-virtual-stage costs come from ``pipeline_costs`` (virtual stage k is chunk k // p of rank
 k % p, Megatron's placement); point-to-point transfers take latency + bytes / bandwidth on the
 link of their direction, one at a time; the data-parallel all-reduce is a ring after each
-rank's last compute; ZeRO, FSDP, context and expert parallelism add their collectives per rank and
-per virtual stage (``cost_models.sim.dims``). Solvers that try many candidates call ``simulate_costs`` with a
+rank's last compute. Solvers that try many candidates call ``simulate_costs`` with a
 ``PipelineCosts`` directly.
 """
 
