@@ -8,9 +8,7 @@
 - ``bpipe``: BPipe's activation evictions and loads on the pair links;
 - ``offload``: SPipe / Mobius / ZeRO-Offload: host-link prefetch and gradient offload, CPU
   optimizer steps, collectives;
-- ``costs``, ``report``, ``rr``: the costs a plan implies, the output contract, 1F1B-RR;
-- ``dims``: what ZeRO, FSDP, context and expert parallelism add to those costs (per rank and per
-  virtual stage, with the group collectives of ``cost_models.collectives``).
+- ``costs``, ``report``, ``rr``: the costs a plan implies, the output contract, 1F1B-RR.
 
 ``cost_models.simulate`` is the entry point that picks the model from the plan's types.
 """
