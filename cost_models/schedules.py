@@ -24,17 +24,23 @@ Sources:
   in shared/design/stage-ilp-spipe-bpipe.md Sec. A.6.6): the backward is split into I and W,
   W passes are delayed into the bubbles. See ``_zb_rank`` for the orders built here.
 
-Virtual stage k lives on rank k % p (Megatron's placement, ``Plan.virtual_stages``).
+- ZB-V and DualPipeV (``cost_models.vschedules``): two chunks per rank in V placement.
+
+Virtual stage k lives on rank k % p (Megatron's placement, ``Plan.virtual_stages``), except
+in the V schedules, where it lives on rank k for k < p and on rank 2p - 1 - k after the turn
+(``planner.schema.virtual_stage_home``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+from cost_models import vschedules
 from planner.errors import InvalidProblemError
-from planner.schema import SCHEDULE_NAMES, Action
+from planner.schema import SCHEDULE_NAMES, V_SCHEDULES, Action
 
-__all__ = ["BUILTIN_SCHEDULES", "build_actions", "validate_actions", "warmup_forwards"]
+__all__ = ["BUILTIN_SCHEDULES", "build_actions", "overlapped_blocks", "validate_actions", "warmup_forwards"]
 
 # Every schedule name of the schema that has a built-in order ("custom" has none).
 BUILTIN_SCHEDULES: tuple[str, ...] = tuple(s for s in SCHEDULE_NAMES if s != "custom")
@@ -49,12 +55,13 @@ def build_actions(
     Args:
         schedule: one of ``BUILTIN_SCHEDULES``.
         num_stages: pipeline ranks p.
-        num_chunks: model chunks per rank v (only ``interleaved-1f1b`` takes v > 1).
+        num_chunks: model chunks per rank v (``interleaved-1f1b`` takes v > 1, the V schedules
+            ``zb-v`` and ``dualpipe-v`` exactly 2).
         num_microbatches: microbatches per iteration m.
 
     Returns:
         ``actions[r]`` is rank r's tuple of ``Action(stage, kind, microbatch)``; ``stage`` is the
-        virtual stage, on rank ``stage % num_stages``.
+        virtual stage, on rank ``stage % num_stages`` (V schedules: ``virtual_stage_home``).
 
     Raises:
         InvalidProblemError: unknown schedule, non-positive sizes, chunks with a schedule that
@@ -68,7 +75,24 @@ def build_actions(
         return tuple(_one_f_one_b_rank(r, p, m) for r in range(p))
     if schedule == "interleaved-1f1b":
         return tuple(_interleaved_rank(r, p, v, m) for r in range(p))
+    if schedule in V_SCHEDULES:
+        return tuple(tuple(_v_rank(schedule, r, p, m).actions) for r in range(p))
     return tuple(_zb_rank(schedule, r, p, m) for r in range(p))
+
+
+@functools.lru_cache(maxsize=64)
+def overlapped_blocks(schedule: str, *, num_stages: int, num_microbatches: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, the positions j of ``build_actions``' list whose actions j (F) and j + 1 (B) run
+    as one overlapped F&B block (DualPipeV); empty for every other schedule."""
+    if schedule != "dualpipe-v":
+        return ((),) * num_stages
+    _check_sizes(schedule, num_stages, 2, num_microbatches)
+    return tuple(tuple(_v_rank(schedule, r, num_stages, num_microbatches).overlapped) for r in range(num_stages))
+
+
+def _v_rank(schedule: str, rank: int, p: int, m: int) -> vschedules.VSchedule:
+    build = vschedules.zb_v if schedule == "zb-v" else vschedules.dualpipe_v
+    return build(rank, p, m)
 
 
 def warmup_forwards(
@@ -86,8 +110,10 @@ def warmup_forwards(
     Returns:
         m for GPipe; min(p - r - 1, m) for 1F1B, flush, 2BW and ZB-H1 (Megatron's
         ``num_warmup_microbatches``); Megatron's interleaved count (p - r - 1) * 2 + (v - 1) * p
-        capped at m v; min(2 (p - r) - 2, m) for ZB-H2. The steady-state
-        forward that precedes the first backward is not counted (Megatron's convention).
+        capped at m v; min(2 (p - r) - 2, m) for ZB-H2; for the V schedules the chunk
+        forwards before the rank's first backward, less one (ZB-V 2p - 2 and DualPipeV
+        2p - 1 for m >= 2p - 1, on every rank). The steady-state forward that precedes
+        the first backward is not counted (Megatron's convention).
 
     Raises:
         InvalidProblemError: as ``build_actions``, or a rank outside [0, p).
@@ -102,6 +128,10 @@ def warmup_forwards(
         return min(p - rank - 1, m)
     if schedule == "zb-h2":
         return min(2 * (p - rank) - 2, m)
+    if schedule in V_SCHEDULES:
+        actions = _v_rank(schedule, rank, p, m).actions
+        first_backward = next(j for j, a in enumerate(actions) if a.kind in "BI")
+        return sum(1 for a in actions[:first_backward] if a.kind == "F") - 1
     return min((p - rank - 1) * 2 + (v - 1) * p, m * v)
 
 
@@ -125,6 +155,16 @@ def _check_sizes(schedule: str, p: int, v: int, m: int) -> None:
             raise InvalidProblemError(
                 f"schedule 'interleaved-1f1b' needs num_microbatches to be a multiple of num_stages={p} "
                 f"(Megatron-LM; dissertation L3612); got num_microbatches={m}, use {nearest}"
+            )
+    elif schedule in V_SCHEDULES:
+        if v != 2:
+            raise InvalidProblemError(
+                f"schedule {schedule!r} places exactly 2 chunks per rank (V placement), got num_chunks={v}; use 2"
+            )
+        if schedule == "dualpipe-v" and m < 2 * p:
+            raise InvalidProblemError(
+                f"schedule 'dualpipe-v' needs num_microbatches >= 2 x num_stages = {2 * p} (every rank overlaps "
+                f"a forward with a backward in its steady state); got num_microbatches={m}, use {2 * p} or more"
             )
     elif v != 1:
         raise InvalidProblemError(

@@ -14,10 +14,11 @@ engine of ``cost_models.sim`` (docs/simulator.md has the full statement):
   (``cost_models.sim.pipeline``; ``custom`` runs ``plan.actions``).
 
 Per-virtual-stage costs come from ``pipeline_costs`` (virtual stage k is chunk k // p of rank
-k % p, Megatron's placement); point-to-point transfers take latency + bytes / bandwidth on the
-link of their direction, one at a time; the data-parallel all-reduce is a ring after each
-rank's last compute. Solvers that try many candidates call ``simulate_costs`` with a
-``PipelineCosts`` directly.
+k % p, Megatron's placement; the V schedules place it in a V, ``Plan.chunk_of_virtual_stage``,
+and DualPipeV's overlapped F&B pairs run as one block, ``cost_models.sim.overlap``);
+point-to-point transfers take latency + bytes / bandwidth on the link of their direction, one at
+a time; the data-parallel all-reduce is a ring after each rank's last compute. Solvers that try
+many candidates call ``simulate_costs`` with a ``PipelineCosts`` directly.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from cost_models import extrapolate
 from cost_models.sim import bpipe as bpipe_sim
 from cost_models.sim import engine as sim_engine
 from cost_models.sim import pipeline as engine
-from cost_models.sim import report, rr
+from cost_models.sim import overlap, report, rr
 from cost_models.sim.costs import PipelineCosts, allreduce_link, bottleneck_s, durations, pipeline_costs
-from cost_models.schedules import build_actions, validate_actions
+from cost_models.schedules import build_actions, overlapped_blocks, validate_actions
 from planner.errors import InvalidProblemError
 from planner.schema import Action, Plan, Predicted, SimResult
 
@@ -116,7 +117,15 @@ def _simulate_exact(plan: Plan, *, include_events: bool = False, include_bubbles
         include_events=include_events,
         include_bubbles=include_bubbles,
         validate=plan.schedule == "custom",
+        overlapped=_overlapped(plan),
     )
+
+
+def _overlapped(plan: Plan) -> tuple[tuple[int, ...], ...] | None:
+    """DualPipeV's overlapped F&B blocks (positions in ``plan_actions``), None for other schedules."""
+    if plan.schedule != "dualpipe-v":
+        return None
+    return overlapped_blocks(plan.schedule, num_stages=plan.degrees.pipeline, num_microbatches=plan.num_microbatches)
 
 
 def _check_round_robin(plan: Plan) -> None:
@@ -176,22 +185,25 @@ def simulate_costs(
     include_events: bool = True,
     include_bubbles: bool = True,
     validate: bool = True,
+    overlapped: Sequence[Sequence[int]] | None = None,
 ) -> SimResult:
     """Simulate one flushed iteration of per-rank action lists on given costs.
 
     Args:
         costs: per-virtual-stage and per-rank costs.
-        actions: one list per rank; virtual stage k must be on rank k % num_ranks.
+        actions: one list per rank; virtual stage k must be on rank ``costs.ranks()[k]``.
         num_microbatches: m; every (stage, microbatch) needs F and B, or F, I and W.
         samples_per_iteration: for the throughput (default: one sample per microbatch).
         include_events: build the per-action timeline.
         validate: run ``schedules.validate_actions`` first; pass False only for lists from
             ``schedules.build_actions`` (tested there), to save its time in tight loops.
+        overlapped: per rank, positions j whose actions j (F) and j + 1 (B) run as one
+            overlapped F&B block (``schedules.overlapped_blocks``, ``cost_models.sim.overlap``).
 
     Raises:
         InvalidProblemError: malformed lists, I/W without weight-gradient times, or a deadlock.
     """
-    trace = _run(costs, actions, num_microbatches, validate=validate)
+    trace = _run(costs, actions, num_microbatches, validate=validate, overlapped=overlapped)
     return report.flush_result(
         trace,
         recompute_s=costs.recompute_s,
@@ -243,7 +255,8 @@ def simulate_2bw(
     )
 
 
-def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, validate: bool) -> engine.Trace:
+def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, validate: bool,
+         overlapped: Sequence[Sequence[int]] | None = None) -> engine.Trace:
     num_ranks, num_stages = costs.num_ranks, costs.num_virtual_stages
     if len(actions) != num_ranks:
         raise InvalidProblemError(f"{len(actions)} action lists for {num_ranks} pipeline ranks; give one per rank")
@@ -251,22 +264,28 @@ def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, v
         validate_actions(actions, num_virtual_stages=num_stages, num_microbatches=m)
     else:
         # Built-in lists are checked by their own tests; a count mismatch would be our bug.
-        assert sum(len(rank) for rank in actions) in (2 * num_stages * m, 3 * num_stages * m)
+        # (DualPipeV splits some backwards into I and W and keeps others whole.)
+        assert 2 * num_stages * m <= sum(len(rank) for rank in actions) <= 3 * num_stages * m
     durs = durations(costs, actions)
-    ops = _compiled(actions, num_ranks, num_stages)
+    ops = _compiled(actions, costs.ranks())
     built = engine.build(ops, num_microbatches=m, durations=durs, shared=True, trusted=not validate)
-    return engine.finish(built, sim_engine.run(built.graph))
+    if not overlapped or not any(overlapped):
+        return engine.finish(built, sim_engine.run(built.graph))
+    overlap.fuse_blocks(built, overlapped, forward_comm_s=costs.forward_comm_s, backward_comm_s=costs.backward_comm_s)
+    trace = engine.finish(built, sim_engine.run(built.graph))
+    overlap.split_fused_trace(trace, built, overlapped)
+    return trace
 
 
 _COMPILED: dict[int, tuple[object, list[list[tuple[int, int, int]]]]] = {}
 
 
-def _compiled(actions: Sequence[Sequence[Action]], num_ranks: int, num_stages: int) -> list[list[tuple[int, int, int]]]:
+def _compiled(actions: Sequence[Sequence[Action]], stage_rank: tuple[int, ...]) -> list[list[tuple[int, int, int]]]:
     """Engine ops of action lists, kept for the last few list objects (solvers reuse one schedule)."""
     hit = _COMPILED.get(id(actions))
-    if hit is not None and hit[0] is actions and len(hit[1]) == num_ranks:
+    if hit is not None and hit[0] is actions and len(hit[1]) == len(set(stage_rank)):
         return hit[1]
-    ops = engine.compile_actions(actions, stage_rank=[k % num_ranks for k in range(num_stages)])
+    ops = engine.compile_actions(actions, stage_rank=stage_rank)
     if len(_COMPILED) >= 4:
         _COMPILED.pop(next(iter(_COMPILED)))
     _COMPILED[id(actions)] = (actions, ops)
@@ -317,9 +336,12 @@ def link_timelines(plan: Plan) -> dict[str, list[tuple[str, int, int, float, flo
         actions = plan_actions(plan)
         if plan.schedule == "custom":
             validate_actions(actions, num_virtual_stages=costs.num_virtual_stages, num_microbatches=plan.num_microbatches)
-        p = costs.num_ranks
-        ops = engine.compile_actions(actions, stage_rank=[k % p for k in range(costs.num_virtual_stages)])
+        ops = engine.compile_actions(actions, stage_rank=costs.ranks())
         built = engine.build(ops, num_microbatches=plan.num_microbatches, durations=durations(costs, actions))
+        blocks = _overlapped(plan)
+        if blocks:
+            overlap.fuse_blocks(built, blocks, forward_comm_s=costs.forward_comm_s,
+                                backward_comm_s=costs.backward_comm_s)
         events = engine.link_events(built, sim_engine.run(built.graph))
     rows: dict[str, list[tuple[str, int, int, float, float]]] = {}
     for label, kind, stage, microbatch, start, end in events:
@@ -337,12 +359,12 @@ def memory_timelines(plan: Plan, sim: SimResult) -> dict[int, list[tuple[float, 
     if plan.offload is not None or plan.bpipe is not None or rr.is_round_robin(plan) or plan.schedule == "2bw":
         return {}
     costs = pipeline_costs(plan)
-    split = any(e.kind == "W" for e in sim.events)
+    split = {(e.stage, e.microbatch) for e in sim.events if e.kind == "W"}  # DualPipeV splits only some
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(costs.num_ranks)}
     for e in sim.events:
         if e.kind == "F":
             deltas[e.rank].append((e.start_s, costs.activation_bytes[e.stage]))
-        elif e.kind == ("W" if split else "B"):
+        elif e.kind == ("W" if (e.stage, e.microbatch) in split else "B"):
             deltas[e.rank].append((e.end_s, -costs.activation_bytes[e.stage]))
     out: dict[int, list[tuple[float, float]]] = {}
     for r, changes in deltas.items():

@@ -21,16 +21,18 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import re
 import shlex
 from dataclasses import dataclass, field
 
 from cost_models import simulate
-from cost_models.schedules import validate_actions
+from cost_models.schedules import overlapped_blocks, validate_actions
 from planner.errors import InvalidProblemError
 from planner.export_megatron_flags import model_flags, parallel_flags
-from planner.schema import KNOWN_RECOMPUTE, Action, Plan
+from planner.schema import KNOWN_RECOMPUTE, V_SCHEDULES, Action, Plan
 
 logger = logging.getLogger(__name__)
+_OVERLAP_RE = re.compile(r"^\((\d+[FBIW]\d+);(\d+[FBIW]\d+)\)OVERLAP_F_B$")
 
 __all__ = ["megatron_args_text", "parse_torch_csv", "plan_actions", "to_megatron_args", "to_torch_csv"]
 
@@ -83,15 +85,30 @@ def to_torch_csv(plan: Plan) -> str:
     """
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    for rank in plan_actions(plan):
-        writer.writerow([str(a) for a in rank])
+    blocks = overlapped_blocks(plan.schedule, num_stages=plan.degrees.pipeline, num_microbatches=plan.num_microbatches)
+    for rank, starts in zip(plan_actions(plan), blocks):
+        writer.writerow(_cells(rank, frozenset(starts)))
     return out.getvalue()
+
+
+def _cells(rank: tuple[Action, ...], block_starts: frozenset[int]) -> list[str]:
+    """One rank's cells; DualPipeV's overlapped F&B pairs as torch's ``(F;B)OVERLAP_F_B``."""
+    cells, j = [], 0
+    while j < len(rank):
+        if j in block_starts:
+            cells.append(f"({rank[j]};{rank[j + 1]})OVERLAP_F_B")
+            j += 2
+        else:
+            cells.append(str(rank[j]))
+            j += 1
+    return cells
 
 
 def parse_torch_csv(text: str) -> tuple[tuple[Action, ...], ...]:
     """Per-rank compute actions from a compute_only CSV (torch's or torchtitan's).
 
-    Empty cells (torch's visual bubbles) are skipped; blank lines are ranks with no actions.
+    Empty cells (torch's visual bubbles) are skipped; blank lines are ranks with no actions; an
+    overlapped block ``(2F3;1B0)OVERLAP_F_B`` reads as its F then its B.
 
     Args:
         text: the CSV text, one row per pipeline rank.
@@ -108,6 +125,10 @@ def parse_torch_csv(text: str) -> tuple[tuple[Action, ...], ...]:
         rank = []
         for cell in row:
             if not cell.strip():
+                continue
+            pair = _OVERLAP_RE.match(cell.strip())
+            if pair is not None:  # an overlapped F&B block (DualPipeV): its F, then its B
+                rank += [Action.parse(pair.group(1)), Action.parse(pair.group(2))]
                 continue
             try:
                 rank.append(Action.parse(cell))
@@ -189,6 +210,14 @@ def megatron_args_text(plan: Plan) -> str:
 
 def _megatron_export(plan: Plan) -> _MegatronExport:
     simulate.check_pipeline_ranks(plan)
+    if plan.schedule in V_SCHEDULES:
+        raise InvalidProblemError(
+            f"schedule {plan.schedule!r} cannot be exported to Megatron-LM: Megatron places virtual stages "
+            "loop-style (stage k on rank k mod p) and has no V-shaped schedule, so it cannot hold the first and "
+            "last stages on one rank or run the plan's order. Export it with --format torchtitan (torch's "
+            f"{'ZBVZeroBubble' if plan.schedule == 'zb-v' else 'DualPipeV'}) or --format torch-csv, or plan "
+            "for Megatron with --schedule interleaved-1f1b --chunks 2 (solver ptdp: --option "
+            "schedules=1f1b,interleaved-1f1b)")
     export = _MegatronExport()
     d = plan.degrees
     export.add("--tensor-model-parallel-size", d.tensor)

@@ -35,7 +35,11 @@ TORCHTITAN_CONFIGS = {
     "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", "20b"),
     "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b"),
 }
-_BUILTIN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"}
+_BUILTIN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B",
+                      "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
+"""torch schedule classes torchtitan builds by name (``get_schedule_class``); for the two V schedules
+it places stage r and 2p - 1 - r on pipeline rank r, the plan's placement, and takes
+``module_fqns_per_model_part`` in stage (model) order."""
 _SHAPE_FIELDS = (
     "hidden_size",
     "num_layers",

@@ -46,8 +46,25 @@ from planner.schema_types import (  # noqa: F401 (re-exported: other modules imp
 )
 
 # Pipeline schedules the simulator runs ("custom" = the plan's own per-rank action list).
-ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "2bw", "flush", "custom"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "2bw", "flush",
+                       "custom"]
 SCHEDULE_NAMES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
+V_SCHEDULES: tuple[str, ...] = ("zb-v", "dualpipe-v")
+"""Schedules with V placement: two chunks per rank, rank r holds virtual stages r and 2p - 1 - r."""
+
+
+def virtual_stage_home(virtual_stage: int, num_stages: int, schedule: str) -> tuple[int, int]:
+    """(pipeline rank, chunk index) holding a virtual stage.
+
+    Megatron's loop placement puts virtual stage k on rank k % p as chunk k // p. The V
+    schedules (ZB-V, DualPipeV) go down the ranks and back up: virtual stage k < p is chunk 0
+    of rank k, and k >= p is chunk 1 of rank 2p - 1 - k, so the last stage sits on rank 0
+    next to the first and the turn of the V (stages p - 1 and p) is on one rank.
+    """
+    p = num_stages
+    if schedule in V_SCHEDULES:
+        return (virtual_stage, 0) if virtual_stage < p else (2 * p - 1 - virtual_stage, 1)
+    return virtual_stage % p, virtual_stage // p
 PlanStatus = Literal["optimal", "feasible", "time_limit"]
 # Recompute strategies have free names; these three are the ones the cost models derive.
 KNOWN_RECOMPUTE = ("none", "selective", "full")
@@ -154,6 +171,11 @@ class LayerProfile(_Frozen):
     """The whole backward (input and weight gradients), without recomputation."""
     backward_weight_s: ExtraTime | None = None
     """The weight-gradient part of ``backward_s``; enables the zero-bubble schedules."""
+    forward_comm_s: ExtraTime | None = None
+    """Communication inside ``forward_s`` (tensor-parallel collectives, expert all-to-all) that
+    another microbatch's compute can hide: DualPipeV's overlapped F&B blocks use it."""
+    backward_comm_s: ExtraTime | None = None
+    """Communication inside ``backward_s``, likewise."""
     activation_bytes: Bytes | None = None
     """Bytes kept for backward with no recomputation (when ``recompute`` has no ``none``)."""
     static_bytes: Bytes = 0.0
@@ -168,6 +190,10 @@ class LayerProfile(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> LayerProfile:
+        for name, total in (("forward_comm_s", self.forward_s), ("backward_comm_s", self.backward_s)):
+            part = getattr(self, name)
+            if part is not None and part > total:
+                raise ValueError(f"{name}={part} exceeds the time it is part of ({total}); give at most {total}")
         if self.backward_weight_s is not None and self.backward_weight_s >= self.backward_s:
             raise ValueError(
                 f"backward_weight_s={self.backward_weight_s} must be smaller than "
@@ -464,7 +490,13 @@ class PipelineProblem(_Frozen):
             )
         if self.schedule == "interleaved-1f1b" and self.num_chunks < 2:
             raise ValueError("schedule 'interleaved-1f1b' needs num_chunks >= 2 (use '1f1b' for one chunk)")
-        if self.num_chunks > 1 and self.schedule not in ("interleaved-1f1b", "custom"):
+        if self.schedule in V_SCHEDULES:
+            if self.num_chunks == 1:  # the default: a V schedule always runs two chunks per rank
+                object.__setattr__(self, "num_chunks", 2)
+            elif self.num_chunks != 2:
+                raise ValueError(f"schedule {self.schedule!r} runs exactly 2 chunks per rank (V placement); "
+                                 f"got num_chunks={self.num_chunks}, use 2")
+        elif self.num_chunks > 1 and self.schedule not in ("interleaved-1f1b", "custom"):
             raise ValueError(
                 f"num_chunks={self.num_chunks} needs schedule 'interleaved-1f1b', not {self.schedule!r}"
             )
@@ -725,6 +757,9 @@ class Plan(_Frozen):
             ))
         if len(self.stages) != p:
             raise ValueError(f"degrees.pipeline={p} but the plan has {len(self.stages)} stages")
+        if self.schedule in V_SCHEDULES and v != 2:
+            raise ValueError(f"schedule {self.schedule!r} runs exactly 2 chunks per stage (V placement); "
+                             f"degrees.virtual={v}, use 2")
         for stage in self.stages:
             if len(stage.chunks) != v:
                 raise ValueError(f"stage {stage.index} has {len(stage.chunks)} chunks, degrees.virtual={v}")
@@ -755,14 +790,20 @@ class Plan(_Frozen):
         return self
 
     def chunk_of_virtual_stage(self, virtual_stage: int) -> tuple[int, int]:
-        """(stage index, chunk index) of a virtual stage: virtual stage c*p + x is chunk c of stage x."""
-        p = self.degrees.pipeline
-        return virtual_stage % p, virtual_stage // p
+        """(stage index, chunk index) of a virtual stage: virtual stage c*p + x is chunk c of stage x
+        (Megatron's placement); V schedules place it as ``virtual_stage_home`` says."""
+        return virtual_stage_home(virtual_stage, self.degrees.pipeline, self.schedule)
 
     def virtual_stages(self) -> tuple[Chunk, ...]:
-        """Chunks in model order: virtual stage c*p + x is chunk c of stage x (Megatron's placement)."""
+        """Chunks in model order (``chunk_of_virtual_stage`` of each virtual stage)."""
         p, v = self.degrees.pipeline, self.degrees.virtual
-        return tuple(self.stages[k % p].chunks[k // p] for k in range(p * v))
+        homes = (self.chunk_of_virtual_stage(k) for k in range(p * v))
+        return tuple(self.stages[x].chunks[c] for x, c in homes)
+
+    def stage_ranks(self) -> tuple[int, ...]:
+        """Pipeline rank of every virtual stage, in model order."""
+        p, v = self.degrees.pipeline, self.degrees.virtual
+        return tuple(self.chunk_of_virtual_stage(k)[0] for k in range(p * v))
 
 
 def _check_parallel_degrees(degrees: Degrees, cfg: TransformerConfig | None) -> None:

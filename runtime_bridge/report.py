@@ -61,6 +61,7 @@ def summarize(job: Any, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s": tokens / step_s, "mfu": mfu(plan, cfg, step_s),
         "peak_memory_bytes": [rec["peak_memory_bytes"] for rec in records],
         "rank_stage": [rec["stage"] for rec in records],
+        "rank_virtual_stages": [rec.get("virtual_stages", []) for rec in records],
         "memory_kind": records[0]["memory_kind"],
         "loss": [statistics.fmean(x for rec in last for x in rec["losses"][s]) for s in range(job.steps)],
     }

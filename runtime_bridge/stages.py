@@ -1,7 +1,8 @@
 """Stages from a plan: which chunks a rank holds, built on the meta device and materialised.
 
 A plan's virtual stage k is chunk k // p of stage k % p (planner.schema.Plan.virtual_stages;
-Megatron-LM's interleaved placement, dissertation Sec. 4.2.2). Each rank constructs its chunks'
+Megatron-LM's interleaved placement, dissertation Sec. 4.2.2), or, for the V schedules (ZB-V,
+DualPipeV), virtual stage r and 2p - 1 - r on rank r (``Plan.chunk_of_virtual_stage``). Each rank constructs its chunks'
 layers under ``torch.device("meta")`` (no memory), then ``to_empty`` on its device and an
 initialisation that depends only on the layer index, so that no rank ever holds another rank's
 weights and every rank agrees with the single-process reference (shared/design/ecosystem.md
@@ -96,9 +97,11 @@ def local_chunks(plan: Plan, pipeline_rank: int) -> tuple[LocalChunk, ...]:
     """
     p, v = plan.degrees.pipeline, plan.degrees.virtual
     out = []
-    for k in range(pipeline_rank, p * v, p):
-        chunk = plan.stages[pipeline_rank].chunks[k // p]
-        out.append(LocalChunk(k, chunk.layers[0], chunk.layers[1], chunk.layer_strategies()))
+    for k in range(p * v):
+        rank, index = plan.chunk_of_virtual_stage(k)
+        if rank == pipeline_rank:
+            chunk = plan.stages[pipeline_rank].chunks[index]
+            out.append(LocalChunk(k, chunk.layers[0], chunk.layers[1], chunk.layer_strategies()))
     return tuple(out)
 
 

@@ -2,7 +2,10 @@
 
 Built-in schedules go through torch's classes: ``gpipe`` -> ``ScheduleGPipe``, ``1f1b`` and
 ``flush`` -> ``Schedule1F1B``, ``interleaved-1f1b`` -> ``ScheduleInterleaved1F1B`` (its loop
-placement, virtual stage k on rank k % p, is the plan's). The zero-bubble schedules ``zb-h1`` /
+placement, virtual stage k on rank k % p, is the plan's), ``zb-v`` -> ``ScheduleZBVZeroBubble`` and
+``dualpipe-v`` -> ``ScheduleDualPipeV`` (V placement: rank r holds virtual stages r and 2p - 1 - r,
+as the plan's ``chunk_of_virtual_stage``; the plan's order equals these classes' own, tested in
+tests/cost_models/test_vschedules.py). The zero-bubble schedules ``zb-h1`` /
 ``zb-h2`` and ``custom`` run the plan's own per-rank action list, the order the simulator
 produced (``cost_models.simulate.plan_actions``), through the runtime's custom-schedule path:
 ``_PipelineScheduleRuntime`` + ``_prepare_schedule_with_comms``, which validates the list, infers
@@ -23,7 +26,9 @@ from unittest import mock
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (
+    PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble,
+)
 from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
@@ -38,6 +43,8 @@ __all__ = [
 
 Executor = Literal["auto", "builtin", "actions"]
 _BUILTIN = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "flush": Schedule1F1B}
+_MULTI = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zb-v": ScheduleZBVZeroBubble, "dualpipe-v": ScheduleDualPipeV}
+"""Schedule classes that take a list of stages (several per rank)."""
 
 
 def executor_for(plan: Plan, executor: Executor = "auto") -> Literal["builtin", "actions"]:
@@ -46,7 +53,7 @@ def executor_for(plan: Plan, executor: Executor = "auto") -> Literal["builtin", 
     Raises:
         InvalidProblemError: ``builtin`` asked for a schedule torch has no class for.
     """
-    has_class = plan.schedule in _BUILTIN or plan.schedule == "interleaved-1f1b"
+    has_class = plan.schedule in _BUILTIN or plan.schedule in _MULTI
     if executor == "auto":
         return "builtin" if has_class else "actions"
     if executor == "builtin" and not has_class:
@@ -112,8 +119,8 @@ def build_schedule(
     path = executor_for(plan, executor)
     m = plan.num_microbatches
     if path == "builtin":
-        if plan.schedule == "interleaved-1f1b":
-            return ScheduleInterleaved1F1B(list(stages), m, loss_fn=loss_fn)
+        if plan.schedule in _MULTI:
+            return _MULTI[plan.schedule](list(stages), m, loss_fn=loss_fn)
         (stage,) = stages
         return _BUILTIN[plan.schedule](stage, m, loss_fn=loss_fn)
     runtime = _PipelineScheduleRuntime(list(stages), m, loss_fn=loss_fn)

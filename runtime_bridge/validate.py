@@ -13,7 +13,7 @@ from planner.schema import Action, ModelProfile, Plan, TransformerConfig
 
 __all__ = ["RUNNABLE_SCHEDULES", "check_buildable", "check_plan", "layer_param_counts", "num_ranks", "resolve_config"]
 
-RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "flush", "interleaved-1f1b", "zb-h1", "zb-h2", "custom")
+RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "flush", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "custom")
 """Schedules the bridge executes; ``2bw`` updates weights asynchronously, which torch's
 synchronous schedules cannot reproduce."""
 
@@ -260,6 +260,11 @@ def _check_schedule(plan: Plan) -> None:
             f"schedule {plan.schedule!r} in torch needs num_microbatches >= pipeline stages; got {m} "
             f"microbatches for {p} stages: use at least {p} microbatches or schedule 'gpipe'"
         )
+    if plan.schedule == "dualpipe-v" and m < 2 * p:
+        raise InvalidProblemError(
+            f"torch's ScheduleDualPipeV needs num_microbatches >= its {2 * p} stages (2 per rank); got m={m}: "
+            f"use at least {2 * p} microbatches or schedule 'zb-v'"
+        )
     if plan.schedule == "interleaved-1f1b":
         rounds = max(1, m // p)
         if m % rounds:
@@ -286,7 +291,7 @@ def _check_split_backward(plan: Plan) -> None:
     reduce-scatter) at the end of the input-gradient pass, before W has produced the weight
     gradients: the replicas would average incomplete gradients (the tests saw a gradient error of
     4e-2 with DDP and missing gradients with FSDP). Refused until that is handled."""
-    if plan.degrees.data == 1 or plan.schedule not in ("zb-h1", "zb-h2", "custom"):
+    if plan.degrees.data == 1 or plan.schedule not in ("zb-h1", "zb-h2", "zb-v", "dualpipe-v", "custom"):
         return
     from cost_models.simulate import plan_actions
 

@@ -66,7 +66,7 @@ REGISTRY: tuple[SolverInfo, ...] = (
         name="even", module="even",
         description="Megatron-even baseline: equal layer counts per stage and chunk, cheapest uniform recompute "
         "that fits memory [megatron], [ptdp]",
-        searches=("pipeline depth", "uniform recompute"), schedules=(*FLUSHED, "custom")),
+        searches=("pipeline depth", "uniform recompute"), schedules=(*FLUSHED, "zb-v", "dualpipe-v", "custom")),
     SolverInfo(
         name="pipedream", module="pipedream_dp",
         description="PipeDream's partitioning DP: contiguous stages with per-stage replication over a "
@@ -81,10 +81,11 @@ REGISTRY: tuple[SolverInfo, ...] = (
     SolverInfo(
         name="ptdp", module="ptdp",
         description="PTD-P configuration search: tensor x pipeline x data degrees, interleaving, microbatch "
-        "size and recompute for Megatron-LM [ptdp]",
+        "size and recompute for Megatron-LM [ptdp], and the V schedules ZB-V and DualPipeV for torch and "
+        "torchtitan [zero-bubble-v], [deepseek-v3]",
         searches=("tensor parallelism", "pipeline depth", "data parallelism", "interleaving", "microbatch size",
-                  "uniform recompute"),
-        schedules=("1f1b", "interleaved-1f1b")),
+                  "uniform recompute", "schedule (1F1B, interleaved, ZB-V, DualPipeV)"),
+        schedules=("1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v")),
     SolverInfo(
         name="stage-ilp", module="stage_ilp",
         description="holistic ILP over layer-to-stage/chunk assignment and per-layer recompute, minimizing "

@@ -35,6 +35,7 @@ from cost_models.transformer import (
     allreduce_time_s, attention_core_forward_flops, flops_per_iteration, model_flops_per_sample, transformer_profile,
 )
 from planner.schema import Cluster, LayerProfile, TransformerConfig
+from solvers import _ptdp_v as v_model
 
 INTERLEAVED = "interleaved-1f1b"
 
@@ -61,10 +62,12 @@ class Config:
     microbatch_size: int
     num_microbatches: int
     recompute: str
+    v_schedule: str = ""
+    """A V schedule ('zb-v', 'dualpipe-v', virtual 2: ``solvers._ptdp_v``); '' for Megatron's."""
 
     @property
     def schedule(self) -> str:
-        return INTERLEAVED if self.virtual > 1 else "1f1b"
+        return self.v_schedule or (INTERLEAVED if self.virtual > 1 else "1f1b")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,6 +216,8 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     # Each microbatch waits on 2 v transfers per rank in the steady state and 2 (p - 1) more to fill
     # and drain the pipeline (Megatron's 1F1B sends are blocking).
     pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
+    if c.v_schedule:  # ZB-V / DualPipeV: their own bubble and in-flight counts
+        pipeline_s = v_model.pipeline_s(u, cfg, c, send_s)
     allreduce = 0.0
     if c.data > 1:
         bandwidth, latency = dp_link(cluster, c)
@@ -222,8 +227,10 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
         if overlap_grad_reduce:  # buckets hide under rank 0's last backward (collectives.exposed_dp_allreduce_s)
             last_backward = blocks * u.decoder.backward_s + u.embedding.backward_s
             allreduce = exposed_dp_allreduce_s(allreduce, last_backward)
-    peak = peak_memory_bytes(u, cfg, c)
+    peak = v_model.peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
     rank0_static = cfg.num_layers // p * u.decoder.static_bytes + u.embedding.static_bytes
+    if c.v_schedule:
+        rank0_static = v_model.rank0_static_bytes(u, cfg, c)
     optimizer = profile_optimizer_step_s(u.decoder_source, rank0_static, cluster.device)
     return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cost_models import simulate as sim
 from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import Chunk, Degrees, PipelineProblem, Plan, SimResult, Stage
+from planner.schema import Chunk, Degrees, PipelineProblem, Plan, SimResult, Stage, virtual_stage_home
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,21 +146,22 @@ def build_plan(
 
     Args:
         bounds: p v + 1 layer indices; virtual stage k holds layers [bounds[k], bounds[k+1]).
-            Virtual stage k is chunk k // p of stage k % p.
+            Virtual stage k is chunk k // p of stage k % p (V schedules: ``virtual_stage_home``).
         strategies: the recompute strategy of every layer of the model.
     """
     p, v = layout.num_stages, layout.num_chunks
     assert len(bounds) == p * v + 1 and bounds[0] == 0 and bounds[-1] == problem.model.num_layers
-    chunks: list[list[Chunk]] = [[] for _ in range(p)]
+    chunks: list[list[Chunk | None]] = [[None] * v for _ in range(p)]
     for k in range(p * v):
         first, last = bounds[k], bounds[k + 1]
-        chunks[k % p].append(Chunk(layers=(first, last), recompute=_recompute_spec(strategies, first, last)))
+        x, c = virtual_stage_home(k, p, problem.schedule)
+        chunks[x][c] = Chunk(layers=(first, last), recompute=_recompute_spec(strategies, first, last))
     stages = tuple(
         Stage(
             index=x,
             replicas=layout.data_parallel,
             ranks=stage_ranks(x, data_parallel=layout.data_parallel, tensor_parallel=layout.tensor_parallel),
-            chunks=tuple(chunks[x]),
+            chunks=tuple(c for c in chunks[x] if c is not None),
         )
         for x in range(p)
     )
@@ -216,9 +217,9 @@ def memory_lower_bound_bytes(plan: Plan) -> float:
         return 0.0
     costs = sim.pipeline_costs(plan)
     p, m = plan.degrees.pipeline, plan.num_microbatches
-    bound = 0.0
+    bound, home = 0.0, costs.ranks()
     for s in range(p):
-        activation = min(costs.activation_bytes[k] for k in range(s, costs.num_virtual_stages, p))
+        activation = min(costs.activation_bytes[k] for k in range(costs.num_virtual_stages) if home[k] == s)
         bound = max(bound, costs.static_bytes[s] + min(p - s, m) * activation)
     return bound
 

@@ -29,8 +29,9 @@ from typing import Any
 from cost_models.memory import usable_memory_bytes
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters, transformer_profile
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import PipelineProblem, Plan, SimResult, TransformerConfig
+from planner.schema import V_SCHEDULES, PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_model as model
+from solvers import _ptdp_v as v_model
 from solvers.budget import Budget
 from solvers.common import Layout, build_plan, format_bytes, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
@@ -38,7 +39,7 @@ from solvers.options import parse_options
 
 log = logging.getLogger(__name__)
 
-SCHEDULES = ("1f1b", model.INTERLEAVED)
+SCHEDULES = ("1f1b", model.INTERLEAVED, *V_SCHEDULES)
 RECOMPUTE = ("none", "selective", "full")
 _GIB = 2.0**30
 CLOSED_FORM_MARGIN = 0.06
@@ -52,7 +53,7 @@ class Options:
     """Fix t (default: searched; a problem whose profile was derived at t > 1 fixes it too)."""
     microbatch_size: int | None = None
     """Fix b (default: searched; a problem whose profile was derived at b > 1 fixes it too)."""
-    schedules: str = "1f1b,interleaved-1f1b"
+    schedules: str = "1f1b,interleaved-1f1b,zb-v,dualpipe-v"
     """Comma-separated schedules to search; the problem's schedule 'interleaved-1f1b' restricts to it."""
     recompute: str = "none,selective,full"
     """Comma-separated uniform recompute settings to search."""
@@ -121,7 +122,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
-    notes = _notes(search, opts, scored, simulated)
+    notes = (*_notes(search, opts, scored, simulated), *v_model.megatron_notes(plan.schedule, rows))
     wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
     status = "feasible"
     if len(simulated) < wanted:
@@ -157,8 +158,8 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
         raise InvalidProblemError("solver 'ptdp' plans stock Megatron-LM schedules; remove bpipe=true")
     if problem.schedule not in SCHEDULES:
         raise InvalidProblemError(
-            f"solver 'ptdp' searches Megatron's 1F1B and interleaved 1F1B; schedule={problem.schedule!r} "
-            "is not supported. Use '1f1b' (searches both, see option schedules) or 'interleaved-1f1b'")
+            f"solver 'ptdp' searches 1F1B, interleaved 1F1B, ZB-V and DualPipeV; schedule={problem.schedule!r} "
+            f"is not supported. Use '1f1b' (searches all, see option schedules) or one of {list(SCHEDULES[1:])}")
     _check_options(opts, cfg)
     if problem.num_stages is not None and problem.num_stages > cfg.num_layers:
         raise InfeasibleError(
@@ -290,7 +291,9 @@ def enumerate_configs(search: Search, opts: Options) -> Iterator[model.Config]:
     """Every configuration the problem and options allow (see the module docstring)."""
     problem, cfg, n = search.problem, search.cfg, search.problem.cluster.num_devices
     schedules = _csv(opts.schedules, SCHEDULES, "schedules")
-    if problem.schedule == model.INTERLEAVED or problem.num_chunks > 1:
+    if problem.schedule in V_SCHEDULES:
+        schedules = (problem.schedule,)
+    elif problem.schedule == model.INTERLEAVED or problem.num_chunks > 1:
         schedules = (model.INTERLEAVED,)
     recompute = _csv(opts.recompute, RECOMPUTE, "recompute")
     for t in tensor_degrees(search, opts):
@@ -304,17 +307,20 @@ def enumerate_configs(search: Search, opts: Options) -> Iterator[model.Config]:
                 m = search.global_batch_size // (b * d)
                 if problem.num_microbatches is not None and m != problem.num_microbatches:
                     continue
-                for v in _chunk_counts(cfg.num_layers, p, m, schedules, problem.num_chunks):
+                for v, vs in _chunk_counts(cfg.num_layers, p, m, schedules, problem.num_chunks):
                     for r in recompute:
                         yield model.Config(tensor=t, pipeline=p, data=d, virtual=v, microbatch_size=b,
-                                           num_microbatches=m, recompute=r)
+                                           num_microbatches=m, recompute=r, v_schedule=vs)
 
 
-def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int) -> list[int]:
-    """v = 1 for 1F1B; v >= 2 dividing l / p for interleaved, which needs p >= 2 and m % p == 0."""
-    out = [1] if "1f1b" in schedules and fixed == 1 else []
+def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int) -> list[tuple[int, str]]:
+    """(v, V schedule or ''): v = 1 for 1F1B; v >= 2 dividing l / p for interleaved, which needs p >= 2
+    and m % p == 0; v = 2 for ZB-V and DualPipeV (l % 2p == 0; DualPipeV m >= 2p; p >= 2 unless asked for)."""
+    out = [(1, "")] if "1f1b" in schedules and fixed == 1 else []
     if model.INTERLEAVED in schedules and p >= 2 and m % p == 0:
-        out += [v for v in _divisors(num_layers // p) if v >= 2 and (fixed == 1 or v == fixed)]
+        out += [(v, "") for v in _divisors(num_layers // p) if v >= 2 and (fixed == 1 or v == fixed)]
+    out += [(2, vs) for vs in V_SCHEDULES if vs in schedules and (p >= 2 or schedules == (vs,))
+            and num_layers % (2 * p) == 0 and fixed in (1, 2) and (vs == "zb-v" or m >= 2 * p)]
     return out
 
 
@@ -430,7 +436,8 @@ def _no_layout_message(search: Search, opts: Options) -> str:
     lo, hi = b_batch // d * d, (b_batch // d + 1) * d
     near = [x for x in (lo, hi) if x > 0]
     return (f"global_batch_size={b_batch} cannot be split: it must be a multiple of b x d with d in "
-            f"{degrees} (and for interleaved 1F1B, m a multiple of p), and also match num_microbatches="
+            f"{degrees} (and for interleaved 1F1B, m a multiple of p; for ZB-V and DualPipeV, layers divisible "
+            f"by 2p, and for DualPipeV m >= 2p), and also match num_microbatches="
             f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
 
 

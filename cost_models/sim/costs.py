@@ -5,7 +5,8 @@ point-to-point transfer times between consecutive virtual stages, and per-rank s
 and data-parallel all-reduce times. ``pipeline_costs(plan)`` derives them from the plan's layer
 profile and cluster:
 
-- virtual stage k = chunk k // p of stage k % p (Megatron placement, dissertation L3594-3600);
+- virtual stage k = chunk k // p of stage k % p (Megatron placement, dissertation L3594-3600),
+  or the V placement of ``Plan.chunk_of_virtual_stage`` for the V schedules (``stage_rank``);
   F_k, B_k, W_k are sums over the chunk's layers, W_k only when every layer of the model has
   ``backward_weight_s``; R_k and the activation bytes come from each layer's planned recompute
   strategy;
@@ -34,7 +35,7 @@ from cost_models.sim import dims
 from cost_models.sim.pipeline import Durations
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
-from planner.schema import Action, Cluster, LayerProfile, Plan
+from planner.schema import V_SCHEDULES, Action, Chunk, Cluster, LayerProfile, Plan
 
 __all__ = ["PipelineCosts", "allreduce_link", "bottleneck_s", "durations", "pipeline_costs"]
 
@@ -60,6 +61,12 @@ class PipelineCosts:
     allreduce_s: Sequence[float]
     """Per rank: data-parallel gradient all-reduce after its last compute."""
     memory_capacity_bytes: float = math.inf
+    stage_rank: Sequence[int] | None = None
+    """Rank of each virtual stage; None: k % num_ranks (Megatron). V schedules: ``Plan.stage_ranks``."""
+    forward_comm_s: Sequence[float] | None = None
+    """Communication inside ``forward_s`` that another microbatch's compute can hide (DualPipe F&B)."""
+    backward_comm_s: Sequence[float] | None = None
+    """Communication inside ``backward_s`` likewise; None: all compute."""
 
     def __post_init__(self) -> None:
         num_stages, num_ranks = len(self.forward_s), len(self.static_bytes)
@@ -69,8 +76,8 @@ class PipelineCosts:
                 "rank and a whole number of virtual stages per rank"
             )
         per_stage = ["backward_s", "recompute_s", "activation_bytes"]
-        if self.backward_weight_s is not None:
-            per_stage.append("backward_weight_s")
+        per_stage += [name for name in ("backward_weight_s", "stage_rank", "forward_comm_s", "backward_comm_s")
+                      if getattr(self, name) is not None]
         checks = [(name, num_stages) for name in per_stage]
         checks += [("send_forward_s", num_stages - 1), ("send_backward_s", num_stages - 1), ("allreduce_s", num_ranks)]
         for name, expected in checks:
@@ -87,6 +94,13 @@ class PipelineCosts:
     def num_virtual_stages(self) -> int:
         return len(self.forward_s)
 
+    def ranks(self) -> tuple[int, ...]:
+        """Rank of every virtual stage (``stage_rank``, or Megatron's k % num_ranks)."""
+        if self.stage_rank is not None:
+            return tuple(self.stage_rank)
+        p = self.num_ranks
+        return tuple(k % p for k in range(self.num_virtual_stages))
+
     @classmethod
     def uniform(
         cls,
@@ -102,10 +116,20 @@ class PipelineCosts:
         static_bytes: float = 0.0,
         allreduce_s: float = 0.0,
         memory_capacity_bytes: float = math.inf,
+        v_shape: bool = False,
+        comm_s: float = 0.0,
     ) -> PipelineCosts:
-        """Identical virtual stages: the setting of the closed-form bubble formulas."""
+        """Identical virtual stages: the setting of the closed-form bubble formulas.
+
+        ``v_shape``: two chunks per rank in V placement (rank r holds stages r and 2p - 1 - r);
+        ``comm_s``: hideable communication inside each forward and backward (DualPipe F&B).
+        """
         k, p = num_stages * num_chunks, num_stages
+        ranks = tuple(x if x < p else 2 * p - 1 - x for x in range(k)) if v_shape else None
         return cls(
+            stage_rank=ranks,
+            forward_comm_s=(comm_s,) * k if comm_s else None,
+            backward_comm_s=(comm_s,) * k if comm_s else None,
             forward_s=(forward_s,) * k,
             backward_s=(backward_s,) * k,
             backward_weight_s=None if backward_weight_s is None else (backward_weight_s,) * k,
@@ -126,13 +150,13 @@ def bottleneck_s(costs: PipelineCosts) -> float:
     A rank's work is the sum over its virtual stages of F + B + R (dissertation L1237-1245); a
     link's is the sum of the forward and backward transfers of the stage boundaries it carries.
     """
-    p = costs.num_ranks
+    p, home = costs.num_ranks, costs.ranks()
     work = [0.0] * p
     for k in range(costs.num_virtual_stages):
-        work[k % p] += costs.forward_s[k] + costs.backward_s[k] + costs.recompute_s[k]
+        work[home[k]] += costs.forward_s[k] + costs.backward_s[k] + costs.recompute_s[k]
     links: dict[tuple[int, int], float] = {}
     for k in range(costs.num_virtual_stages - 1):
-        a, b = k % p, (k + 1) % p
+        a, b = home[k], home[k + 1]
         if a != b:
             key = (min(a, b), max(a, b))
             links[key] = links.get(key, 0.0) + costs.send_forward_s[k] + costs.send_backward_s[k]
@@ -171,10 +195,11 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         fwd = [f + x for f, x in zip(fwd, extra_f)]
         bwd = [b + x for b, x in zip(bwd, extra_b)]
     first_rank = [_replica_rank(plan, x, 0) for x in range(p)]
+    home = plan.stage_ranks()
     send = []
     for k in range(len(chunks) - 1):
-        a, b = first_rank[k % p], first_rank[(k + 1) % p]
-        if k % p == (k + 1) % p:
+        a, b = first_rank[home[k]], first_rank[home[k + 1]]
+        if home[k] == home[k + 1]:
             send.append(0.0)
             continue
         bandwidth, latency = cluster.link(a, b)
@@ -191,7 +216,23 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         static_bytes=tuple(static),
         allreduce_s=tuple(allreduce),
         memory_capacity_bytes=usable_memory_bytes(cluster.device),
+        stage_rank=home if plan.schedule in V_SCHEDULES else None,
+        **_comm_split(plan, chunks),
     )
+
+
+def _comm_split(plan: Plan, chunks: Sequence[Chunk]) -> dict[str, tuple[float, ...] | None]:
+    """Per virtual stage, the hideable communication inside F and B (``LayerProfile.*_comm_s``);
+    only DualPipeV's overlapped F&B blocks use it."""
+    layers = plan.model.layers
+    if plan.schedule != "dualpipe-v" or all(
+            layer.forward_comm_s is None and layer.backward_comm_s is None for layer in layers):
+        return {"forward_comm_s": None, "backward_comm_s": None}
+    out: dict[str, tuple[float, ...] | None] = {}
+    for name in ("forward_comm_s", "backward_comm_s"):
+        out[name] = tuple(math.fsum(getattr(layer, name) or 0.0 for layer in layers[c.layers[0]:c.layers[1]])
+                          for c in chunks)
+    return out
 
 
 def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:

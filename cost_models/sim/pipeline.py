@@ -86,7 +86,7 @@ def compile_actions(
             if stage_rank[k] != r:
                 raise InvalidProblemError(
                     f"rank {r} action {position} ({rank_actions[position]}): virtual stage {k} lives "
-                    f"on rank {stage_rank[k]} (virtual stage k is chunk k // p of rank k % p); move "
+                    f"on rank {stage_rank[k]} (the plan's placement of virtual stages); move "
                     f"its actions to rank {stage_rank[k]}'s list"
                 )
         out.append(ops)

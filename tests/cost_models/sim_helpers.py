@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.schema import Chunk, Cluster, Degrees, Device, LayerProfile, ModelProfile, Plan, Stage
+from planner.schema import V_SCHEDULES, Chunk, Cluster, Degrees, Device, LayerProfile, ModelProfile, Plan, Stage
 
 
 def cluster(
@@ -51,7 +51,8 @@ def plan(
     for x in range(p):
         chunks = []
         for c in range(v):
-            first = (c * p + x) * per
+            k = (x if c == 0 else 2 * p - 1 - x) if schedule in V_SCHEDULES else c * p + x
+            first = k * per
             spec: dict[str, tuple[int, ...]] = {}
             for i in range(first, first + per):
                 if i in recompute:

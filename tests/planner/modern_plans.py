@@ -16,6 +16,7 @@ from planner.schema import (
     RecomputeOption,
     Stage,
     TransformerConfig,
+    virtual_stage_home,
 )
 
 _RECOMPUTE = {
@@ -72,13 +73,15 @@ def preset_plan(
     bounds = [0]
     for k, n in enumerate(decoders):
         bounds.append(bounds[-1] + n + (1 if k == 0 else 0) + (1 if k == k_total - 1 else 0))
+    schedule = schedule or ("interleaved-1f1b" if v > 1 else "1f1b")
     chunks: list[list[Chunk]] = [[] for _ in range(p)]
-    for k in range(k_total):
+    homes = sorted(range(k_total), key=lambda k: virtual_stage_home(k, p, schedule)[1])  # chunk 0 first
+    for k in homes:
         first, last = bounds[k], bounds[k + 1]
         spec = (
             {} if recompute == "none" else {recompute: tuple(i for i in range(first, last) if 0 < i <= cfg.num_layers)}
         )
-        chunks[k % p].append(Chunk(layers=(first, last), recompute=spec))
+        chunks[virtual_stage_home(k, p, schedule)[0]].append(Chunk(layers=(first, last), recompute=spec))
     devices = data * tensor * p * context
     cluster = Cluster(
         name="h100",
@@ -94,7 +97,7 @@ def preset_plan(
         cluster=cluster,
         transformer=cfg,
         degrees=Degrees(data=data, tensor=tensor, pipeline=p, virtual=v, context=context, expert=expert),
-        schedule=schedule or ("interleaved-1f1b" if v > 1 else "1f1b"),
+        schedule=schedule,  # type: ignore[arg-type]
         microbatch_size=b,
         num_microbatches=m,
         global_batch_size=b * m * data,

@@ -320,3 +320,47 @@ def test_megatron_rejects_what_it_cannot_say() -> None:
                                          Stage(index=1, chunks=(Chunk(layers=(3, 6)),)))})
     with pytest.raises(InvalidProblemError, match=r"recompute strategies \['offload'\].*no Megatron-LM equivalent"):
         to_megatron_args(plan)
+
+
+@pytest.mark.parametrize(("schedule", "torch_name"), [("zb-v", "ZBVZeroBubble"), ("dualpipe-v", "DualPipeV")])
+def test_v_schedule_csv_loads_as_torchs_own_order(tmp_path: Path, schedule: str, torch_name: str) -> None:
+    """The exported CSV, read by torch's ``_load_csv``, is torch's own ZBVZeroBubble / DualPipeV
+    order (DualPipeV's blocks as OVERLAP_F_B cells), with V stage placement; it parses back."""
+    pytest.importorskip("torch")
+    from unittest import mock
+
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    from tests.planner.modern_plans import preset_plan
+
+    p, m = 4, 8
+    plan = preset_plan("llama3-8b", p=p, v=2, m=m, schedule=schedule)
+    text = to_torch_csv(plan)
+    path = tmp_path / "v.csv"
+    path.write_text(text)
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, p, None, 2 * p
+    runtime = _PipelineScheduleRuntime([stage] * 2, m)
+    runtime._load_csv(str(path), format="compute_only")
+    loaded = [[str(a) for a in runtime.pipeline_order[r]] for r in range(p)]
+    assert loaded == [[str(a) for a in row if a is not None] for row in get_schedule_ops(torch_name, p, m)]
+    assert runtime.stage_index_to_group_rank == {k: k if k < p else 2 * p - 1 - k for k in range(2 * p)}
+    assert [list(r) for r in parse_torch_csv(text)] == [list(r) for r in plan_actions(plan)]
+    assert ("OVERLAP_F_B" in text) == (schedule == "dualpipe-v")
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipe-v"])
+def test_megatron_refuses_v_schedules_with_the_fix(tmp_path: Path, schedule: str, capsys) -> None:
+    from planner.cli import main
+    from tests.planner.modern_plans import preset_plan
+
+    plan = preset_plan("llama3-8b", p=4, v=2, m=8, schedule=schedule)
+    with pytest.raises(InvalidProblemError, match=rf"schedule '{schedule}' cannot be exported to Megatron-LM.*"
+                                                  r"--schedule interleaved-1f1b --chunks 2"):
+        to_megatron_args(plan)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    assert main(["export", str(path), "--format", "megatron"]) == 2
+    assert "V-shaped" in capsys.readouterr().err

@@ -61,6 +61,9 @@ CASES = [
     ("llama3-70b-interleaved", lambda: preset_plan("llama3-70b", p=4, v=2, tensor=8, data=2, zero_stage=3, m=8), 64),
     ("qwen3-30b-a3b-ep8-cp2", lambda: preset_plan("qwen3-30b-a3b", data=4, context=2, expert=8, zero_stage=3), 8),
     ("gpt-oss-20b-p2-ep8", lambda: preset_plan("gpt-oss-20b", p=2, data=4, expert=4, zero_stage=3, m=4), 8),
+    ("llama3-8b-zbv-p4", lambda: preset_plan("llama3-8b", p=4, v=2, data=2, zero_stage=3, m=8, schedule="zb-v"), 8),
+    ("llama3-70b-dualpipev-p4",
+     lambda: preset_plan("llama3-70b", p=4, v=2, tensor=8, data=2, zero_stage=1, m=8, schedule="dualpipe-v"), 64),
     (
         "deepseek-v3-pp16-ep64",
         lambda: preset_plan("deepseek-v3", [3] + [4] * 14 + [2], p=16, data=128, expert=64, zero_stage=1, m=16),
@@ -186,3 +189,24 @@ def _shape(cfg) -> dict:
     out["expert_width"] = (cfg.moe_ffn_hidden_size or cfg.ffn_size) if cfg.num_experts else None
     out["dense_width"] = cfg.ffn_size if not cfg.num_experts or cfg.first_dense_layers else None
     return out
+
+
+@pytest.mark.parametrize(("schedule", "name"), [("zb-v", "ZBVZeroBubble"), ("dualpipe-v", "DualPipeV")])
+def test_v_schedules_export_by_name_with_v_stage_placement(schedule: str, name: str) -> None:
+    """torchtitan builds the V schedules by name and places stage r and 2p - 1 - r on rank r
+    (its own ``_get_pp_rank_to_stage_indices_mapping``): the module names each rank gets are the
+    plan's chunks of that rank."""
+    from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
+
+    plan = preset_plan("llama3-8b", p=4, v=2, data=2, m=8, schedule=schedule)
+    config = _load(to_torchtitan_args(plan))
+    par = config.parallelism
+    assert par.pipeline_parallel_schedule == name and par.pipeline_parallel_schedule_csv in (None, "")
+    parts = par.module_fqns_per_model_part
+    for rank, stage in enumerate(plan.stages):
+        ids = _get_pp_rank_to_stage_indices_mapping(rank, 4, par.pipeline_parallel_schedule, 8)
+        assert ids == (rank, 7 - rank)
+        for k, chunk in zip(ids, stage.chunks):
+            first, last = chunk.layers
+            expected = {0: ["tok_embeddings"], plan.model.num_layers - 1: ["norm", "lm_head"]}
+            assert parts[k] == [n for i in range(first, last) for n in expected.get(i, [f"layers.{i - 1}"])]

@@ -7,7 +7,7 @@ from typing import Any
 
 from planner import api
 from planner.export import parse_torch_csv
-from planner.schema import Plan, TransformerConfig
+from planner.schema import V_SCHEDULES, Plan, TransformerConfig
 
 LLAMA_TINY = TransformerConfig(
     name="llama-tiny", hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, seq_length=16, vocab_size=128,
@@ -61,6 +61,8 @@ def tiny_plan(
         model: a preset name or a ``TransformerConfig``.
     """
     base = "interleaved-1f1b" if v > 1 else ("1f1b" if schedule == "custom" else schedule)
+    if schedule in V_SCHEDULES:  # two chunks per rank in a V (rank r: virtual stages r and 2p - 1 - r)
+        base, v = schedule, 2
     problem = api.make_problem(model, f"cpu:{p * d * t}", num_stages=p, num_chunks=v, schedule=base,
                                global_batch_size=d * m, data_parallel=d, tensor_parallel=t)
     data = api.plan(problem).model_dump(mode="json")

@@ -36,8 +36,11 @@ _TWO_RANK_PLANS = {
     "custom actions (torchtitan CSV)": torchtitan_custom_plan(),
     "1f1b through the plan's action list": tiny_plan("1f1b", splits=[[(0, 3)], [(3, 6)]]),
     "mixtral-style MoE, 1f1b p=2": tiny_plan("1f1b", model=MIXTRAL_TINY),
+    "zb-v (ScheduleZBVZeroBubble, V placement)": tiny_plan("zb-v", m=4),
+    "dualpipe-v (ScheduleDualPipeV, V placement)": tiny_plan("dualpipe-v", m=4),
+    "dualpipe-v through the plan's action list": tiny_plan("dualpipe-v", m=6),
 }
-_EXECUTOR = {"1f1b through the plan's action list": "actions"}
+_EXECUTOR = {"1f1b through the plan's action list": "actions", "dualpipe-v through the plan's action list": "actions"}
 
 
 def _jobs(plans: dict, steps: int = 2) -> list[RunJob]:
@@ -60,6 +63,13 @@ def test_two_ranks_match_single_process(two_rank_reports: dict[str, dict], name:
     assert report["max_grad_diff"] <= TOLERANCE
     assert report["check_passed"]
     assert len(report["loss"]) == 2 and all(4.0 < x < 6.0 for x in report["loss"])  # ~ln(128) = 4.85
+
+
+@pytest.mark.parametrize("name", ["zb-v (ScheduleZBVZeroBubble, V placement)",
+                                  "dualpipe-v (ScheduleDualPipeV, V placement)"])
+def test_v_schedules_run_in_v_placement(two_rank_reports: dict[str, dict], name: str) -> None:
+    # rank 0 holds the first and the last virtual stage, rank 1 the turn of the V
+    assert two_rank_reports[name]["rank_virtual_stages"] == [[0, 3], [1, 2]]
 
 
 def test_two_ranks_measurements(two_rank_reports: dict[str, dict]) -> None:

@@ -12,7 +12,7 @@ from tests.runtime_bridge.plans import tiny_plan, torchtitan_custom_plan  # noqa
 
 
 @pytest.mark.parametrize("schedule,path", [("gpipe", "builtin"), ("1f1b", "builtin"), ("zb-h1", "actions"),
-                                           ("zb-h2", "actions")])
+                                           ("zb-h2", "actions"), ("zb-v", "builtin"), ("dualpipe-v", "builtin")])
 def test_executor_paths(schedule: str, path: str) -> None:
     assert executor_for(tiny_plan(schedule)) == path
 
@@ -47,3 +47,32 @@ def test_cyclic_custom_plan_is_rejected() -> None:
     bad = tiny_plan("custom", v=2, m=2, actions=rows)
     with pytest.raises(InvalidProblemError, match="rejects the plan's action list"):
         lower_offline(bad)
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipe-v"])
+def test_v_schedule_classes_run_the_plans_order(schedule: str) -> None:
+    """torch's ScheduleZBVZeroBubble / ScheduleDualPipeV built on mock stages (no process group):
+    V stage->rank mapping, and the plan's action list is the class's own order (DualPipeV's
+    OVERLAP_F_B blocks opened into their F and B)."""
+    from unittest import mock
+
+    from torch.distributed.pipelining import PipelineStage
+
+    from runtime_bridge.torch_pp import build_schedule
+
+    plan = tiny_plan(schedule, m=6)
+    p = plan.degrees.pipeline
+    orders = {}
+    for rank in range(p):
+        stages = []
+        for k in (rank, 2 * p - 1 - rank):
+            stage = mock.create_autospec(PipelineStage, instance=True)
+            stage.group_rank, stage.group_size, stage.num_stages, stage.stage_index = rank, p, 2 * p, k
+            stage.submod = None
+            stages.append(stage)
+        sched = build_schedule(plan, stages, lambda out, target: out.sum())
+        assert sched.stage_index_to_group_rank == {0: 0, 1: 1, 2: 1, 3: 0}
+        orders = sched.pipeline_order
+    opened = {r: [str(sub) for a in acts if a is not None for sub in (a.sub_actions or (a,))]
+              for r, acts in orders.items()}
+    assert opened == {r: [str(a) for a in acts] for r, acts in torch_actions(plan).items()}

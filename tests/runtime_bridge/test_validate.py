@@ -56,6 +56,17 @@ def test_torch_schedule_constraints() -> None:
         check_plan(_edit(_plan(), schedule="2bw"), TINY)
 
 
+def test_v_schedule_constraints() -> None:
+    zbv = _plan(schedule="zb-v", global_batch_size=2)  # m = 2 < 2p is fine for ZB-V
+    check_plan(zbv, TINY, world_size=2)
+    dualpipe = _plan(schedule="dualpipe-v")
+    check_plan(dualpipe, TINY, world_size=2)
+    with pytest.raises(InvalidProblemError, match=r"ScheduleDualPipeV needs num_microbatches >= its 4 stages"):
+        check_plan(_edit(dualpipe, num_microbatches=2, global_batch_size=2), TINY)
+    with pytest.raises(InvalidProblemError, match=r"'zb-v' splits backwards into I and W, and degrees.data=2"):
+        check_plan(_plan(schedule="zb-v", devices=4, data_parallel=2), TINY, world_size=4)
+
+
 def _tp_plan(model=TINY, t: int = 2, **fields) -> Plan:
     problem = api.make_problem(model, f"cpu:{2 * t}", num_stages=2, global_batch_size=4, tensor_parallel=t)
     return _edit(api.plan(problem), **fields)
