@@ -190,6 +190,7 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         wgt.append(scale * math.fsum(layer.backward_weight_s or 0.0 for layer in own))
         rec.append(scale * math.fsum(o.extra_s for o in options))
         act.append(scale * math.fsum(o.activation_bytes for o in options))
+    extra_f = extra_b = None
     if new_dims:  # context ring, expert all-to-all, FSDP gathers (cost_models.sim.dims)
         extra_f, extra_b = dims.stage_extras(plan, chunks, scale)
         fwd = [f + x for f, x in zip(fwd, extra_f)]
@@ -204,7 +205,7 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
             continue
         bandwidth, latency = cluster.link(a, b)
         send.append(latency + scale * layers[chunks[k].layers[1] - 1].output_bytes / bandwidth)
-    static, allreduce = _per_rank_dims(plan, fwd, bwd) if new_dims else _per_rank(plan)
+    static, allreduce = _per_rank_dims(plan, fwd, bwd, home) if new_dims else _per_rank(plan)
     return PipelineCosts(
         forward_s=tuple(fwd),
         backward_s=tuple(bwd),
@@ -217,21 +218,26 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         allreduce_s=tuple(allreduce),
         memory_capacity_bytes=usable_memory_bytes(cluster.device),
         stage_rank=home if plan.schedule in V_SCHEDULES else None,
-        **_comm_split(plan, chunks),
+        **_comm_split(plan, chunks, extra_f, extra_b),
     )
 
 
-def _comm_split(plan: Plan, chunks: Sequence[Chunk]) -> dict[str, tuple[float, ...] | None]:
-    """Per virtual stage, the hideable communication inside F and B (``LayerProfile.*_comm_s``);
-    only DualPipeV's overlapped F&B blocks use it."""
+def _comm_split(plan: Plan, chunks: Sequence[Chunk], extra_f: Sequence[float] | None = None,
+                extra_b: Sequence[float] | None = None) -> dict[str, tuple[float, ...] | None]:
+    """Per virtual stage, the hideable communication inside F and B (``LayerProfile.*_comm_s``, plus
+    the context ring, expert all-to-alls and FSDP gathers ``dims.stage_extras`` added); only
+    DualPipeV's overlapped F&B blocks use it."""
     layers = plan.model.layers
-    if plan.schedule != "dualpipe-v" or all(
-            layer.forward_comm_s is None and layer.backward_comm_s is None for layer in layers):
+    added = {"forward_comm_s": extra_f, "backward_comm_s": extra_b}
+    if plan.schedule != "dualpipe-v" or (all(
+            layer.forward_comm_s is None and layer.backward_comm_s is None for layer in layers) and not (
+            any(extra_f or ()) or any(extra_b or ()))):
         return {"forward_comm_s": None, "backward_comm_s": None}
     out: dict[str, tuple[float, ...] | None] = {}
     for name in ("forward_comm_s", "backward_comm_s"):
-        out[name] = tuple(math.fsum(getattr(layer, name) or 0.0 for layer in layers[c.layers[0]:c.layers[1]])
-                          for c in chunks)
+        extra = added[name] or [0.0] * len(chunks)
+        out[name] = tuple(math.fsum(getattr(layer, name) or 0.0 for layer in layers[c.layers[0]:c.layers[1]]) + x
+                          for c, x in zip(chunks, extra))
     return out
 
 
@@ -257,12 +263,15 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
     return static, allreduce
 
 
-def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[float]) -> tuple[list[float], list[float]]:
-    """``_per_rank`` for plans with ZeRO, context or expert parallelism (``cost_models.sim.dims``)."""
-    p, static, sync = plan.degrees.pipeline, [], []
+def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[float],
+                   home: Sequence[int]) -> tuple[list[float], list[float]]:
+    """``_per_rank`` for plans with ZeRO, context or expert parallelism (``cost_models.sim.dims``);
+    ``home``: the rank of each virtual stage."""
+    static: list[float] = []
+    sync: list[float] = []
     for x, stage in enumerate(plan.stages):
         indices = [i for chunk in stage.chunks for i in range(*chunk.layers)]
-        mine = range(x, len(forward_s), p)
+        mine = [k for k, rank in enumerate(home) if rank == x]
         terms = dims.rank_terms(plan, x, indices, forward_s=math.fsum(forward_s[k] for k in mine),
                                 backward_s=math.fsum(backward_s[k] for k in mine))
         extra = math.fsum(plan.model.layers[i].param_bytes for i in indices) if plan.schedule == "2bw" else 0.0

@@ -270,11 +270,11 @@ def _attention_core_s(layer: LayerProfile) -> float:
 def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[list[float], list[float]]:
     """(forward, backward) seconds each virtual stage adds per microbatch for context, expert and
     FSDP communication (module docstring); ``scale`` is ``context_scale(plan)``."""
-    p, layers = plan.degrees.pipeline, plan.model.layers
+    home, layers = plan.stage_ranks(), plan.model.layers
     groups: dict[int, tuple[Group, Group, Group, Group]] = {}
     forward, backward = [], []
     for k, chunk in enumerate(chunks):
-        x = k % p
+        x = home[k]  # Megatron's k % p, or the V placement
         if x not in groups:
             groups[x] = (make_group(plan, context_ranks(plan, x)), make_group(plan, expert_ranks(plan, x)),
                          make_group(plan, data_context_ranks(plan, x)), make_group(plan, expert_data_ranks(plan, x)))

@@ -168,3 +168,33 @@ def test_overlapped_all_to_all_shows_only_beyond_the_other_microbatchs_compute()
     # four MoE layers of forward 1 s and backward 2 s: the forward's 2 a2a show beyond the backward's 2 s
     assert hidden.forward_s[0] == pytest.approx(base.forward_s[0] + 4 * max(0.0, 2 * a2a - 2.0))
     assert hidden.backward_s[0] == pytest.approx(base.backward_s[0] + 4 * max(0.0, 2 * a2a - 1.0))
+
+
+def _v_plan(schedule: str) -> Plan:
+    """p = 2, two chunks per rank in V placement: rank 0 holds virtual stages 0 and 3, rank 1 stages 1 and 2."""
+    plan = _with_weights(preset_plan(MOE, p=2, v=2, data=8, expert=8, zero_stage=1, m=4), 1e9)
+    layers = tuple(layer.model_copy(update={"backward_weight_s": layer.backward_s / 2}) for layer in plan.model.layers)
+    plan = plan.model_copy(update={"model": plan.model.model_copy(update={"layers": layers})})
+    model_order = [plan.stages[k % 2].chunks[k // 2] for k in range(4)]
+    stages = (plan.stages[0].model_copy(update={"chunks": (model_order[0], model_order[3])}),
+              plan.stages[1].model_copy(update={"chunks": (model_order[1], model_order[2])}))
+    return plan.model_copy(update={"schedule": schedule, "stages": stages})
+
+
+def test_v_placement_charges_each_rank_its_own_chunks_and_dualpipe_may_hide_the_all_to_alls() -> None:
+    plan = _v_plan("dualpipe-v")
+    costs = pipeline_costs(plan)
+    a2a = 7 / 8 * (32 * 2 * 64 * 2) / INTRA
+    layers = plan.model.layers
+    for k, chunk in enumerate(plan.virtual_stages()):
+        moe_layers = sum(1 for i in range(*chunk.layers) if dims.expert_fraction(plan, i) > 0)
+        own_f = sum(layers[i].forward_s for i in range(*chunk.layers))
+        assert costs.forward_s[k] == pytest.approx(own_f + 2 * a2a * moe_layers)
+        assert costs.forward_comm_s is not None and costs.forward_comm_s[k] == pytest.approx(2 * a2a * moe_layers)
+    # rank 0 holds virtual stages 0 and 3 (embedding and head): its states are theirs
+    zb = pipeline_costs(_v_plan("zb-v"))
+    assert zb.forward_comm_s is None
+    rank0 = [i for chunk in plan.stages[0].chunks for i in range(*chunk.layers)]
+    assert costs.static_bytes[0] == pytest.approx(dims.rank_terms(plan, 0, rank0, forward_s=0.0,
+                                                                   backward_s=0.0).static_bytes)
+    assert simulate(plan, include_events=False).iteration_time_s > 0
