@@ -83,6 +83,8 @@ def pinned_plan(recipe: Recipe, global_batch_size: int | None = None) -> tuple[P
     for recompute in dict.fromkeys((recipe.recompute, "selective")):
         options = dict(zip(PINNED_OPTIONS, values)) | {"recompute": recompute,
                                                        "overlap_grad_reduce": recipe.overlap_grad_reduce}
+        if recipe.schedule:
+            options["schedules"] = recipe.schedule
         try:
             plan = api.plan(_problem(recipe, global_batch_size), solver="ptdp", options=options)
         except (InvalidProblemError, InfeasibleError):

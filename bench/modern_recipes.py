@@ -20,7 +20,7 @@ from cost_models.hardware import cluster_preset
 from cost_models.models import model_preset
 from cost_models.parallelism import balanced_end_stage_layers
 from cost_models.transformer import transformer_profile
-from planner.schema import Chunk, Degrees, Plan, Stage
+from planner.schema import V_SCHEDULES, Chunk, Degrees, Plan, Stage
 
 RECIPES_PATH = Path(__file__).with_name("data") / "modern_recipes.json"
 DEVICES_PER_NODE = 8
@@ -47,6 +47,8 @@ class Recipe:
     source: str
     source_key: str
     measured: dict[str, Any] | None
+    schedule: str | None = None
+    """None: 1F1B, interleaved when v > 1; or a schedule name (``dualpipe-v``: V placement)."""
 
     @property
     def data(self) -> int:
@@ -81,11 +83,16 @@ def recipe_plan(recipe: Recipe, *, global_batch_size: int | None = None) -> Plan
     return Plan(
         solver="recipe", options=_options(recipe), model=profile, cluster=cluster, transformer=cfg,
         degrees=Degrees(data=d, tensor=t, pipeline=p, virtual=v, context=recipe.context, expert=recipe.expert),
-        schedule="interleaved-1f1b" if v > 1 else "1f1b", microbatch_size=b,
+        schedule=_schedule(recipe), microbatch_size=b,
         num_microbatches=big_b // (b * d), global_batch_size=big_b,
-        stages=_stages(cfg.num_layers, p, v, recipe.recompute, d), zero_stage=recipe.zero_stage,  # type: ignore[arg-type]
+        stages=_stages(cfg.num_layers, p, v, recipe.recompute, d, v_shape=_schedule(recipe) in V_SCHEDULES),
+        zero_stage=recipe.zero_stage,  # type: ignore[arg-type]
         sequence_parallel=t > 1, notes=(f"recipe {recipe.name}: {recipe.source}",),
     )
+
+
+def _schedule(recipe: Recipe) -> str:
+    return recipe.schedule or ("interleaved-1f1b" if recipe.virtual > 1 else "1f1b")
 
 
 def _options(recipe: Recipe) -> dict[str, Any]:
@@ -93,8 +100,9 @@ def _options(recipe: Recipe) -> dict[str, Any]:
             "overlap_moe_alltoall": recipe.overlap_moe_alltoall}
 
 
-def _stages(num_layers: int, p: int, v: int, recompute: str, replicas: int) -> tuple[Stage, ...]:
-    """Virtual stage k (chunk k // p of stage k % p); the embedding joins the first, the head the last."""
+def _stages(num_layers: int, p: int, v: int, recompute: str, replicas: int, *, v_shape: bool = False) -> tuple[Stage, ...]:
+    """Virtual stage k (chunk k // p of stage k % p, or the V placement: stage k, then 2p - 1 - k);
+    the embedding joins the first, the head the last."""
     decoders = decoder_split(num_layers, p * v)
     bounds = [0]
     for k, n in enumerate(decoders):
@@ -104,5 +112,5 @@ def _stages(num_layers: int, p: int, v: int, recompute: str, replicas: int) -> t
         first, last = bounds[k], bounds[k + 1]
         blocks = tuple(i for i in range(first, last) if 0 < i <= num_layers)
         spec = {recompute: blocks} if recompute != "none" and blocks else {}
-        chunks[k % p].append(Chunk(layers=(first, last), recompute=spec))
+        chunks[(2 * p - 1 - k if k >= p else k) if v_shape else k % p].append(Chunk(layers=(first, last), recompute=spec))
     return tuple(Stage(index=x, replicas=replicas, chunks=tuple(chunks[x])) for x in range(p))
