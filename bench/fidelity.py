@@ -11,8 +11,25 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   sequence parallelism reaches 54.2 % MFU with selective recompute and 42.1 % with full
   recompute (t = 8, p = 35, b = 1, interleaved v = 3 as in Table 4.1's 530B run) - not used to fit
   anything;
+- Korthikanti et al. Table 5 (configurations of their Table 3: t = 8, no data parallelism, b = 1
+  except the 22B's b = 4, interleaved v = 3 for 175B and 530B): iteration times with full
+  recompute (no SP) and with selective recompute + SP ("present work"), 2022 kernels (unfused
+  attention, backward tensor-parallel collectives overlapped with the weight gradients: their
+  Sec. 6.2);
 - memory: BPipe's Fig. 3 (Kim et al., ICML 2023): GPT-3 13B, 8-way pipeline on 8 A100 80 GB,
-  b = 1, no recompute, 1F1B: the first stage holds 37 GiB more than the last.
+  b = 1, no recompute, 1F1B: the first stage holds 37 GiB more than the last;
+- V100 (not fitted on): Megatron-LM's 1.2B GPT on one V100 of a DGX-2H (130 TF/s at 450 W),
+  b = 8, s = 1024, activation checkpointing: 62.4 TFLOP/s with the v1.0 kernels (MegatronLM's
+  "Supercharged V1.0" post, 2020); the weak scaling of Shoeybi et al. (arXiv:1909.08053, Sec. 5.1):
+  the 8.3B model with 8-way tensor parallelism runs at 77 % of the 1.2B baseline per GPU, and at
+  76 % on 512 GPUs (8-way tensor x 64-way data, batch 512);
+- torchtitan's published FSDP2 runs (docs/performance.md of pytorch/torchtitan): Llama 3 8B
+  (selective-op checkpointing) and 70B (full) on 64 A100 80 GB, local batch 1, s = 8192: 2,973 and
+  323 tokens/s/GPU; Llama 3.1 8B on 8 H100 (96 GB HBM2e, 500 W), local batch 2, selective
+  checkpointing, no torch.compile: 5,762 tokens/s/GPU. Predicted from the per-operation compute
+  alone (layers + optimizer step; FSDP's gathers are assumed hidden), so these bound from above;
+- PipeDream-2BW's planner (dissertation ch. 3, Sec. 3.4.2): 8-deep for GPT 2.2B, 16-deep for GPT
+  3.8B on 8 and 64 16-GB V100s (shapes: docs/solver-pipedream-2bw.md).
 
 Each row is predicted by the ``ptdp`` solver with the published configuration fixed, and its
 simulated iteration time is converted to TFLOP/s per GPU in the paper's accounting (Eq. 4.2,
@@ -31,6 +48,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from planner import api
+from planner.schema import Cluster, TransformerConfig
 from solvers import ptdp
 
 
@@ -112,6 +130,132 @@ def bpipe_fig3_memory_gib() -> tuple[float, float]:
     return peaks[0], peaks[0] - peaks[-1]
 
 
+# ---- V100 (Megatron-LM 2019/2020) -----------------------------------------------------------
+
+MEGATRON_1_2B = TransformerConfig(name="megatron-1.2b", hidden_size=1536, num_layers=40, num_heads=16,
+                                  seq_length=1024, vocab_size=51200, dtype="fp16")
+MEGATRON_8_3B = TransformerConfig(name="megatron-8.3b", hidden_size=3072, num_layers=72, num_heads=32,
+                                  seq_length=1024, vocab_size=51200, dtype="fp16")
+"""Shoeybi et al. Table 1 (h, layers, heads), s = 1024, vocabulary padded to 51,200."""
+MEGATRON_V1_1_2B_TFLOPS = 62.4
+MEGATRON_WEAK_SCALING = {8: 0.77, 512: 0.76}
+
+
+GPT_22B = TransformerConfig(name="gpt-22b", hidden_size=6144, num_layers=48, num_heads=64, seq_length=2048,
+                           vocab_size=51200)
+KORTHIKANTI_TABLE_5 = [  # (model, GPUs, p, batch, b, v, full-recompute s, selective + SP s)
+    (GPT_22B, 8, 1, 4, 4, 1, 1.42, 1.10),
+    ("gpt3-175b", 64, 8, 64, 1, 3, 18.13, 13.75),
+    ("gpt-529.6b", 280, 35, 280, 1, 3, 49.05, 37.83),
+    ("gpt-1t", 512, 64, 512, 1, 1, 94.42, 71.49),
+]
+
+
+def korthikanti_table_5() -> list[dict[str, object]]:
+    """Predicted vs published iteration seconds of Korthikanti et al.'s Table 5 (t = 8, d = 1)."""
+    out = []
+    for model, gpus, p, batch, b, v, full_s, present_s in KORTHIKANTI_TABLE_5:
+        schedule = "interleaved-1f1b" if v > 1 else "1f1b"
+        problem = api.make_problem(model, f"a100-80gb:{gpus // 8}", global_batch_size=batch, num_stages=p,
+                                   num_chunks=v, schedule=schedule, data_parallel=1)
+        for recompute, sp, published in (("full", False, full_s), ("selective", True, present_s)):
+            plan = ptdp.solve(problem, options={"tensor_parallel": 8, "microbatch_size": b, "recompute": recompute,
+                                                "attention": "unfused", "sequence_parallel": sp, "num_simulated": 1,
+                                                "schedules": schedule, "overlap_tp_comm": True})
+            got = float(plan.candidates[0]["iteration_s"])
+            name = model if isinstance(model, str) else model.name
+            out.append({"row": f"{name} {recompute}{' + SP' if sp else ''}", "published": published, "predicted": got,
+                        "error": got / published - 1, "mfu": float(plan.candidates[0]["mfu"])})
+    return out
+
+
+def dgx2h(num_devices: int) -> Cluster:
+    """DGX-2H V100s (450 W: 130 TF/s fp16, the peak of the "30 %"/"48 %" figures): 16 per node on
+    NVSwitch (150 GB/s per direction), 8 x 100 Gb/s EDR per node (6.25 GB/s per GPU)."""
+    from cost_models.hardware import device_preset
+
+    per_node = min(16, num_devices)
+    return Cluster(name=f"dgx-2h:{num_devices}", device=device_preset("v100").model_copy(update={"peak_flops": 130e12}),
+                   num_nodes=num_devices // per_node, devices_per_node=per_node, intra_node_bytes_per_s=150e9,
+                   inter_node_bytes_per_s=6.25e9, intra_node_latency_s=5e-6, inter_node_latency_s=1e-5)
+
+
+def megatron_v100_tflops(cfg: TransformerConfig, gpus: int, t: int, batch: int) -> float:
+    """Predicted TFLOP/s per GPU (hardware FLOPs: activation checkpointing was on) of a Megatron-LM
+    2019/2020 run: b = 8 per model replica, full recompute, unfused attention, no pipeline."""
+    problem = api.make_problem(cfg, dgx2h(gpus), global_batch_size=batch, num_stages=1, data_parallel=gpus // t)
+    plan = ptdp.solve(problem, options={**OPTIONS_2021, "tensor_parallel": t, "microbatch_size": 8,
+                                        "schedules": "1f1b"})
+    return float(plan.candidates[0]["hardware_tflops_per_gpu"])
+
+
+def v100_rows() -> list[dict[str, object]]:
+    """(name, published, predicted, error) of the V100 rows; ratios are per-GPU throughput over the
+    1.2B single-GPU baseline (robust to the 2019 -> 2020 kernel speed-up, which the paper's
+    ratios share)."""
+    base = megatron_v100_tflops(MEGATRON_1_2B, 1, 1, 8)
+    rows = [("1.2B, 1 V100, b=8 (v1.0 kernels), TFLOP/s", MEGATRON_V1_1_2B_TFLOPS, base)]
+    for gpus, published in MEGATRON_WEAK_SCALING.items():
+        ratio = megatron_v100_tflops(MEGATRON_8_3B, gpus, 8, 8 * gpus // 8) / base
+        rows.append((f"8.3B, {gpus} V100 (t=8, d={gpus // 8}) / 1.2B baseline", published, ratio))
+    return [{"row": n, "published": p, "predicted": v, "error": v / p - 1} for n, p, v in rows]
+
+
+# ---- torchtitan FSDP2 runs (compute-only prediction) ------------------------------------------
+
+TORCHTITAN = [  # (model, device preset, local batch, recompute, GPUs, published tokens/s/GPU)
+    ("llama3-8b", "a100-80gb", 1, "selective", 64, 2973.0),
+    ("llama3-70b", "a100-80gb", 1, "full", 64, 323.0),
+    ("llama3-8b", "h100", 2, "selective", 8, 5762.0),
+]
+
+
+def torchtitan_rows() -> list[dict[str, object]]:
+    """Tokens/s/GPU from the per-operation layer times plus the sharded optimizer step (s = 8192,
+    flash attention, no tensor parallelism); FSDP's all-gathers/reduce-scatters are not charged."""
+    from cost_models.compute import optimizer_step_s
+    from cost_models.moe import num_parameters
+    from cost_models.transformer import transformer_profile
+
+    out = []
+    for name, device, b, recompute, gpus, published in TORCHTITAN:
+        cfg = api.load_model(name, seq_length=8192)
+        dev = api.load_cluster(f"{device}:1").device
+        assert dev is not None
+        prof = transformer_profile(cfg, device=dev, microbatch_size=b, attention="flash", sequence_parallel=False)
+        step_s = sum(la.forward_s + la.backward_s + la.strategies().get(recompute, la.strategies()["none"]).extra_s
+                     for la in prof.layers) + optimizer_step_s(num_parameters(cfg) / gpus, dev)
+        predicted = b * cfg.seq_length / step_s
+        out.append({"row": f"{name}, {gpus} {device}, b={b}, {recompute} recompute", "published": published,
+                    "predicted": predicted, "error": predicted / published - 1})
+    return out
+
+
+# ---- PipeDream-2BW's planner (ch. 3) ----------------------------------------------------------
+
+TWO_BW_DEPTHS = [("gpt2bw-2.2b", "v100-16gb:1x8", 8), ("gpt2bw-2.2b", "v100-16gb:8x8", 8),
+                 ("gpt2bw-3.8b", "v100-16gb:8x8", 16)]
+
+
+def two_bw_rows(batch: int = 512) -> list[dict[str, object]]:
+    """The planner's depth against the chapter's, and the published depth's closed-form throughput
+    relative to the chosen one."""
+    from solvers import pipedream_2bw
+
+    out = []
+    for model, cluster, published in TWO_BW_DEPTHS:
+        plan = pipedream_2bw.solve(api.make_problem(model, cluster, global_batch_size=batch))
+        best: dict[int, float] = {}
+        for r in plan.candidates:
+            if r["fits"]:
+                best.setdefault(int(r["p"]), float(r["samples_per_s"]))
+        top = plan.candidates[0]
+        out.append({"model": model, "cluster": cluster, "published_depth": published, "predicted_depth": top["p"],
+                    "b": top["b"], "recompute": top["recompute"],
+                    "published_depth_relative_rate": best.get(published, 0.0) / float(top["samples_per_s"])})
+    return out
+
+
 def table() -> list[dict[str, object]]:
     out = []
     for row in ROWS:
@@ -132,7 +276,9 @@ def main(as_json: bool = False) -> None:
         first, diff = bpipe_fig3_memory_gib()
         memory = {"bpipe_fig3_first_stage_gib": first, "bpipe_fig3_diff_gib": diff,
                   "published_diff_gib": BPIPE_FIG3_DIFF_GIB}
-        json.dump({"rows": rows, "summary": summary(rows), "memory": memory}, sys.stdout, indent=1)
+        json.dump({"rows": rows, "summary": summary(rows), "memory": memory,
+                   "korthikanti_table_5": korthikanti_table_5(), "v100": v100_rows(),
+                   "torchtitan": torchtitan_rows(), "pipedream_2bw_depth": two_bw_rows()}, sys.stdout, indent=1)
         return
     print(f"{'source':<10}{'model':<12}{'GPUs':>6}{'B':>6}{'t,p,b,v':>11}{'published':>10}{'predicted':>10}"
           f"{'error':>8}{'MFU':>6}{'mem GiB':>9}")
@@ -148,6 +294,19 @@ def main(as_json: bool = False) -> None:
         mfu = korthikanti_530b_mfu(recompute)
         print(f"Korthikanti 530B, 2240 A100, SP + {recompute} recompute: MFU {100 * mfu:.1f}% vs published "
               f"{100 * published:.1f}% ({100 * (mfu / published - 1):+.1f}%)")
+    for r in korthikanti_table_5():
+        print(f"Korthikanti Table 5 {r['row']}: {r['published']:.2f} s published, {r['predicted']:.2f} s predicted "
+              f"({100 * float(r['error']):+.1f}%), MFU {100 * float(r['mfu']):.1f}%")
+    for r in v100_rows():
+        print(f"V100 {r['row']}: published {r['published']:.3g}, predicted {r['predicted']:.3g} "
+              f"({100 * float(r['error']):+.1f}%)")
+    for r in torchtitan_rows():
+        print(f"torchtitan {r['row']}: published {r['published']:.0f} tokens/s/GPU, predicted "
+              f"{r['predicted']:.0f} ({100 * float(r['error']):+.1f}%)")
+    for r in two_bw_rows():
+        print(f"2BW {r['model']} on {r['cluster']}: chapter {r['published_depth']}-deep, ours "
+              f"{r['predicted_depth']}-deep (b={r['b']}, recompute {r['recompute']}); the chapter's depth runs at "
+              f"{100 * float(r['published_depth_relative_rate']):.1f}% of ours")
     first, diff = bpipe_fig3_memory_gib()
     print(f"BPipe Fig. 3 (gpt3-13b, p=8, b=1, no recompute): first-stage peak {first:.1f} GiB; first - last "
           f"{diff:.1f} GiB vs published {BPIPE_FIG3_DIFF_GIB:.0f} ({100 * (diff / BPIPE_FIG3_DIFF_GIB - 1):+.1f}%)")

@@ -61,20 +61,26 @@ def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t
     kw = {"microbatch_size": b, "tensor_parallel": t}
     f_flops, bi_flops, w_flops = (decoder_forward_flops(cfg, **kw), decoder_backward_input_flops(cfg, **kw),
                                   decoder_backward_weight_flops(cfg, **kw))
+    params = decoder_layer_params(cfg) / t
+    if moe.uses_extended_counts(cfg):  # this layer's own shape (dense first layers or router + experts)
+        matmul = 2 * b * cfg.seq_length * moe.decoder_matmul_params(cfg, index) / t
+        core = attention_core_forward_flops(cfg, **kw)
+        f_flops, bi_flops, w_flops = matmul + core, matmul + 2 * core, matmul
+        params = moe.decoder_layer_params(cfg, index) / t
     comm_s = 2 * _tp_allreduce_s(cfg, b, t, bw)  # two all-reduces in each direction (L3709-3713)
     forward_s = f_flops / rate + comm_s
     if selective_fraction is None:
         selective_s = attention_core_forward_flops(cfg, **kw) / rate
     else:
         selective_s = selective_fraction * f_flops / rate
+    mkw = {**kw, "layer_index": index}
     options = {
-        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="none")),
-        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="selective"),
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="none")),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="selective"),
                                      extra_s=selective_s),
-        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **kw, recompute="full"),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="full"),
                                 extra_s=forward_s),
     }
-    params = decoder_layer_params(cfg) / t
     return LayerProfile(
         name=f"decoder{index}", kind="decoder", forward_s=forward_s,
         backward_s=(bi_flops + w_flops) / rate + comm_s, backward_weight_s=w_flops / rate,
@@ -116,21 +122,22 @@ def _layer_flops_and_params(cfg: TransformerConfig, b: int, t: int, index: int) 
 
 def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float | None, sg: bool,
                sp: bool, attention: str, selective_fraction: float | None = None, index: int = 0,
-               ) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
+               overlap_tp_backward: bool = False) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
     """Embedding, decoder block ``index`` and head from the per-operation model (``layer_ops``)."""
     kw = {"microbatch_size": b, "tensor_parallel": t, "tp_link_bytes_per_s": bw}
-    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention, layer_index=index)
+    dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention, layer_index=index,
+                                     overlap_tp_backward=overlap_tp_backward)
     head = layer_ops.head_op_times(cfg, device, **kw, sequence_parallel=sp)
     emb = layer_ops.embedding_op_times(cfg, device, **kw)
     e, bsh = _element_bytes(cfg), b * cfg.seq_length * cfg.hidden_size
     akw = {"microbatch_size": b, "tensor_parallel": t}
     flops, params = _layer_flops_and_params(cfg, b, t, index)
+    mkw = {**akw, "sequence_parallel": sp, "layer_index": index}
     options = {
-        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="none", sequence_parallel=sp)),
-        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(
-            cfg, **akw, recompute="selective", sequence_parallel=sp),
+        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="none")),
+        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="selective"),
             extra_s=dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s),
-        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **akw, recompute="full", sequence_parallel=sp),
+        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="full"),
                                 extra_s=dec.forward_s),
     }
     out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)

@@ -116,9 +116,16 @@ def _elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_par
 
 def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,
                      tp_link_bytes_per_s: float | None = None, tp_latency_s: float = 0.0,
-                     sequence_parallel: bool = True, attention: str = "flash", layer_index: int = 0) -> OpTimes:
+                     sequence_parallel: bool = True, attention: str = "flash", layer_index: int = 0,
+                     overlap_tp_backward: bool = False) -> OpTimes:
     """Forward, input-gradient and weight-gradient times of decoder layer ``layer_index`` (0-based;
-    it matters only for MoE configs, whose first ``first_dense_layers`` layers are dense)."""
+    it matters only for MoE configs, whose first ``first_dense_layers`` layers are dense).
+
+    ``overlap_tp_backward``: each of the two backward collectives (the input-gradient all-reduce,
+    or with sequence parallelism the reduce-scatter, of the attention and MLP blocks) runs while
+    its block's weight-gradient GEMMs compute, as Megatron-LM does since 2022 (Korthikanti et al.,
+    MLSys 2023, Sec. 6.2; ``--async-tensor-model-parallel-allreduce``); only
+    max(0, collective - half the layer's weight-gradient time) per block is exposed."""
     b, t = microbatch_size, tensor_parallel
     tokens = b * cfg.seq_length
     fwd_gemm = bwd_in = bwd_w = 0.0
@@ -131,9 +138,10 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     comm = 2 * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size, t, tp_link_bytes_per_s,
                                tp_latency_s)
     forward = fwd_gemm + core_fwd + mem_fwd + comm
-    backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=8) + comm
+    back_comm = 2 * max(0.0, comm / 2 - bwd_w / 2) if overlap_tp_backward else comm
+    backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=8) + back_comm
     return OpTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=bwd_w, selective_s=core_fwd,
-                   forward_comm_s=comm, backward_comm_s=comm, forward_gemm_s=fwd_gemm + core_fwd,
+                   forward_comm_s=comm, backward_comm_s=back_comm, forward_gemm_s=fwd_gemm + core_fwd,
                    forward_memory_s=mem_fwd)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from cost_models import compute, moe
+from cost_models import compute, moe, moe_memory
 from planner.errors import InvalidProblemError
 from planner.schema import Device, ModelProfile, TransformerConfig
 
@@ -201,7 +201,7 @@ def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: 
 
 def decoder_activation_bytes(
     cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none",
-    sequence_parallel: bool = True,
+    sequence_parallel: bool = True, layer_index: int = 0,
 ) -> float:
     """Bytes one decoder layer keeps for its backward, per microbatch and device.
 
@@ -212,7 +212,10 @@ def decoder_activation_bytes(
     or e(sbh + 3sbf) + sbh (swiglu); two norms save their inputs: 2e sbh. ``selective``: the same
     without the attention core, 34sbh/t (BPipe Eq. 5). ``full``: only the layer input, e sbh/t
     (BPipe Eq. 6 without the /t, which sequence parallelism adds). Assumes sequence parallelism
-    whenever t > 1, activations in ``cfg.dtype``, 1-byte dropout masks always counted.
+    whenever t > 1, activations in ``cfg.dtype``, 1-byte dropout masks always counted. In an MoE
+    layer (``layer_index`` at or past ``first_dense_layers`` of an MoE config) the MLP term is
+    ``cost_models.moe_memory.moe_mlp_activation_bytes`` (router scores, routed token copies, the
+    experts' activations over T k rows, combine inputs, shared experts).
 
     Raises:
         InvalidProblemError: unknown strategy.
@@ -228,6 +231,9 @@ def decoder_activation_bytes(
         )
     attention = e * (2 * sbh + 2 * s * b * _kv_dim(cfg)) / t + (e * sbh + sbh) / t_sp
     mlp = e * (3 if cfg.mlp == "swiglu" else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
+    if cfg.is_moe and moe.is_moe_layer(cfg, layer_index):
+        mlp = moe_memory.moe_mlp_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
+                                                  sequence_parallel=sequence_parallel)
     kept = attention + mlp + 2 * e * sbh / t_sp
     if recompute == "selective":
         return kept
@@ -297,6 +303,7 @@ def transformer_profile(
     selective_recompute_fraction: float | None = None,
     sequence_parallel: bool | None = None,
     attention: str = "flash",
+    overlap_tp_backward: bool = False,
 ) -> ModelProfile:
     """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
 
@@ -305,8 +312,12 @@ def transformer_profile(
     bandwidth, tensor-parallel all-reduces over ``intra_node_bytes_per_s``); devices without
     compute constants (the nominal ``cpu`` preset, hand-written devices) get the flat model at
     ``DEFAULT_EFFICIENCY``. With an explicit
-    ``efficiency`` the older flat model is used instead: FLOPs / (peak x efficiency), memory
-    traffic at the same fraction of HBM bandwidth (for calibration against one measured number).
+    ``efficiency`` the older flat model is used instead: each decoder layer's own FLOPs (a dense
+    first layer's, or an MoE layer's attention + router + k routed + shared experts) / (peak x
+    efficiency), the embedding's memory traffic at the same fraction of HBM bandwidth (for
+    calibration against one measured number). It has no tile/wave or roofline effects, so its
+    times are linear in ``b``, and it leaves out the norms, activations and the head's softmax
+    traffic (docs/cost-model.md, "Flat efficiency").
     Decoder layers offer recompute ``none``, ``selective`` and ``full``; every layer sets
     ``backward_weight_s`` so the zero-bubble schedules apply.
 
@@ -323,6 +334,9 @@ def transformer_profile(
         sequence_parallel: norms/dropouts split over t (Korthikanti et al.); None = on when t > 1.
         attention: ``flash`` (fused, no score traffic) or ``unfused`` (softmax and dropout over
             the b a s^2 scores, as Megatron-LM ran in 2021).
+        overlap_tp_backward: hide the backward tensor-parallel collectives behind the
+            weight-gradient GEMMs (Megatron-LM since 2022; ``layer_ops.decoder_op_times``);
+            per-operation model only.
 
     Returns:
         A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
@@ -345,16 +359,21 @@ def transformer_profile(
 
     if efficiency is None:
         embedding, block, head = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
-                                            selective_recompute_fraction)
+                                            selective_recompute_fraction, overlap_tp_backward=overlap_tp_backward)
     else:
         block = lp._decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
                                selective_recompute_fraction)
         embedding = lp._embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather)
         head = lp._head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s)
     decoders = [block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
-    if efficiency is None and cfg.is_moe and cfg.first_dense_layers:  # dense first layers, then MoE layers
-        moe_block = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
-                                  selective_recompute_fraction, index=cfg.first_dense_layers)[1]
+    if cfg.is_moe and cfg.first_dense_layers:  # dense first layers, then MoE layers (either model)
+        if efficiency is None:
+            moe_block = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
+                                      selective_recompute_fraction, index=cfg.first_dense_layers,
+                                      overlap_tp_backward=overlap_tp_backward)[1]
+        else:
+            moe_block = lp._decoder_layer(cfg, cfg.first_dense_layers, device, b, t, efficiency,
+                                          intra_node_bytes_per_s, scatter_gather, selective_recompute_fraction)
         decoders = decoders[:cfg.first_dense_layers] + [
             moe_block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.first_dense_layers, cfg.num_layers)]
     return ModelProfile(

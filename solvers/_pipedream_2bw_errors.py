@@ -6,6 +6,7 @@ sizes that split, the memory, the workers or the model size that would fit.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -135,9 +136,15 @@ def memory_message(
 
 
 def _memory(problem: PipelineProblem, model: ModelProfile, c: Any, p: int, m: int) -> float:
-    terms = cm.stage_terms(model, problem.cluster, even_bounds(model, p), recompute=c.recompute,
-                           data_parallel=1, tensor_parallel=model.tensor_parallel)
-    return max(cm.stage_memory_bytes(terms, c.schedule, m))
+    balanced = cm.balanced_bounds(model, p, recompute=c.recompute, schedule=c.schedule, num_microbatches=m,
+                                  capacity_bytes=_capacity(problem))
+    out = math.inf
+    for bounds in (even_bounds(model, p), balanced):
+        if bounds is not None:
+            terms = cm.stage_terms(model, problem.cluster, bounds, recompute=c.recompute,
+                                   data_parallel=1, tensor_parallel=model.tensor_parallel)
+            out = min(out, max(cm.stage_memory_bytes(terms, c.schedule, m)))
+    return out
 
 
 def _capacity(problem: PipelineProblem) -> float:

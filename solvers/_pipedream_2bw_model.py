@@ -34,6 +34,15 @@ checkpointing, as Megatron-LM), so the backward re-materializes one layer at a t
 
 The chapter's MEMORY(.) counts weights only (2|W|/p); it omits gradients and optimizer state,
 which are real for Adam (L3197-3201), so ``static_bytes`` of the profile is used instead.
+
+Placement (``balanced_bounds``): the chapter gives every stage B/p blocks (L2729-2737), which
+ignores the embedding and, above all, the LM head on the last stage (the logits GEMM and the
+cross-entropy cost 2V/(24h + 4s) blocks: 2.1 blocks for h = 1920, V = 51200, s = 512). Its planner
+measured every configuration end to end, so a stage that is slower by a whole head shows in its
+numbers; ours places layers by time instead: the contiguous split into p stages that minimizes
+the slowest stage's compute among those whose every stage fits memory (the min-max partition of
+PipeDream's optimizer, dissertation Sec. 2.4.1), as Megatron-LM's uneven first/last pipeline
+stages do.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from cost_models.compute import profile_optimizer_step_s
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import allreduce_time_s
 from planner.schema import Cluster, ModelProfile
+from solvers._partition import parametric_partition
 
 SCHEDULES = ("2bw", "flush")
 
@@ -125,6 +135,56 @@ def stage_terms(
         static_bytes=tuple(static), weight_bytes=tuple(weights), activation_bytes=tuple(act),
         working_bytes=tuple(work),
     )
+
+
+def balanced_bounds(model: ModelProfile, num_stages: int, *, recompute: str, schedule: str, num_microbatches: int,
+                    capacity_bytes: float) -> list[int] | None:
+    """Stage boundaries minimizing the slowest stage's compute (forward + backward + recompute)
+    among the contiguous splits whose every stage fits ``capacity_bytes`` under
+    ``stage_memory_bytes``; None when no split fits."""
+    p, m = num_stages, num_microbatches
+    names = [recompute if recompute in layer.strategies() else "none" for layer in model.layers]
+    chosen = [layer.strategies()[name] for layer, name in zip(model.layers, names)]
+    time_s = _prefix([la.forward_s + la.backward_s + o.extra_s for la, o in zip(model.layers, chosen)])
+    fixed = _prefix([la.static_bytes + (la.param_bytes if schedule == "2bw" else 0.0) for la in model.layers])
+    act = _prefix([o.activation_bytes for o in chosen])
+    work = _RangeMax([la.strategies()["none"].activation_bytes - o.activation_bytes if name != "none" else 0.0
+                      for la, o, name in zip(model.layers, chosen, names)])
+
+    def cost(i: int, j: int, q: int) -> float:
+        memory = fixed[j] - fixed[i] + min(p - q, m) * (act[j] - act[i]) + work.max(i, j)
+        return time_s[j] - time_s[i] if memory <= capacity_bytes else math.inf
+
+    # a range costs no more on a later stage (fewer in-flight microbatches), which the parametric
+    # min-max search needs (``solvers._partition``; O(64 p log N) stage costs)
+    value, bounds = parametric_partition(len(model.layers), p, cost, part_trend="decreasing")
+    return bounds if math.isfinite(value) else None
+
+
+class _RangeMax:
+    """max(values[i:j]) in O(1) (sparse table); 0 for an empty range."""
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self.rows = [list(values)]
+        width = 1
+        while 2 * width <= len(values):
+            prev = self.rows[-1]
+            self.rows.append([max(prev[k], prev[k + width]) for k in range(len(prev) - width)])
+            width *= 2
+
+    def max(self, i: int, j: int) -> float:
+        if j <= i:
+            return 0.0
+        level = (j - i).bit_length() - 1
+        row = self.rows[level]
+        return max(row[i], row[j - (1 << level)])
+
+
+def _prefix(values: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
 
 
 def time_per_microbatch_s(terms: StageTerms, num_microbatches: int) -> float:

@@ -93,6 +93,7 @@ class ProfileSettings:
     scatter_gather: bool = True
     sequence_parallel: bool | None = None
     attention: str = "flash"
+    overlap_tp_comm: bool = False
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
@@ -115,6 +116,8 @@ def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
                               "sequence_parallel": settings.sequence_parallel, "attention": settings.attention}
     if settings.efficiency is not None:
         kwargs["efficiency"] = settings.efficiency
+    elif settings.overlap_tp_comm:
+        kwargs["overlap_tp_backward"] = True
     return kwargs
 
 

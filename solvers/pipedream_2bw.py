@@ -77,6 +77,8 @@ class Candidate:
     iteration_s: float
     samples_per_s: float
     microbatch_time_s: float
+    bounds: tuple[int, ...] = ()
+    """Stage boundaries (p + 1 layer indices) of this configuration's placement."""
 
     def rank_key(self) -> tuple[Any, ...]:
         """Fitting first, then fastest; ties: less memory, shallower, smaller b, no recompute."""
@@ -210,23 +212,38 @@ def evaluate(
     problem: PipelineProblem, model: ModelProfile, *, schedule: str, num_stages: int, data_parallel: int,
     num_microbatches: int, recompute: str,
 ) -> Candidate:
-    """Closed-form throughput and memory of one configuration (``_pipedream_2bw_model``)."""
+    """Closed-form throughput and memory of one configuration (``_pipedream_2bw_model``) on the
+    better of two placements: the even split and the time-balanced one that fits memory
+    (``placements``): fitting first, then faster, then less memory."""
     p, d, m = num_stages, data_parallel, num_microbatches
-    terms = _terms(problem, model, p, d, recompute)
-    memory = max(cm.stage_memory_bytes(terms, schedule, m))
-    iteration = cm.iteration_time_s(terms, schedule, m)
     capacity = usable_memory_bytes(problem.cluster.device) if problem.cluster.device else math.inf
     b = model.microbatch_size
-    return Candidate(
-        schedule=schedule, num_stages=p, data_parallel=d, microbatch_size=b, num_microbatches=m,
-        recompute=recompute, peak_memory_bytes=memory, fits=memory <= capacity, iteration_s=iteration,
-        samples_per_s=b * d * m / iteration, microbatch_time_s=cm.time_per_microbatch_s(terms, m),
-    )
+    out = []
+    for bounds in placements(model, p, recompute=recompute, schedule=schedule, num_microbatches=m,
+                             capacity_bytes=capacity):
+        terms = cm.stage_terms(model, problem.cluster, bounds, recompute=recompute, data_parallel=d,
+                               tensor_parallel=model.tensor_parallel)
+        memory = max(cm.stage_memory_bytes(terms, schedule, m))
+        iteration = cm.iteration_time_s(terms, schedule, m)
+        out.append(Candidate(
+            schedule=schedule, num_stages=p, data_parallel=d, microbatch_size=b, num_microbatches=m,
+            recompute=recompute, peak_memory_bytes=memory, fits=memory <= capacity, iteration_s=iteration,
+            samples_per_s=b * d * m / iteration, microbatch_time_s=cm.time_per_microbatch_s(terms, m),
+            bounds=tuple(bounds),
+        ))
+    # throughputs equal to 9 digits (the same split summed in another order) tie-break on memory
+    return min(out, key=lambda c: (not c.fits, -float(f"{c.samples_per_s:.9g}"), c.peak_memory_bytes))
 
 
-def _terms(problem: PipelineProblem, model: ModelProfile, p: int, d: int, recompute: str) -> cm.StageTerms:
-    return cm.stage_terms(model, problem.cluster, even_bounds(model, p), recompute=recompute,
-                          data_parallel=d, tensor_parallel=model.tensor_parallel)
+def placements(model: ModelProfile, num_stages: int, *, recompute: str, schedule: str, num_microbatches: int,
+               capacity_bytes: float) -> list[list[int]]:
+    """The placements ``evaluate`` compares: the even split (``solvers.even.even_bounds``: blocks
+    split evenly, embedding and head with the first and last stage) and, when it differs and some
+    split fits memory, the time-balanced one (``_pipedream_2bw_model.balanced_bounds``)."""
+    even = even_bounds(model, num_stages)
+    balanced = cm.balanced_bounds(model, num_stages, recompute=recompute, schedule=schedule,
+                                  num_microbatches=num_microbatches, capacity_bytes=capacity_bytes)
+    return [even] if balanced is None or balanced == even else [even, balanced]
 
 
 def _sweep(
@@ -343,7 +360,7 @@ def _build(problem: PipelineProblem, model: ModelProfile, best: Candidate, opts:
                     num_microbatches=best.num_microbatches)
     chosen = problem.model_copy(update={"model": model, "schedule": best.schedule})
     options = {k: getattr(opts, k) for k in ("schedules", "recompute", "microbatch_sizes", "max_microbatch_size")}
-    return build_plan(chosen, layout, bounds=even_bounds(model, best.num_stages), strategies=strategies,
+    return build_plan(chosen, layout, bounds=list(best.bounds), strategies=strategies,
                       solver=SOLVER, options={k: v for k, v in options.items() if v is not None})
 
 
@@ -368,5 +385,5 @@ def _notes(best: Candidate, num_rows: int, batch: int | None, profile_note: str,
     return tuple(notes)
 
 
-__all__ = ["Candidate", "Options", "depth_width_pairs", "evaluate", "max_live_weight_versions", "solve",
-           "weight_version"]
+__all__ = ["Candidate", "Options", "depth_width_pairs", "evaluate", "max_live_weight_versions", "placements",
+           "solve", "weight_version"]

@@ -64,6 +64,9 @@ class Options:
     """Attention core: 'flash' (fused) or 'unfused' (softmax/dropout over the scores, Megatron-LM 2021)."""
     sequence_parallel: bool | None = None
     """Split norms/dropouts over t (default: on when t > 1); off reproduces the 2021 runs."""
+    overlap_tp_comm: bool = False
+    """Hide the backward tensor-parallel collectives behind the weight-gradient GEMMs (Megatron-LM
+    since 2022, Korthikanti et al. Sec. 6.2); off charges them in full (2021 runs)."""
     overlap_grad_reduce: bool = False
     """Overlap the data-parallel gradient all-reduce with the last backward in buckets
     (Megatron's --overlap-grad-reduce); off charges it in full after the backward (2021 runs)."""
@@ -175,7 +178,7 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
     if opts.attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
-                                     attention=opts.attention)
+                                     attention=opts.attention, overlap_tp_comm=opts.overlap_tp_comm)
     return Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
                   efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
 

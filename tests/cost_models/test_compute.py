@@ -163,3 +163,21 @@ def test_simulator_honours_zero_stage() -> None:
                 for s in plan.stages]
     for a, b, st, g in zip(base.stages, zero.stages, static, gathered):
         assert a.peak_memory_bytes - b.peak_memory_bytes == pytest.approx(st * (1 - 1 / d) - g)
+
+
+def test_backward_tensor_parallel_collectives_hide_behind_weight_gradients() -> None:
+    """Megatron-LM's async TP all-reduce (Korthikanti et al. Sec. 6.2): with overlap each of the two
+    backward collectives exposes only what exceeds half the layer's weight-gradient time."""
+    from cost_models.layer_ops import decoder_op_times
+    from planner import api
+
+    cfg = api.load_model("gpt3-175b")
+    device = api.load_cluster("a100-80gb:1").device
+    kw = {"microbatch_size": 1, "tensor_parallel": 8, "tp_link_bytes_per_s": 300e9}
+    plain = decoder_op_times(cfg, device, **kw)
+    hidden = decoder_op_times(cfg, device, **kw, overlap_tp_backward=True)
+    assert plain.backward_comm_s == plain.forward_comm_s > 0
+    assert hidden.backward_comm_s == 2 * max(0.0, plain.backward_comm_s / 2 - plain.backward_weight_s / 2)
+    assert hidden.backward_input_s == pytest.approx(plain.backward_input_s - plain.backward_comm_s + hidden.backward_comm_s)
+    assert hidden.backward_comm_s < plain.backward_comm_s
+    assert hidden.forward_s == plain.forward_s and hidden.backward_weight_s == plain.backward_weight_s

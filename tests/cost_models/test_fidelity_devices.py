@@ -1,0 +1,86 @@
+"""Published measurements on devices other than the A100 (bench/fidelity.py, docs/cost-model.md):
+Megatron-LM on V100s and PipeDream-2BW's depth choices. Tolerances are the accuracy reached."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+
+def _fidelity():  # noqa: ANN202
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "fidelity.py"
+    spec = importlib.util.spec_from_file_location("fidelity_devices", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fidelity_devices"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+FIDELITY = _fidelity()
+
+
+@pytest.fixture(scope="module")
+def v100() -> list[dict[str, object]]:
+    return FIDELITY.v100_rows()
+
+
+def test_megatron_v1_single_v100(v100: list[dict[str, object]]) -> None:
+    """1.2B GPT on one DGX-2H V100, b = 8: 62.4 TFLOP/s measured (v1.0 kernels), 58.8 predicted
+    (-5.8 %), tested within 7 %. Not fitted: the V100 constants are the A100 fit's."""
+    row = v100[0]
+    assert float(row["predicted"]) == pytest.approx(float(row["published"]), rel=0.07)
+
+
+def test_megatron_8_way_tensor_parallel_weak_scaling(v100: list[dict[str, object]]) -> None:
+    """8.3B with t = 8 on 8 V100s runs at 77 % of the 1.2B baseline per GPU (Shoeybi et al.
+    Sec. 5.1); predicted 77.4 % (+0.5 %), tested within 2 %."""
+    row = v100[1]
+    assert float(row["predicted"]) == pytest.approx(float(row["published"]), rel=0.02)
+
+
+def test_megatron_512_gpus_is_a_known_gap(v100: list[dict[str, object]]) -> None:
+    """512 V100s (t = 8, d = 64, batch 512): 76 % measured, 63.8 % predicted (-16 %): our bucketed
+    data-parallel all-reduce of 2.1 GB per GPU over 6.25 GB/s per GPU of InfiniBand leaves 0.34 s
+    of a 1.9 s iteration exposed; the paper's 1.3-point drop from the 8-GPU run implies almost
+    none (docs/cost-model.md, known limits). Tested at the accuracy reached (within 17 %)."""
+    row = v100[2]
+    assert float(row["predicted"]) == pytest.approx(float(row["published"]), rel=0.17)
+    assert float(row["predicted"]) < float(row["published"])
+
+
+def test_two_bw_depth_rows() -> None:
+    rows = FIDELITY.two_bw_rows()
+    assert [r["predicted_depth"] for r in rows] == [8, 8, 8]
+    assert [r["published_depth"] for r in rows] == [8, 8, 16]
+    assert float(rows[2]["published_depth_relative_rate"]) == pytest.approx(0.896, abs=0.01)
+
+
+def test_torchtitan_rows_bound_from_above() -> None:
+    """torchtitan's FSDP2 runs, predicted from compute alone (FSDP traffic not charged): Llama 3 8B
+    on 64 A100s +11.7 % (its 47 GB per step of FSDP traffic over 25 GB/s per GPU is not fully hidden),
+    70B +4.7 %, tested within 13 % and 6 %; Llama 3.1 8B on 8 H100s at 500 W without torch.compile
+    +68 %, a known gap (docs/cost-model.md): every prediction is at or above the measurement."""
+    rows = FIDELITY.torchtitan_rows()
+    assert float(rows[0]["predicted"]) == pytest.approx(float(rows[0]["published"]), rel=0.13)
+    assert float(rows[1]["predicted"]) == pytest.approx(float(rows[1]["published"]), rel=0.06)
+    assert all(float(r["predicted"]) >= float(r["published"]) for r in rows)
+    assert float(rows[2]["error"]) == pytest.approx(0.684, abs=0.02)
+
+
+def test_korthikanti_table_5_iteration_times() -> None:
+    """Korthikanti et al. Table 5 (A100, t = 8, no data parallelism, backward TP collectives
+    overlapped as their Sec. 6.2 says; not fitted on): 8 iteration times, predicted -5.7 to +9.4 %,
+    mean |error| 4.0 %; tested per row within 10 % and mean within 4.5 %. Selective recompute + SP
+    comes out 34-38 % faster than full recompute (measured 29-32 %): our full-recompute rows are
+    the slow ones (docs/cost-model.md, known limits)."""
+    rows = FIDELITY.korthikanti_table_5()
+    errors = [float(r["error"]) for r in rows]
+    assert all(abs(e) < 0.10 for e in errors)
+    assert sum(abs(e) for e in errors) / len(errors) < 0.045
+    for full, present in zip(rows[::2], rows[1::2]):
+        speedup = float(full["predicted"]) / float(present["predicted"]) - 1
+        assert 0.33 < speedup < 0.39
