@@ -3,8 +3,9 @@ own plan, both simulated (issue 15 item 6; the table and notes are in docs/moder
 
 For every recipe of bench/data/modern_recipes.json:
 
-- ``recipe``: the published degrees pinned (through ptdp's options when it has options for every
-  degree, else the plan is built directly, ``bench.modern_recipes.recipe_plan``) and simulated:
+- ``recipe``: the published degrees pinned through ptdp's options (with the published recompute,
+  else ``selective`` where ours counts flash attention's scores over memory; built directly,
+  ``bench.modern_recipes.recipe_plan``, where ptdp cannot take them) and simulated:
   step time, tokens/s per GPU, MFU (model FLOPs, no recompute, of the BF16 dense peak), the
   busiest rank's peak memory against the usable memory;
 - ``ours``: the ptdp search on the same model, cluster, batch and sequence (``planner.api.plan``),
