@@ -233,12 +233,15 @@ OFFLOAD_SOLVERS = ("spipe", "mobius", "zero-offload")
 def plan(
     problem: PipelineProblem,
     *,
-    solver: str = "even",
+    solver: str | None = None,
     options: Any = None,
     offload_fallback: bool = True,
     timings: bool = False,
 ) -> Plan:
     """Run a registered solver (``solvers.SOLVERS``); the plan's ``predicted`` comes from the simulator.
+
+    ``solver=None`` takes ``default_solver(problem)``, as ``paraplan plan`` without ``--solver`` does:
+    ``ptdp`` for a transformer with a global batch and nothing else fixed, else ``even``.
 
     When a GPU-resident solver finds nothing that fits and the model's static state (weights,
     gradients, optimizer) exceeds the cluster's aggregate GPU memory, so that no GPU-resident
@@ -254,6 +257,7 @@ def plan(
         InfeasibleError: nothing fits (and the fallback is off, does not apply or fails too).
     """
     began = time.perf_counter()
+    solver = solver or default_solver(problem)
     found = _solve_or_offload(problem, solver=solver, options=options, offload_fallback=offload_fallback,
                               began=began)
     found = _tensor_note(problem, found, solver)
