@@ -57,15 +57,13 @@ def _embedding_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff
 
 def _recompute_options(cfg: TransformerConfig, mkw: dict, attention: str, forward_s: float,
                        selective_s: float) -> dict[str, RecomputeOption]:
-    """none / selective / full of one decoder layer. With flash attention there is no score tensor
-    for selective recompute to drop: it is ``none`` again (same bytes, no extra time)."""
-    none = RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="none",
-                                                                     attention=attention))
-    selective = none if attention == "flash" else RecomputeOption(
-        activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="selective", attention=attention),
-        extra_s=selective_s)
-    full = RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="full"), extra_s=forward_s)
-    return {"none": none, "selective": selective, "full": full}
+    """none / selective / full of one decoder layer. Selective re-runs the attention core
+    (``selective_s``); with flash attention it saves only the core's log-sum-exp statistics."""
+    def option(recompute: str, extra_s: float) -> RecomputeOption:
+        return RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute=recompute,
+                                                                         attention=attention), extra_s=extra_s)
+
+    return {"none": option("none", 0.0), "selective": option("selective", selective_s), "full": option("full", forward_s)}
 
 
 def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t: int, eff: float,

@@ -12,7 +12,7 @@ Sources (seed line numbers refer to ``shared/seeds/``):
 - Korthikanti et al. (arXiv:2205.05198) activation bytes per layer, restated in BPipe (seed 004
   L396-413): none = sbh(34 + 5as/h)/t, selective = 34sbh/t, full = 2sbh (/t with sequence
   parallelism), for unfused attention. With FlashAttention (Dao et al., NeurIPS'22, Sec. 3.1)
-  the 5as^2b/t of the scores becomes 4asb/t (fp32 log-sum-exp), and selective = none.
+  the 5as^2b/t of the scores becomes 4asb/t (fp32 log-sum-exp), all that selective recompute saves.
 - ZeRO (Rajbhandari et al., SC'20): mixed-precision Adam keeps 16 bytes per parameter.
 
 Symbols: b microbatch, B global batch, s sequence, h hidden, a heads, l layers, V vocabulary,
@@ -241,8 +241,8 @@ def decoder_activation_bytes(
     ``attention`` is the attention core's kernel (``attention_core_activation_bytes``): with
     ``unfused`` (Megatron-LM as in 2021-2022, the papers' tables) ``none`` adds the 5as^2b/t of
     the scores; with ``flash`` (the default, as in the time model) it adds only the 4asb/t
-    log-sum-exp statistics, and ``selective`` keeps the same bytes as ``none``: there is no score
-    tensor for it to drop (docs/cost-model.md, "Activation memory").
+    log-sum-exp statistics, so ``selective`` (which re-runs the core and keeps none of its outputs)
+    saves only those (docs/cost-model.md, "Activation memory").
 
     Raises:
         InvalidProblemError: unknown strategy or attention kind.
@@ -263,10 +263,9 @@ def decoder_activation_bytes(
         mlp = moe_memory.moe_mlp_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
                                                   sequence_parallel=sequence_parallel)
     kept = attn_block + mlp + 2 * e * sbh / t_sp
-    core = attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t, attention=attention)
-    if recompute == "selective" and attention == "unfused":
+    if recompute == "selective":
         return kept
-    return kept + core
+    return kept + attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t, attention=attention)
 
 
 def static_bytes(num_params: float, *, tensor_parallel: int = 1) -> float:
@@ -365,7 +364,7 @@ def transformer_profile(
             and dropout over the b a s^2 scores, saved for the backward, as Megatron-LM ran in
             2021-2022). It sets the activation bytes in both models (``decoder_activation_bytes``)
             and the attention core's kernels in the per-operation model; with ``flash``,
-            ``selective`` recompute is the same option as ``none`` (no bytes saved, no time).
+            ``selective`` recompute still re-runs the core but saves only its 4asb/t statistics.
         overlap_tp_backward: hide the backward tensor-parallel collectives behind the
             weight-gradient GEMMs (Megatron-LM since 2022; ``layer_ops.decoder_op_times``);
             per-operation model only.

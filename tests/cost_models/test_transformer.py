@@ -194,8 +194,7 @@ def test_profile_shape_and_invariants() -> None:
 
 def test_profile_times_are_flops_over_peak_times_efficiency_plus_tp_allreduces() -> None:
     cfg = _gpt(h=256, a=8, s=128)
-    bare = tr.transformer_profile(cfg, device=A100, microbatch_size=4, tensor_parallel=2, efficiency=0.25,
-                                  attention="unfused")  # selective recompute repeats the unfused core
+    bare = tr.transformer_profile(cfg, device=A100, microbatch_size=4, tensor_parallel=2, efficiency=0.25)
     dec = bare.layers[1]
     forward_flops = tr.decoder_forward_flops(cfg, microbatch_size=4, tensor_parallel=2)
     assert dec.forward_s * 312e12 * 0.25 == pytest.approx(forward_flops)
@@ -214,7 +213,7 @@ def test_profile_times_are_flops_over_peak_times_efficiency_plus_tp_allreduces()
 
 def test_bpipe_selective_calibration_option() -> None:
     cfg = _gpt(h=256, a=8, s=128)
-    prof = tr.transformer_profile(cfg, device=A100, microbatch_size=1, attention="unfused",  # Megatron-LM 22.09
+    prof = tr.transformer_profile(cfg, device=A100, microbatch_size=1,
                                   selective_recompute_fraction=tr.BPIPE_SELECTIVE_RECOMPUTE_FRACTION)
     dec = prof.layers[1]
     assert dec.strategies()["selective"].extra_s == pytest.approx(0.26 * dec.forward_s)
