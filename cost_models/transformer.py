@@ -209,10 +209,11 @@ def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: 
 
     ``unfused``: softmax output (2as^2b), its dropout mask (as^2b) and dropout output (2as^2b):
     5as^2b/t at 16 bits (Korthikanti et al. Eq. 1-2); selective recompute drops exactly these
-    (Sec. 5). ``flash``: the fused kernel never materialises the s x s scores and keeps only the
-    softmax log-sum-exp statistics, one fp32 value per head and query token: 4asb/t (Dao et al.,
-    FlashAttention, Sec. 3.1; its output O is the projection input, counted already; the dropout
-    RNG seed and offset are a few bytes)."""
+    (Sec. 5). ``flash``: the fused kernel never materialises the s x s scores (Dao et al.,
+    FlashAttention, NeurIPS 2022, Sec. 3.1) and keeps only the softmax log-sum-exp, one fp32 value
+    per head and query token since FlashAttention-2 (Dao, ICLR 2024, Sec. 3.1): 4asb/t. Its
+    output O is the projection input, counted already; the dropout RNG seed and offset are a few
+    bytes."""
     check_attention(attention)
     a, s, b, e = cfg.num_heads, cfg.seq_length, microbatch_size, _element_bytes(cfg)
     if attention == "flash":
