@@ -5,6 +5,7 @@ Usage::
     PYTHONPATH=. python bench/gavel.py scale [--max-jobs 4096] [--policies a,b] [--space-sharing]
     PYTHONPATH=. python bench/gavel.py sim [--jobs 300] [--rate 3.0] [--seeds 0,1,2]
     PYTHONPATH=. python bench/gavel.py traces [--cluster v100:4,p100:4,k80:4] [--round 360]
+    PYTHONPATH=. python bench/gavel.py parity [--mechanism gavel]
     PYTHONPATH=. python bench/gavel.py ray [--repeats 3] [--round 1.0]   (needs ray)
     PYTHONPATH=. python bench/gavel.py chapter [--jobs 5000] [--rate 5.6] [--seeds 0] [--mechanism gavel]
 
@@ -15,7 +16,9 @@ objective relative to the full one. Full solves above ``--max-full`` jobs are sk
 ``sim`` runs each policy family agnostic and heterogeneity-aware on the same Poisson traces
 and prints the average JCT (the chapter's Figs. 5.9-5.11 comparison). ``traces`` runs every
 bundled Gavel trace (the physical-cluster traces) under each policy and prints the average
-JCT and makespan per (trace, policy), with the agnostic/aware JCT ratio per family. ``ray``
+JCT and makespan per (trace, policy), with the agnostic/aware JCT ratio per family. ``parity``
+prints the same cells beside Gavel's own simulator's (tests/data/gavel_reference) as a
+Markdown table with the ratios, marking the cells more than 5% off. ``ray``
 runs five real training jobs on a local Ray head (``paraplan cluster-run``'s engine) and prints
 each job's measured JCT over the simulator's. ``chapter`` runs LAS agnostic and aware at
 the setting of the chapter's Fig. 5.8 (continuous-single, 36 of each type, jobs 4000-5000).
@@ -108,16 +111,17 @@ def run_sim(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"{args.jobs} jobs, {args.rate} jobs/h, cluster {workers}, multi-GPU {args.multi_gpu}, seeds {seeds}")
     print(f"{'policy':30s} {'avg JCT h':>10} {'std':>6} {'p95 h':>8} {'makespan h':>11} {'avg FTF':>8}")
-    for family in ("max_min_fairness", "fifo", "finish_time_fairness"):
-        for policy in (family, f"{family}_perf"):
-            runs = []
-            for seed in seeds:
-                jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers,
-                                     multi_gpu=args.multi_gpu)
-                runs.append(simulate(jobs, worker_types=workers, policy=policy, seed=seed))
-            jct = np.array([r.avg_jct_s / 3600 for r in runs])
-            print(f"{policy:30s} {jct.mean():10.2f} {jct.std():6.2f} {np.mean([r.p95_jct_s for r in runs]) / 3600:8.1f} "
-                  f"{np.mean([r.makespan_s for r in runs]) / 3600:11.1f} {np.mean([r.avg_ftf for r in runs]):8.2f}", flush=True)
+    rows = [(p, p, {}) for family in ("max_min_fairness", "fifo", "finish_time_fairness") for p in (family, f"{family}_perf")]
+    rows.insert(4, ("fifo_perf, option fifo=lp", "fifo_perf", {"fifo": "lp"}))  # the chapter's LP, not Gavel's greedy
+    for name, policy, options in rows if not args.only else [r for r in rows if r[0] == args.only]:
+        runs = []
+        for seed in seeds:
+            jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers,
+                                 multi_gpu=args.multi_gpu)
+            runs.append(simulate(jobs, worker_types=workers, policy=policy, seed=seed, options=options))
+        jct = np.array([r.avg_jct_s / 3600 for r in runs])
+        print(f"{name:30s} {jct.mean():10.2f} {jct.std():6.2f} {np.mean([r.p95_jct_s for r in runs]) / 3600:8.1f} "
+              f"{np.mean([r.makespan_s for r in runs]) / 3600:11.1f} {np.mean([r.avg_ftf for r in runs]):8.2f}", flush=True)
 
 
 TRACE_POLICIES = ("max_min_fairness", "max_min_fairness_perf", "fifo", "fifo_perf", "finish_time_fairness",
@@ -145,6 +149,34 @@ def run_traces(args: argparse.Namespace) -> None:
         print(f"{name:20s} agnostic/aware avg JCT  " + ", ".join(gains), flush=True)
 
 
+PARITY_POLICIES = {  # Gavel's name -> paraplan's (Gavel's makespan policy is heterogeneity-aware)
+    "max_min_fairness": "max_min_fairness", "max_min_fairness_perf": "max_min_fairness_perf",
+    "finish_time_fairness": "finish_time_fairness", "finish_time_fairness_perf": "finish_time_fairness_perf",
+    "min_total_duration": "min_total_duration_perf", "fifo": "fifo", "fifo_perf": "fifo_perf",
+}
+
+
+def run_parity(args: argparse.Namespace) -> None:
+    import json
+
+    ref_file = Path(__file__).resolve().parents[1] / "tests" / "data" / "gavel_reference" / "physical_cluster_traces.json"
+    cells = {(c["trace"], c["policy"]): c for c in json.loads(ref_file.read_text())["cells"]}
+    workers = {"v100": 4, "p100": 4, "k80": 4}
+    print(f"4 V100 + 4 P100 + 4 K80, 360 s rounds, seed 0, {args.mechanism} mechanism; hours")
+    print("| trace | policy (Gavel's name) | avg JCT, Gavel | avg JCT, paraplan | ratio | makespan, Gavel "
+          "| makespan, paraplan | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in TRACES:
+        jobs = read_trace(trace_path(name), worker_types=workers)
+        for gavel_name, ours in PARITY_POLICIES.items():
+            ref = cells[name, gavel_name]
+            r = simulate(jobs, worker_types=workers, policy=ours, round_s=360.0, mechanism=args.mechanism, seed=0)
+            jct, span = r.avg_jct_s / ref["avg_jct_s"], r.makespan_s / ref["makespan_s"]
+            mark = [f"**{v:.3f}**" if abs(v - 1) > 0.05 else f"{v:.3f}" for v in (jct, span)]
+            print(f"| {name} | `{gavel_name}` | {ref['avg_jct_s'] / 3600:.4f} | {r.avg_jct_s / 3600:.4f} | {mark[0]} "
+                  f"| {ref['makespan_s'] / 3600:.4f} | {r.makespan_s / 3600:.4f} | {mark[1]} |", flush=True)
+
+
 def run_chapter(args: argparse.Namespace) -> None:
     workers = {"v100": 36, "p100": 36, "k80": 36}
     lo = args.jobs * 4 // 5
@@ -152,10 +184,12 @@ def run_chapter(args: argparse.Namespace) -> None:
           f"average JCT of jobs {lo}-{args.jobs}")
     for seed in (int(x) for x in args.seeds.split(",")):
         jobs = generate_jobs(args.jobs, rate_per_hour=args.rate, seed=seed, worker_types=workers)
-        jct = [simulate(jobs, worker_types=workers, policy=p, seed=seed, measure=(lo, args.jobs),
-                        mechanism=args.mechanism).avg_jct_s / 3600 for p in ("max_min_fairness", "max_min_fairness_perf")]
+        runs = [simulate(jobs, worker_types=workers, policy=p, seed=seed, measure=(lo, args.jobs),
+                         mechanism=args.mechanism) for p in ("max_min_fairness", "max_min_fairness_perf")]
+        jct = [r.avg_jct_s / 3600 for r in runs]
         print(f"seed {seed}: max_min_fairness {jct[0]:.2f} h, max_min_fairness_perf {jct[1]:.2f} h, "
-              f"agnostic/aware {jct[0] / jct[1]:.2f}x", flush=True)
+              f"agnostic/aware {jct[0] / jct[1]:.2f}x, allocations {runs[0].num_allocations:,} / "
+              f"{runs[1].num_allocations:,}", flush=True)
 
 
 RAY_JOBS = [("a", 40.0, 20.0, 60, 0.0), ("b", 30.0, 24.0, 90, 0.0), ("c", 50.0, 10.0, 80, 0.0),
@@ -192,12 +226,15 @@ def main() -> None:
     m.add_argument("--per-type", type=int, default=12)
     m.add_argument("--seeds", default="0,1,2")
     m.add_argument("--multi-gpu", action="store_true")
+    m.add_argument("--only", help="run one row (its printed name)")
     t = sub.add_parser("traces")
     t.add_argument("--cluster", default="v100:4,p100:4,k80:4")
     t.add_argument("--round", type=float, default=360.0)
     t.add_argument("--traces", default=",".join(TRACES))
     t.add_argument("--policies", default=",".join(TRACE_POLICIES))
     t.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
+    q = sub.add_parser("parity")
+    q.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
     y = sub.add_parser("ray")
     y.add_argument("--repeats", type=int, default=3)
     y.add_argument("--round", type=float, default=1.0)
@@ -207,7 +244,7 @@ def main() -> None:
     c.add_argument("--seeds", default="0")
     c.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
     args = parser.parse_args()
-    {"scale": run_scale, "sim": run_sim, "traces": run_traces, "ray": run_ray, "chapter": run_chapter}[args.what](args)
+    {"scale": run_scale, "sim": run_sim, "traces": run_traces, "parity": run_parity, "ray": run_ray, "chapter": run_chapter}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,11 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--seed", type=T.SEED, default=0)
     r.add_argument("--catalogue", default="ch6-2020")
     r.add_argument("--strategy", default="all", help="baseline, gpu-type, multi-gpu, multi-cloud, dynamic or all")
-    r.add_argument("--max-switches", type=T.non_negative_int, default=3)
+    r.add_argument("--rule", default="price-change", choices=["price-change", "chapter"],
+                   help="dynamic's decisions: at every price change with 10%% hysteresis (default), or the "
+                        "chapter's evaluation: once a day, any saving, no cap on moves")
+    r.add_argument("--max-switches", type=T.non_negative_int,
+                   help="most moves of the dynamic strategy (default 3; none with --rule chapter)")
     r.add_argument("--start-h", type=T.non_negative_float, default=0.0)
     r.add_argument("--preemptions", action="store_true", help="draw preemptions at the catalogue's rates")
     r.add_argument("--json", action="store_true")
@@ -155,13 +159,16 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from planner import api
-    from solvers.cloud.replay import STRATEGIES
+    from solvers.cloud.replay import CHAPTER_RULE, STRATEGIES
 
     jobs = load_cloud_jobs(args.jobs)
     job = jobs.jobs[0] if args.job is None else _pick(jobs, args.job)
     strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    rule = dict(CHAPTER_RULE) if args.rule == "chapter" else {"max_switches": 3}
+    if args.max_switches is not None:
+        rule["max_switches"] = args.max_switches
     results = [api.cloud_replay(job, strategy=s, catalogue=args.catalogue, trace=args.trace, seed=args.seed,
-                                start_h=args.start_h, max_switches=args.max_switches, preemptions=args.preemptions)
+                                start_h=args.start_h, preemptions=args.preemptions, **rule)
                for s in strategies]
     if args.json:
         print(json.dumps([r.model_dump() for r in results], indent=2))

@@ -31,7 +31,7 @@ TABLE_6_3 = {
     "azure": {"k80": 7.3, "p100": 8.0, "v100": 5.1},
 }
 STATED_END_TO_END = 3.5   # "up to 3.5x" cheaper than the 1xV100 baseline (Fig. 6.5)
-STATED_DYNAMIC = 1.4      # "up to 1.4x" from moving jobs, long jobs, <= 3 switches (Fig. 6.6)
+STATED_DYNAMIC = 1.4      # "up to 1.4x" from moving jobs, long jobs; "<= 3" switches observed (Fig. 6.6)
 STATED_SWITCH_SPLIT = (0.6, 0.4)  # K80 / V100 time shares of the switching example (sec. 6.3.1)
 
 
@@ -56,6 +56,16 @@ def table_6_1_predicted(catalogue: Catalogue) -> dict[str, tuple[float, float]]:
         prices = [_single(catalogue, "gcp", a).on_demand_usd_per_h for a in ("p100", "v100")]
         out[model] = (p100 * k80.on_demand_usd_per_h / prices[0], v100 * k80.on_demand_usd_per_h / prices[1])
     return out
+
+
+def implied_price_ratio(model: str, column: int) -> tuple[float, float]:
+    """The K80 / GPU price ratios a Table 6.1 row allows (column 0: P100, 1: V100).
+
+    dollar-normalized speedup = speedup x (K80 price / GPU price), and the table prints both to
+    one decimal, so the ratio lies in [(d - 0.05) / (s + 0.05), (d + 0.05) / (s - 0.05)].
+    """
+    speed, dollars = TABLE_6_1[model][0][column], TABLE_6_1[model][1][column]
+    return (dollars - 0.05) / (speed + 0.05), (dollars + 0.05) / (speed - 0.05)
 
 
 def table_6_2_predicted(catalogue: Catalogue) -> dict[str, tuple[float, float]]:
@@ -97,9 +107,10 @@ def switching_example(catalogue: Catalogue) -> dict[str, float]:
 
 
 def end_to_end(catalogue: Catalogue, mk: Market, *, days_v100: float = 4.0, starts_h: tuple[float, ...] = (0.0,),
-               max_switches: int = 3) -> dict[str, dict[str, float]]:
+               max_switches: int | None = 3, rule: dict | None = None) -> dict[str, dict[str, float]]:
     """Fig. 6.5: each strategy's cost reduction over the baseline (mean over start times), per model,
-    plus the most switches the dynamic strategy made."""
+    plus the most switches the dynamic strategy made (``rule``: as ``dynamic_gain``)."""
+    kwargs = dict(rule) if rule is not None else {"max_switches": max_switches}
     out: dict[str, dict[str, float]] = {}
     for model in TABLE_6_1:
         thr = model_throughputs(model)
@@ -108,7 +119,7 @@ def end_to_end(catalogue: Catalogue, mk: Market, *, days_v100: float = 4.0, star
         switches = 0
         for start in starts_h:
             for s in STRATEGIES:
-                res = replay(job, mk, catalogue, strategy=s, start_h=start, max_switches=max_switches)
+                res = replay(job, mk, catalogue, strategy=s, start_h=start, **kwargs)
                 costs[s].append(res.total_usd)
                 if s == "dynamic":
                     switches = max(switches, res.num_switches)
@@ -119,18 +130,29 @@ def end_to_end(catalogue: Catalogue, mk: Market, *, days_v100: float = 4.0, star
 
 
 def dynamic_gain(catalogue: Catalogue, mk: Market, *, durations_days: tuple[float, ...], starts_h: tuple[float, ...],
-                 max_switches: int = 3) -> dict[str, dict[float, float]]:
-    """Fig. 6.6: mean cost of the best choice at the start over the dynamic cost, per model and duration."""
+                 max_switches: int | None = 3, rule: dict | None = None,
+                 switches_out: dict[str, dict[float, int]] | None = None) -> dict[str, dict[float, float]]:
+    """Fig. 6.6: mean cost of the best choice at the start over the dynamic cost, per model and duration.
+
+    ``rule``: the dynamic strategy's keyword arguments (``replay.CHAPTER_RULE`` for the chapter's
+    daily, uncapped re-decision); default: at every price change, at most ``max_switches`` moves.
+    ``switches_out`` receives the most moves the dynamic job made per model and duration.
+    """
+    kwargs = dict(rule) if rule is not None else {"max_switches": max_switches}
     out: dict[str, dict[float, float]] = {}
     for model in TABLE_6_1:
         thr = model_throughputs(model)
         out[model] = {}
         for days in durations_days:
             job = CloudJob(id=model, throughputs=thr, num_steps=days * 24 * 3600 * thr["v100"])
-            ratios = [replay(job, mk, catalogue, strategy="multi-cloud", start_h=s).total_usd
-                      / replay(job, mk, catalogue, strategy="dynamic", start_h=s, max_switches=max_switches).total_usd
-                      for s in starts_h]
+            ratios, most = [], 0
+            for s in starts_h:
+                moving = replay(job, mk, catalogue, strategy="dynamic", start_h=s, **kwargs)
+                most = max(most, moving.num_switches)
+                ratios.append(replay(job, mk, catalogue, strategy="multi-cloud", start_h=s).total_usd / moving.total_usd)
             out[model][days] = float(np.mean(ratios))
+            if switches_out is not None:
+                switches_out.setdefault(model, {})[days] = most
     return out
 
 

@@ -9,7 +9,10 @@ One single-job run on spot instances. The strategies are cumulative, as in the c
 - ``dynamic``: as multi-cloud, but at every price change the job moves to the type with the
   lowest dollars per step when the saving over the rest of the job pays for the move
   (checkpoint egress across clouds, restart time) and is at least ``min_saving`` of the rest's
-  cost at current prices (hysteresis), at most ``max_switches`` times.
+  cost at current prices (hysteresis), at most ``max_switches`` times. With
+  ``decide_every_h`` it decides only every that many hours from the start instead; the
+  chapter's own evaluation decides once a day, moves whenever another type is cheaper per step
+  (``min_saving`` 0) and caps nothing (``max_switches`` None): ``CHAPTER_RULE``.
 
 Prices are piecewise constant (``solvers.cloud.traces``); a job pays its share of the price for
 every hour it holds an instance. Preemptions are optional (seeded, Poisson at the catalogue's
@@ -37,6 +40,10 @@ class Scope:
     single_gpu: bool = False
     dynamic: bool = False
 
+
+CHAPTER_RULE = {"decide_every_h": 24.0, "min_saving": 0.0, "max_switches": None}
+"""The dynamic strategy as the chapter's evaluation ran it (sec. 6.3.2; its published notebook
+re-decides the instance at every day boundary, with no threshold and no cap on moves)."""
 
 STRATEGIES: dict[str, Scope] = {
     "baseline": Scope(clouds=("aws",), accelerators=("v100",), single_gpu=True),
@@ -79,7 +86,8 @@ def market(trace: PriceTrace, catalogue: Catalogue) -> Market:
 
 
 def replay(job: CloudJob, mk: Market, catalogue: Catalogue, *, strategy: str, start_h: float = 0.0,
-           max_switches: int = 3, min_saving: float = 0.1, preemptions: bool = False, seed: int = 0) -> ReplayResult:
+           max_switches: int | None = 3, min_saving: float = 0.1, decide_every_h: float | None = None,
+           preemptions: bool = False, seed: int = 0) -> ReplayResult:
     """Run one job from ``start_h`` under a strategy; returns its dollars, moves and timeline.
 
     Raises:
@@ -87,13 +95,15 @@ def replay(job: CloudJob, mk: Market, catalogue: Catalogue, *, strategy: str, st
     """
     if strategy not in STRATEGIES:
         raise InvalidProblemError(f"unknown strategy {strategy!r}; choose from {list(STRATEGIES)}")
+    if decide_every_h is not None and not decide_every_h > 0:
+        raise InvalidProblemError(f"decide_every_h={decide_every_h} must be positive (hours between decisions)")
     scope = STRATEGIES[strategy]
     speed, share = _candidates(job, mk, scope)
     if not (speed > 0).any():
         raise InvalidProblemError(f"job {job.id!r}: no instance of strategy {strategy!r} (clouds {list(scope.clouds)}) "
                                   f"can run it; its throughputs cover {sorted(job.throughputs or {})}")
     run = _Run(job, mk, catalogue, speed, share, scope.dynamic, max_switches, preemptions, seed)
-    run.min_saving = min_saving
+    run.min_saving, run.decide_every_h = min_saving, decide_every_h
     return run.go(strategy, start_h)
 
 
@@ -115,7 +125,7 @@ class _Run:
     """The event loop of one replay (a class only to keep the loop's state together)."""
 
     def __init__(self, job: CloudJob, mk: Market, catalogue: Catalogue, speed: np.ndarray, share: np.ndarray,
-                 dynamic: bool, max_switches: int, preemptions: bool, seed: int) -> None:
+                 dynamic: bool, max_switches: int | None, preemptions: bool, seed: int) -> None:
         self.job, self.mk, self.cat = job, mk, catalogue
         self.speed, self.share = speed, share
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -127,6 +137,7 @@ class _Run:
         self.switches = self.preempted = 0
         self.visited: set[str] = set()
         self.min_saving = 0.0
+        self.decide_every_h: float | None = None
 
     def best(self, i: int) -> int:
         return int(np.argmin(self.mk.prices[i] * self.weight))
@@ -139,14 +150,21 @@ class _Run:
         self.egress += self._dataset_usd(mk.clouds[self.cur])
         self._enter(self.cur)
         self.next_preempt = self._draw(self.t, self.cur)
+        every = self.decide_every_h
+        self.next_decision = start_h + every if every else math.inf
         while self.remaining > 0.0:
             end = mk.times_h[self.i + 1] if self.i + 1 < len(mk.times_h) else math.inf
             if self.t >= end:  # a restart ran past a price change
                 self.i += 1
-            elif self._advance(end) and self.t == self.next_preempt:
+            elif self._advance(min(end, self.next_decision)) and self.t == self.next_preempt:
                 self._preempt()
             elif self.remaining > 0.0:
-                self._next_price()
+                if self.t >= end:
+                    self._next_price()
+                if every and self.t >= self.next_decision:
+                    while self.next_decision <= self.t:
+                        self.next_decision += every
+                    self._maybe_move(self.i)
         self._close(self.seg_start, self.t, self.cur, self.seg_usd)
         return ReplayResult(strategy=strategy, job=self.job.id, total_usd=self.compute + self.egress,
                             compute_usd=self.compute, egress_usd=self.egress, duration_h=self.t - start_h,
@@ -185,7 +203,13 @@ class _Run:
         if mk.prices[i, cur] != mk.prices[i - 1, cur]:  # one step per price: exact cost curves
             self._close(self.seg_start, self.t, cur, self.seg_usd)
             self.seg_start, self.seg_usd = self.t, 0.0
-        if not self.dynamic or self.switches >= self.max_switches:
+        if self.decide_every_h is None:
+            self._maybe_move(i)
+
+    def _maybe_move(self, i: int) -> None:
+        """Move to the cheapest type per step when that pays (module docstring)."""
+        mk, cur = self.mk, self.cur
+        if not self.dynamic or (self.max_switches is not None and self.switches >= self.max_switches):
             return
         nxt = self.best(i)
         now = mk.prices[i, cur] * self.weight[cur] * self.remaining

@@ -57,6 +57,15 @@ class Options:
     """Seed of the random job split of the partitioned mode."""
     backend: str = "direct"
     """Max-min fairness only: 'direct' (sparse matrices to HiGHS) or 'cvxpy' (reference)."""
+    las_normalizer: str = "equal"
+    """Max-min fairness only: 'equal' (the text's thr(X^equal)) or 'isolated' (Gavel's code:
+    thr(X^iso); the ``gavel`` simulation mechanism's default). They differ for multi-GPU jobs."""
+    fifo: str = "lp"
+    """fifo_perf only: 'lp' (the chapter's LP) or 'greedy' (Gavel's code; the ``gavel``
+    simulation mechanism's default)."""
+    makespan: str = "lp"
+    """min_total_duration(_perf) only: 'lp' (the exact optimum) or 'bisection' (Gavel's code:
+    within 5%, an interior point; the ``gavel`` simulation mechanism's default)."""
 
 
 # The solve functions import their module (and cvxpy) on the first call: ``import solvers.gavel`` stays cheap.
@@ -108,6 +117,29 @@ def _fifo(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarr
 def _fifo_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
     from solvers.gavel import fifo
     return fifo.fifo_perf(f, policy=policy)
+
+
+def _fifo_greedy_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import fifo
+    return fifo.fifo_greedy_perf(f, policy=policy)
+
+
+def _makespan_bisection(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import makespan
+    return makespan.min_total_duration_bisection_agnostic(f, policy=policy)
+
+
+def _makespan_bisection_perf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+    from solvers.gavel import makespan
+    return makespan.min_total_duration_bisection(f, policy=policy)
+
+
+# Policies as Gavel's code runs them, by (policy, option fifo, option makespan).
+_GAVEL_CODE: dict[tuple[str, str, str], PolicyFn] = {
+    **{("fifo_perf", "greedy", m): _fifo_greedy_perf for m in ("lp", "bisection")},
+    **{("min_total_duration", f, "bisection"): _makespan_bisection for f in ("lp", "greedy")},
+    **{("min_total_duration_perf", f, "bisection"): _makespan_bisection_perf for f in ("lp", "greedy")},
+}
 
 
 def _sjf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
@@ -225,7 +257,8 @@ def solve(
     Args:
         problem: jobs (with throughputs) and accelerator counts by type.
         policy: a name of ``POLICIES``.
-        options: ``num_partitions``, ``seed``, ``backend`` (see ``Options``).
+        options: ``num_partitions``, ``seed``, ``backend``, ``las_normalizer``, ``fifo``,
+            ``makespan`` (see ``Options``).
 
     Returns:
         The allocation: time fraction per job and type, effective throughputs, objective.
@@ -253,10 +286,17 @@ def solve_matrix(
         raise InvalidProblemError(f"num_partitions={opts.num_partitions} must be at least 1")
     if opts.backend not in ("direct", "cvxpy"):
         raise InvalidProblemError(f"backend={opts.backend!r}: choose 'direct' or 'cvxpy'")
-    f = common.build(problem, packed=spec.packed)
+    if opts.las_normalizer not in ("equal", "isolated"):
+        raise InvalidProblemError(f"las_normalizer={opts.las_normalizer!r}: choose 'equal' or 'isolated'")
+    if opts.fifo not in ("lp", "greedy"):
+        raise InvalidProblemError(f"fifo={opts.fifo!r}: choose 'lp' or 'greedy'")
+    if opts.makespan not in ("lp", "bisection"):
+        raise InvalidProblemError(f"makespan={opts.makespan!r}: choose 'lp' or 'bisection'")
+    f = common.build(problem, packed=spec.packed).with_las_normalizer(opts.las_normalizer)
+    solve_fn = _GAVEL_CODE.get((spec.name, opts.fifo, opts.makespan), spec.solve)
 
     def fn(sub: common.Formulation, *, policy: str) -> tuple[np.ndarray, float]:
-        return spec.solve(sub, policy=policy, backend=opts.backend)
+        return solve_fn(sub, policy=policy, backend=opts.backend)
 
     notes = [f"objective: {spec.objective}"]
     if opts.num_partitions == 1:

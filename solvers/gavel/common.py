@@ -10,6 +10,8 @@ validity constraints (5.1)-(5.3) (L5113-5137), and the per-job normalizers:
 - ``thr_fastest``: throughput on the job's fastest type (FIFO, L5479-5500).
 - ``thr_isolated``: throughput with 1/n of the cluster, X^iso_mj = (num_workers_j / n) /
   scale_factor_m with rows scaled to sum <= 1 (Themis, L5443-5477; reading sec. 2.9 item 2).
+- ``thr_fair``: the max-min (LAS) normalizer: ``thr_equal`` as the text (default), or
+  ``thr_isolated`` as Gavel's code (option ``las_normalizer="isolated"``, ``with_las_normalizer``).
 
 The allocation variable is X[k, j] over combinations k and types j; effective throughput is
 ``A @ vec(X)`` with vec column-major (cvxpy's default), so thr_m = sum_j sum_{k in C_m}
@@ -53,6 +55,7 @@ class Formulation:
     thr_equal: np.ndarray
     thr_fastest: np.ndarray
     thr_isolated: np.ndarray
+    thr_fair: np.ndarray
     prices_per_hour: np.ndarray  # (J,)
     entity_of: tuple[str, ...] = ()  # each job's entity (hierarchical policies)
     entity_specs: tuple[tuple[str, float, str], ...] = ()  # (name, weight, "fairness" | "fifo")
@@ -115,8 +118,13 @@ class Formulation:
             thr_equal=self.thr_equal[row],
             thr_fastest=self.thr_fastest[row],
             thr_isolated=self.thr_isolated[row],
+            thr_fair=self.thr_fair[row],
             entity_of=tuple(self.entity_of[m] for m in jobs) if self.entity_of else (),
         )
+
+    def with_las_normalizer(self, name: str) -> Formulation:
+        """``thr_fair`` set to "equal" (the text's X^equal) or "isolated" (Gavel's code: X^iso)."""
+        return dataclasses.replace(self, thr_fair=self.thr_isolated if name == "isolated" else self.thr_equal)
 
     def with_throughput(self, throughput: np.ndarray) -> Formulation:
         """The same problem seen through other single-job throughputs (no pairs)."""
@@ -181,6 +189,7 @@ def build(problem: ClusterProblem, *, packed: bool = False) -> Formulation:
         thr_equal=throughput @ share,
         thr_fastest=throughput.max(axis=1),
         thr_isolated=(throughput * iso).sum(axis=1),
+        thr_fair=throughput @ share,
         prices_per_hour=np.array([prices.get(t, np.nan) for t in types], dtype=float),
         entity_of=tuple(j.entity if j.entity is not None else f"job:{j.id}" for j in jobs),
         entity_specs=tuple((name, e.weight, e.policy) for name, e in problem.entities.items()),

@@ -7,7 +7,8 @@ FIFO (L5479-5500):
 with jobs numbered m = 0..M-1 in arrival order. The text numbers jobs from 1, which gives
 the last job weight 0 and so no accelerator time; the 0-based index fixes that (reading sec. 2.9
 item 5). Ties in arrival time keep the input order. Gavel's code runs FIFO as a greedy
-heuristic instead of this LP; the LP is what the chapter states, and like the greedy it
+heuristic instead of this LP (``fifo_greedy_perf``, option ``fifo="greedy"``, the ``gavel``
+simulation mechanism's default); the LP is what the chapter states, and like the greedy it
 serves earlier jobs first at equal normalized throughput.
 
 Shortest job first (L5502-5512) is written "minimize_X min_m num_steps_m / thr_m(X)", a
@@ -47,6 +48,27 @@ def priority_lp(f: Formulation, weights: np.ndarray, normalizer: np.ndarray, *, 
 def fifo_perf(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     """Heterogeneity-aware FIFO (space sharing when ``f`` has pair rows)."""
     return priority_lp(f, ordered_weights(f.arrival_s), f.thr_fastest, policy=policy)
+
+
+def fifo_greedy_perf(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
+    """Gavel's code's heterogeneity-aware FIFO (``FIFOPolicyWithPerf``), a greedy assignment.
+
+    In arrival order each job gets X = 1 on the type of highest throughput among those with at
+    least its scale factor of free accelerators (ties: type names in sorted order); the first job
+    that fits nowhere stops the queue (no job jumps ahead). Objective: the LP's, at this X.
+    """
+    x = np.zeros((f.num_combos, len(f.types)))
+    free = f.capacity.astype(float).copy()
+    by_name = sorted(range(len(f.types)), key=lambda j: f.types[j])
+    for m in np.argsort(f.arrival_s, kind="stable"):
+        fits = [j for j in by_name if free[j] >= f.scale[m] and f.throughput[m, j] > 0]
+        if not fits:
+            break
+        best = max(fits, key=lambda j: f.throughput[m, j])  # first of the sorted names on ties
+        x[m, best] = 1.0
+        free[best] -= f.scale[m]
+    weights = ordered_weights(f.arrival_s)
+    return x, float(weights @ ((f.throughput * x[: f.num_jobs]).sum(axis=1) / f.thr_fastest))
 
 
 def fifo(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:

@@ -7,10 +7,15 @@ weights and scale factors L5389-5409, space sharing L5139-5196. The LP is
 
 with the validity constraints (5.1)-(5.3). X^equal_mj = num_workers_j / total workers
 (reading sec. 2.9 item 1), so on one accelerator type the ratio is X_m and the policy is
-Tiresias-style LAS. The agnostic policy solves the same LP with every type given the job's
-X^equal throughput (it cannot tell types apart) and spreads each job's time share over the
-types in proportion to their capacity, which is what a heterogeneity-blind scheduler achieves
-on average.
+Tiresias-style LAS. Gavel's code normalizes by the throughput under the isolated allocation
+X^iso instead (``MaxMinFairnessPolicyWithPerf``: the agnostic LAS allocation's throughput),
+option ``las_normalizer="isolated"`` (``Formulation.thr_fair``): the two differ per job by
+n x scale_factor_m / total workers, so they agree when every job has the same scale factor,
+and Gavel's weighs a multi-GPU job by scale_factor_m^2 where the text's weighs it by
+scale_factor_m (which keeps the sharing incentive; docs/gavel-simulator.md). The agnostic
+policy solves the same LP with every type given the job's X^equal throughput (it cannot tell
+types apart) and spreads each job's time share over the types in proportion to their
+capacity, which is what a heterogeneity-blind scheduler achieves on average.
 
 Two backends build the same LP: ``cvxpy`` (the readable reference below) and ``direct``
 (scipy.sparse matrices handed to HiGHS's interior-point solver through highspy), which skips
@@ -27,8 +32,13 @@ from solvers.gavel.common import Formulation, repair, spread_by_capacity
 
 
 def fairness_coefficients(f: Formulation) -> np.ndarray:
-    """scale_factor_m / (w_m thr_m(X^equal)): multiplies thr_m(X) into the fairness level."""
+    """scale_factor_m / (w_m thr_m(X^equal)): the text's fairness level (water-filling)."""
     return f.scale / (f.weight * f.thr_equal)
+
+
+def las_coefficients(f: Formulation) -> np.ndarray:
+    """scale_factor_m / (w_m thr_fair_m): the max-min LP's level (thr_fair: X^equal or X^iso)."""
+    return f.scale / (f.weight * f.thr_fair)
 
 
 def solve_cvxpy(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
@@ -40,7 +50,7 @@ def solve_cvxpy(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     prog = Program(f)
     z = cp.Variable()
     # L5389-5409: every job's weighted, scaled, normalized throughput is at least z
-    fair = [cp.multiply(fairness_coefficients(f), prog.thr) >= z]
+    fair = [cp.multiply(las_coefficients(f), prog.thr) >= z]
     return solve_program(prog, cp.Maximize(z), fair, policy=policy)
 
 
@@ -54,7 +64,7 @@ def solve_direct(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     num_x = num_k * num_j
     job_time = sp.hstack([f.membership()] * num_j)  # (5.2), vec index k + j*K
     capacity = sp.kron(sp.eye(num_j), sp.csr_matrix(f.combo_scale[None, :]))  # (5.3)
-    fair = -sp.diags(fairness_coefficients(f)) @ f.throughput_matrix()  # z - coef thr <= 0
+    fair = -sp.diags(las_coefficients(f)) @ f.throughput_matrix()  # z - coef thr <= 0
     a_ub = sp.vstack([
         sp.hstack([job_time, sp.csr_matrix((n, 1))]),
         sp.hstack([capacity, sp.csr_matrix((num_j, 1))]),
@@ -116,7 +126,11 @@ def spread_or_keep(f: Formulation, x: np.ndarray) -> np.ndarray:
 
 
 def max_min_agnostic(f: Formulation, *, policy: str, backend: str = "direct") -> tuple[np.ndarray, float]:
-    """Heterogeneity-agnostic LAS (L5285-5310): equalizes scaled time shares, not throughput."""
-    g = agnostic_formulation(f)
+    """Heterogeneity-agnostic LAS (L5285-5310): equalizes scaled time shares, not throughput.
+
+    Normalized by thr(X^equal), i.e. not at all in the agnostic view (as Gavel's code: throughput
+    1 on every type and no normalization), whichever ``thr_fair`` the aware policy uses.
+    """
+    g = agnostic_formulation(f).with_las_normalizer("equal")
     x, z = max_min_perf(g, policy=policy, backend=backend)
     return spread_or_keep(g, x), z

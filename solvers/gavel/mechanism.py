@@ -23,6 +23,7 @@ into whole assignments:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,20 +124,40 @@ class Placer:
 # - one queue per type, taken type by type (v100, p100, k80 for the _perf/_packed policies,
 #   a seeded shuffle each round for the agnostic ones), each sorted by (priority, deficit, X)
 #   in decreasing order, stable on job order;
-# - it is work-conserving: a job with X = 0 on a type (priority 0) still takes an accelerator
-#   that nobody with a positive priority wanted, as long as its throughput there is positive
-#   (FIFO excepted: it skips priority 0);
+# - it is work-conserving: a job with X = 0 on a type (a near-zero priority, ZERO_X below)
+#   still takes an accelerator that nobody with a positive allocation wanted, as long as its
+#   throughput there is positive (FIFO excepted: it skips X = 0);
 # - the deficit (time owed: X x elapsed - time received, summed over reset intervals) breaks
 #   priority ties.
 GAVEL_TYPE_ORDER = ("v100", "p100", "k80")
 
 
+# An allocation of exactly zero is never exactly zero in Gavel's runs: its interior-point solver
+# (ECOS) leaves ~1e-10 there, so X x 1e9 gives a never-run cell a small positive priority and a
+# cell that ran a near-zero one. ``gavel_priorities`` keeps that order with X = ZERO_X: among the
+# cells a work-conserving round fills with X = 0, those that have not run on the type since the
+# allocation go first. Below any real allocation (repair zeroes X < 1e-8).
+ZERO_X = 1e-12
+TIE_REL, TIE_ABS = 1e-6, 1e-9
+"""Priorities, deficits (s) and allocations within TIE_REL x the larger magnitude + TIE_ABS are
+ties: solver round-off must not decide them (Gavel's own ties fall to job order, as here)."""
+
+
 def gavel_priorities(allocation: np.ndarray, time_s: np.ndarray, runnable: np.ndarray) -> np.ndarray:
-    """X / (t_kj / sum_k' t_k'j), X x 1e9 where that share is 0, and 0 where X = 0 or not runnable."""
+    """X / (t_kj / sum_k' t_k'j), X x 1e9 where that share is 0 (X = ZERO_X where X = 0), 0 where not runnable."""
     total = time_s.sum(axis=0, keepdims=True)
     share = np.divide(time_s, total, out=np.zeros_like(time_s), where=total > 0)
-    ratio = np.divide(allocation, share, out=allocation * NEVER_RUN_BOOST, where=share > 0)
-    return np.where((allocation > 0) & runnable, ratio, 0.0)
+    x = np.where(allocation > 0, allocation, ZERO_X)
+    ratio = np.divide(x, share, out=x * NEVER_RUN_BOOST, where=share > 0)
+    return np.where(runnable, ratio, 0.0)
+
+
+def _queue_order(a: tuple[float, ...], b: tuple[float, ...]) -> int:
+    """Decreasing (priority, deficit, X) with ties within ``TIE_REL``; 0 keeps job order."""
+    for u, v in zip(a, b):
+        if abs(u - v) > TIE_REL * max(abs(u), abs(v)) + TIE_ABS:
+            return -1 if u > v else 1
+    return 0
 
 
 def select_per_type(
@@ -151,20 +172,21 @@ def select_per_type(
     runnable: np.ndarray,
     skip_zero_priority: bool,
 ) -> list[tuple[int, int]]:
-    """Gavel's selection: per-type queues in ``type_order``, work-conserving (see above)."""
+    """Gavel's selection: per-type queues in ``type_order``, work-conserving (see above).
+
+    ``skip_zero_priority`` (FIFO) skips the cells with X = 0 instead of filling with them.
+    """
     free = capacity.astype(int).copy()
     busy: set[int] = set()
     chosen: list[tuple[int, int]] = []
-    # Keys rounded so that solver round-off (X = 0.4999999) does not decide exact ties.
-    prio, owed, x = np.round(priority, 9), np.round(deficit_s, 6), np.round(allocation, 9)
     for j in type_order:
-        queue = sorted((k for k in range(len(combos)) if runnable[k, j]),
-                       key=lambda k: (prio[k, j], owed[k, j], x[k, j]), reverse=True)
+        keys = {k: (priority[k, j], deficit_s[k, j], allocation[k, j]) for k in range(len(combos)) if runnable[k, j]}
+        queue = sorted(keys, key=functools.cmp_to_key(lambda p, q: _queue_order(keys[p], keys[q])))
         for k in queue:
             scale = int(combo_scale[k])
             if free[j] == 0:
                 break
-            if scale > free[j] or any(m in busy for m in combos[k]) or (skip_zero_priority and priority[k, j] <= 0):
+            if scale > free[j] or any(m in busy for m in combos[k]) or (skip_zero_priority and allocation[k, j] <= 0):
                 continue
             chosen.append((k, j))
             free[j] -= scale

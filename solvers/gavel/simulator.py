@@ -112,7 +112,10 @@ def simulate(
         mechanism: ``gavel`` (default: Gavel's simulator code, half-round credits, per-type
             queues, work-conserving, deficits, allocations at most every ``MIN_RESET_S``) or
             ``paper`` (the chapter's Algorithm 2 with a global queue and a new allocation at
-            every arrival and completion); see docs/gavel-simulator.md.
+            every arrival and completion); see docs/gavel-simulator.md. ``gavel`` also solves
+            the max-min policies with Gavel's normalizer (option ``las_normalizer="isolated"``),
+            ``fifo_perf`` as Gavel's greedy (``fifo="greedy"``) and its makespan bisection
+            (``makespan="bisection"``) unless ``options`` names them.
 
     Raises:
         InvalidProblemError: bad round length or window; InfeasibleError from the policy.
@@ -156,6 +159,8 @@ class RoundLoop:
 
     def configure(self, mechanism: str, seed: int | None) -> None:
         self.gavel = mechanism == "gavel"
+        if self.gavel and isinstance(self.options, dict):  # Gavel's code: LAS by thr(X^iso), greedy FIFO
+            self.options = {"las_normalizer": "isolated", "fifo": "greedy", "makespan": "bisection", **self.options}
         self.last_reset_s = 0.0
         self.deficit_by_job: dict[int, np.ndarray] = {}
         self.shuffle = not get_policy(self.policy).heterogeneity_aware  # Gavel: agnostic policies (aliases resolved)
@@ -177,6 +182,12 @@ class RoundLoop:
             if current is None or (pending and self._may_reset(current)):
                 current, pending = self._allocate(active, current), False
             finished, length_s = self._run_round(current, active)
+            if length_s is None:  # ``gavel``: nothing could run; Gavel's code does not wait a round
+                if next_arrival < len(self.order):
+                    self.idle_until(self.jobs.jobs[self.order[next_arrival]].arrival_time_s)
+                else:  # it forces a new allocation at once (its ``_last_reset_time = 0``)
+                    self.last_reset_s, pending = 0.0, True
+                continue
             if finished:
                 done += len(finished)
                 active = [m for m in active if m not in finished]
@@ -191,11 +202,10 @@ class RoundLoop:
 
     def _may_reset(self, current: _Round) -> bool:
         """The chapter: at every reset event. Gavel's code: at most every MIN_RESET_S (its timer
-        starts at the first reset after t = 0), or when no allocated job is left to run."""
+        starts at the first reset after t = 0; a round in which nothing could run restarts it)."""
         if not self.gavel:
             return True
-        waited = self.now - self.last_reset_s >= MIN_RESET_S or self.last_reset_s == 0.0
-        return waited or not current.runnable().any()
+        return self.now - self.last_reset_s >= MIN_RESET_S or self.last_reset_s == 0.0
 
     def _allocate(self, active: list[int], previous: _Round | None) -> _Round:
         f, x, _, _ = solve_matrix(self._problem(active), policy=self.policy, options=self.options)
@@ -234,10 +244,16 @@ class RoundLoop:
             entities=dict(self.jobs.entities), prices_per_hour={t: self.prices[t] for t in self.types if t in self.prices},
         )
 
-    def _run_round(self, current: _Round, active: list[int]) -> tuple[set[int], float]:
-        """Run one round; returns the jobs that finished in it and the round's length (s)."""
+    def _run_round(self, current: _Round, active: list[int]) -> tuple[set[int], float | None]:
+        """Run one round; returns the jobs that finished in it and the round's length (s).
+
+        The length is None when the ``gavel`` mechanism selected nothing (the round does not
+        happen); the chapter's mechanism idles for a round then.
+        """
         f = current.f
         cells = self._select(current)
+        if not cells and self.gavel:
+            return set(), None
         wanted = [("+".join(f.job_ids[m] for m in f.combos[k]), self.types[j], int(f.combo_scale[k])) for k, j in cells]
         _, preempted = self.placer.place(wanted)
         self.num_preemptions += preempted

@@ -55,6 +55,16 @@ def test_catalogue_and_replay(capsys, jobs_file: Path, tmp_path: Path) -> None:
     results = json.loads(out)
     assert code == 0 and [r["strategy"] for r in results] == ["baseline", "gpu-type", "multi-gpu", "multi-cloud", "dynamic"]
     assert results[-1]["num_switches"] <= 3
+    # the chapter's rule: decisions at day boundaries only, so every move starts at a whole day
+    long_job = tmp_path / "long.json"  # 8 V100-days of a Table 6.1 Transformer
+    long_job.write_text(json.dumps({"jobs": [{"id": "t", "throughputs": {"k80": 1.0, "p100": 3.3, "v100": 3.3},
+                                              "num_steps": 8 * 24 * 3600 * 3.3}]}))
+    code, out, _ = run(capsys, "cloud", "replay", "--jobs", str(long_job), "--trace", str(trace), "--strategy",
+                       "dynamic", "--rule", "chapter", "--json")
+    (chapter,) = json.loads(out)
+    steps = chapter["steps"]
+    moves = [b["start_h"] for a, b in zip(steps, steps[1:]) if a["option"] != b["option"]]
+    assert code == 0 and chapter["num_switches"] == len(moves) >= 1 and all(t % 24 == 0 for t in moves)
 
 
 def test_unknown_instance_type_exit_2_lists_valid_ones(capsys, jobs_file: Path) -> None:
@@ -90,12 +100,14 @@ def test_bad_trace_exit_2(capsys, jobs_file: Path, tmp_path: Path, header: str, 
         assert code == 2 and match in err
 
 
-def test_budget_no_allocation_meets_exit_3_with_the_cheapest(capsys, jobs_file: Path) -> None:
-    code, _, err = run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", "min-makespan", "--budget", "5")
+@pytest.mark.parametrize("objective", ["min-makespan", "min-cost"])
+def test_budget_no_allocation_meets_exit_3_with_the_cheapest(capsys, jobs_file: Path, objective: str) -> None:
+    code, _, err = run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", objective, "--budget", "5")
     assert code == 3 and "raise the budget to at least $" in err
     cheapest = float(err.rsplit("$", 1)[1].strip().replace(",", ""))
-    assert run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", "min-makespan",
+    assert run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", objective,
                "--budget", str(cheapest))[0] == 0
+    assert run(capsys, "cloud", "plan", "--jobs", str(jobs_file), "--objective", objective, "--budget", "-5")[0] == 2
 
 
 def test_deadline_no_allocation_meets_exit_3_with_the_earliest(capsys, tmp_path: Path) -> None:

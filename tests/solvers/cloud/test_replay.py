@@ -72,6 +72,28 @@ def test_a_move_that_does_not_pay_for_itself_is_skipped() -> None:
     assert r.total_usd == pytest.approx(7.2)
 
 
+def test_decisions_every_8_hours_move_at_the_next_decision_time() -> None:
+    # The Azure K80 drops at hour 5; deciding every 8 h from the start, the job moves at hour 8:
+    # 8 h at $0.3 on the AWS K80, then 16 h at $0.1.
+    r = replay(JOB, MK, CAT, strategy="dynamic", decide_every_h=8.0, min_saving=0.0, max_switches=None)
+    assert r.num_switches == 1
+    assert r.total_usd == pytest.approx(8 * 0.3 + 16 * 0.1)
+    assert [(s.option, s.end_h) for s in r.steps] == [("aws/r1/p2@z1", 8.0), ("azure/r1/nc@z1", 24.0)]
+
+
+def test_chapter_rule_decides_daily_without_threshold_or_cap() -> None:
+    from solvers.cloud.replay import CHAPTER_RULE
+
+    # Daily from hour 0: the first decision after the start is at hour 24, when the job is done.
+    assert replay(JOB, MK, CAT, strategy="dynamic", **CHAPTER_RULE).total_usd == pytest.approx(24 * 0.3)
+    # A 48 K80-hour job moves at hour 24 and pays 24 h at $0.1 after it.
+    long_job = job("j", {"k80": 1.0, "v100": 2.0}, 2.0 * 3600 * 24)
+    r = replay(long_job, MK, CAT, strategy="dynamic", **CHAPTER_RULE)
+    assert (r.num_switches, r.total_usd) == (1, pytest.approx(24 * 0.3 + 24 * 0.1))
+    with pytest.raises(InvalidProblemError, match="decide_every_h"):
+        replay(JOB, MK, CAT, strategy="dynamic", decide_every_h=0.0)
+
+
 def test_preemptions_are_seeded_and_cost_time() -> None:
     j = job("j", {"k80": 1.0, "v100": 2.0}, 2.0 * 3600 * 12, restart_s=3600)
     a = replay(j, MK, CAT, strategy="baseline", preemptions=True, seed=1)

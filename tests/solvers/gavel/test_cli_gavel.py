@@ -93,7 +93,7 @@ def test_cluster_sim_needs_trace_or_jobs(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_cluster_sim_mechanism_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    # small_test's heterogeneity-aware LAS is the same under both mechanisms; the agnostic one is
+    # small_test's heterogeneity-aware LAS is within 3% under both mechanisms; the agnostic one is
     # not (Gavel's queues serve the types in a shuffled order every round).
     trace = Path(__file__).resolve().parents[3] / "solvers" / "gavel" / "data" / "traces" / "small_test.trace"
     jct = {}
@@ -103,6 +103,9 @@ def test_cluster_sim_mechanism_flag(capsys: pytest.CaptureFixture[str]) -> None:
                        "--mechanism", mechanism, "--json"])
             assert rc == 0
             jct[mechanism, policy] = json.loads(capsys.readouterr().out)["avg_jct_s"]
-    assert jct["gavel", "max_min_fairness_perf"] == pytest.approx(jct["paper", "max_min_fairness_perf"])
+    # Gavel's own simulator on this trace: 144.734 s (tests/data/gavel_reference); the chapter's
+    # mechanism: 148.2 s.
+    assert jct["gavel", "max_min_fairness_perf"] == pytest.approx(144.7337176, rel=1e-6)
+    assert jct["paper", "max_min_fairness_perf"] == pytest.approx(jct["gavel", "max_min_fairness_perf"], rel=0.03)
     assert jct["gavel", "max_min_fairness"] > 1.05 * jct["paper", "max_min_fairness"]
     assert main(["cluster-sim", "--cluster", "v100:1", "--trace", str(trace), "--policy", "fifo", "--mechanism", "x"]) == 2
