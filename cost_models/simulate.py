@@ -79,11 +79,12 @@ def simulate(plan: Plan, *, include_events: bool = True, include_bubbles: bool =
         InvalidProblemError: the plan's cluster has no device, a custom action list is malformed
             or deadlocks, or the schedule needs weight-gradient times the profile lacks.
     """
-    if extrapolate.needs_extrapolation(plan) and (
-            not include_events or extrapolate.num_actions(plan) > extrapolate.MAX_EVENT_ACTIONS):
-        exact = functools.partial(_simulate_exact, include_bubbles=include_bubbles)
-        return extrapolate.simulate_many(plan, exact, include_events=include_events)
-    return _simulate_exact(plan, include_events=include_events, include_bubbles=include_bubbles)
+    with sim_engine.gc_paused():
+        if extrapolate.needs_extrapolation(plan) and (
+                not include_events or extrapolate.num_actions(plan) > extrapolate.MAX_EVENT_ACTIONS):
+            exact = functools.partial(_simulate_exact, include_bubbles=include_bubbles)
+            return extrapolate.simulate_many(plan, exact, include_events=include_events)
+        return _simulate_exact(plan, include_events=include_events, include_bubbles=include_bubbles)
 
 
 def _simulate_exact(plan: Plan, *, include_events: bool = False, include_bubbles: bool = True) -> SimResult:
@@ -203,17 +204,18 @@ def simulate_costs(
     Raises:
         InvalidProblemError: malformed lists, I/W without weight-gradient times, or a deadlock.
     """
-    trace = _run(costs, actions, num_microbatches, validate=validate, overlapped=overlapped)
-    return report.flush_result(
-        trace,
-        recompute_s=costs.recompute_s,
-        static_bytes=costs.static_bytes,
-        allreduce_s=costs.allreduce_s,
-        capacity_bytes=costs.memory_capacity_bytes,
-        samples_per_iteration=float(num_microbatches if samples_per_iteration is None else samples_per_iteration),
-        include_events=include_events,
-        include_bubbles=include_bubbles,
-    )
+    with sim_engine.gc_paused():
+        trace = _run(costs, actions, num_microbatches, validate=validate, overlapped=overlapped)
+        return report.flush_result(
+            trace,
+            recompute_s=costs.recompute_s,
+            static_bytes=costs.static_bytes,
+            allreduce_s=costs.allreduce_s,
+            capacity_bytes=costs.memory_capacity_bytes,
+            samples_per_iteration=float(num_microbatches if samples_per_iteration is None else samples_per_iteration),
+            include_events=include_events,
+            include_bubbles=include_bubbles,
+        )
 
 
 def simulate_2bw(
@@ -239,20 +241,21 @@ def simulate_2bw(
     m = num_microbatches
     fill = -(-costs.num_ranks // m)
     total = (2 * fill + 1) * m
-    actions = _built_in("1f1b", costs.num_ranks, 1, total)
-    trace = _run(costs, actions, total, validate=False)
-    return report.steady_result(
-        trace,
-        num_microbatches=m,
-        measured_batch=fill,
-        recompute_s=costs.recompute_s,
-        static_bytes=costs.static_bytes,
-        allreduce_s=costs.allreduce_s,
-        capacity_bytes=costs.memory_capacity_bytes,
-        samples_per_iteration=float(m if samples_per_iteration is None else samples_per_iteration),
-        include_events=include_events,
-        include_bubbles=include_bubbles,
-    )
+    with sim_engine.gc_paused():
+        actions = _built_in("1f1b", costs.num_ranks, 1, total)
+        trace = _run(costs, actions, total, validate=False)
+        return report.steady_result(
+            trace,
+            num_microbatches=m,
+            measured_batch=fill,
+            recompute_s=costs.recompute_s,
+            static_bytes=costs.static_bytes,
+            allreduce_s=costs.allreduce_s,
+            capacity_bytes=costs.memory_capacity_bytes,
+            samples_per_iteration=float(m if samples_per_iteration is None else samples_per_iteration),
+            include_events=include_events,
+            include_bubbles=include_bubbles,
+        )
 
 
 def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, validate: bool,

@@ -17,13 +17,12 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import solvers
 from planner import config_readers
 from planner import schema_io
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
-from planner.schema_cloud import Catalogue, CloudJob, CloudPlan, CloudProblem, PriceTrace, ReplayResult
 from planner.validate import validate_plan
 from planner.schema import (
     Cluster,
@@ -34,6 +33,9 @@ from planner.schema import (
     TransformerConfig,
     _Frozen,
 )
+
+if TYPE_CHECKING:  # the cloud types load with the first cloud call (import planner.api stays cheap)
+    from planner.schema_cloud import Catalogue, CloudJob, CloudPlan, CloudProblem, PriceTrace, ReplayResult
 
 ModelSpec = str | Path | ModelProfile | TransformerConfig
 ClusterSpec = str | Path | Cluster
@@ -521,6 +523,8 @@ def generate_cloud_trace(catalogue: str | Path | Catalogue = "ch6-2020", *, seed
 
 def cloud_problem(jobs: Any, **fields: Any) -> CloudProblem:
     """A validated CloudProblem from jobs (CloudJob objects or mappings) and problem fields (None = default)."""
+    from planner.schema_cloud import CloudJob, CloudProblem
+
     data = {k: v for k, v in fields.items() if v is not None and v != {}}
     return CloudProblem.from_dict({"jobs": [j.model_dump() if isinstance(j, CloudJob) else j for j in jobs], **data})
 
@@ -532,6 +536,7 @@ def cloud_plan(problem: CloudProblem, *, catalogue: str | Path | Catalogue = "ch
     With a trace, each instance type's spot price is its time-weighted mean there (cheapest zone).
     """
     import solvers.cloud as cloud
+    from planner.schema_cloud import PriceTrace
     from solvers.cloud.chapter import mean_spot_prices
 
     cat = load_cloud_catalogue(catalogue)
@@ -544,6 +549,7 @@ def cloud_plan(problem: CloudProblem, *, catalogue: str | Path | Catalogue = "ch
 def cloud_replay(job: CloudJob, *, strategy: str, catalogue: str | Path | Catalogue = "ch6-2020",
                  trace: str | Path | PriceTrace | None = None, seed: int = 0, **options: Any) -> ReplayResult:
     """Replay one job under one of the chapter's strategies over a trace (generated from ``seed`` if None)."""
+    from planner.schema_cloud import PriceTrace
     from solvers.cloud.matrix import resolve_throughputs
     from solvers.cloud.replay import market, replay
 

@@ -115,7 +115,8 @@ def _fill_table(r: Any, plan_gpus: int) -> str:
              f"{len(r.assignments)} fill jobs, makespan {r.makespan_s:.4g} s, mean JCT {r.mean_completion_time_s:.4g} s",
              f"main {r.main_flops_per_device_s / 1e12:.3g} TFLOP/s/GPU, fill {r.fill_flops_per_device_s / 1e12:.3g} "
              f"TFLOP/s/GPU: recovered utilization {100 * r.recovered_utilization:.1f}%, "
-             f"main-job slowdown {100 * r.main_job_slowdown:.2f}%",
+             f"main-job slowdown {100 * r.main_job_slowdown:.2f}% (filled iteration on the engine "
+             f"{r.filled_iteration_time_s or r.iteration_time_s:.4g} s)",
              "job                          stage  batch ckpt offload  k   n  samples/s"]
     for e in r.executor_plans:
         lines.append(f"{e.job_id:28s} {e.stage:5d} {e.batch_size:6d} {e.checkpointing!s:5s} {e.offload!s:7s}"

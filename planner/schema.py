@@ -73,7 +73,7 @@ _STRATEGY_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 class _Frozen(BaseModel):
     # allow_inf_nan=False: every float must be finite (docs/input-formats.md, "Input rules").
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -119,7 +119,7 @@ class _Result(_Frozen):
     """Base of output-only types (simulation, scheduling and fill results): they may carry an
     unbounded value (``inf``: no memory limit given) and are never read back as input."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True, defer_build=True)
 
 
 def format_validation_error(type_name: str, error: ValidationError) -> str:

@@ -162,7 +162,11 @@ class FillPlan(_Result):
     recovered_utilization: NonNegativeFloat
     """Fill FLOP/s over main-job FLOP/s per device during the makespan (the paper's increase)."""
     main_job_slowdown: NonNegativeFloat
-    """Fractional iteration-time increase from context switches (upper bound, see docs)."""
+    """Fractional iteration-time increase from the fill work: the engine's filled iteration
+    (``filled_iteration_time_s``) over the unfilled one, weighted by the GPUs' fill occupancy."""
+    filled_iteration_time_s: PositiveFloat | None = None
+    """The main job's iteration with every GPU running its longest piece (and switch) in each
+    bubble, simulated on the engine (docs/pipefill.md, Sec. 5)."""
     notes: tuple[str, ...] = ()
 
 

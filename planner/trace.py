@@ -26,7 +26,7 @@ from planner.schema import Plan, SimResult
 
 __all__ = ["chrome_trace", "stage_labels", "stage_rank_ranges", "write_trace"]
 
-_US_PER_S = 1e6
+_NS_PER_S = 1e9
 _LINKS_PID = 100_000
 _HOST_PID = 100_001
 
@@ -115,6 +115,10 @@ def _names(pid: int, process: str, sort_index: int, threads: dict[int, str]) -> 
 
 
 def _slice(name: str, cat: str, pid: int, tid: int, start_s: float, end_s: float, args: dict[str, Any]) -> dict[str, Any]:
-    # Nanosecond resolution is plenty and keeps the file small.
-    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": round(start_s * _US_PER_S, 3),
-            "dur": round(max(0.0, end_s - start_s) * _US_PER_S, 3), "args": args}
+    # Whole nanoseconds, written in microseconds: Perfetto reads ts and dur as round(x * 1000) ns,
+    # so a slice ends exactly where the next one on its track starts (rounding ts and dur apart
+    # could overlap them by 1 ns, which Perfetto's importer treats as a misnested slice).
+    start_ns = round(start_s * _NS_PER_S)
+    end_ns = max(start_ns, round(end_s * _NS_PER_S))
+    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start_ns / 1000,
+            "dur": (end_ns - start_ns) / 1000, "args": args}

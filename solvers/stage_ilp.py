@@ -218,7 +218,7 @@ def _bpipe_evaluator(problem: PipelineProblem, model: StageModel) -> Callable[[C
             bpipe.check_link_bandwidth(plan)
         except InfeasibleError:
             return math.inf
-        result = simulate(plan, include_events=False)
+        result = simulate(plan, include_events=False, include_bubbles=False)  # ranks by time and memory only
         return result.iteration_time_s if result.fits_memory else math.inf
 
     return evaluate

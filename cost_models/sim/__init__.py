@@ -8,6 +8,9 @@
 - ``bpipe``: BPipe's activation evictions and loads on the pair links;
 - ``offload``: SPipe / Mobius / ZeRO-Offload: host-link prefetch and gradient offload, CPU
   optimizer steps, collectives;
+- ``fill``: PipeFill's fill pieces on each GPU's compute stream in the main job's bubbles;
+- ``dispatch``: the engine's dispatch mode: released jobs list-scheduled onto servers by a
+  policy (PipeFill's fill-job scheduler);
 - ``costs``, ``report``, ``rr``: the costs a plan implies, the output contract, 1F1B-RR.
 
 ``cost_models.simulate`` is the entry point that picks the model from the plan's types.

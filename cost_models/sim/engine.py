@@ -30,12 +30,14 @@ dependencies never end (a cycle, e.g. a deadlocked action list) is left untimed 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Graph", "Schedule", "run"]
+__all__ = ["Graph", "Schedule", "gc_paused", "run"]
 
 NO_RESOURCE = -1
 _EPS = 1e-12
@@ -176,6 +178,24 @@ class Schedule:
     transfer_end_s: list[float]
     done: bool
     """False when some operation never became ready (a dependency cycle)."""
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a simulation allocates its graph and report.
+
+    A 64 x 512 pipeline allocates a few hundred thousand lists, tuples and floats, none of them in
+    a reference cycle; the collector's full passes over them took about half of the simulation's
+    CPU time. Reference counting still frees everything; the collector resumes (if it was on)
+    when the block ends, also on an exception, and nested blocks keep the outer state.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def run(graph: Graph) -> Schedule:

@@ -267,40 +267,50 @@ def _collective_s(s: _Setup, num_bytes: float) -> float:
 
 def _build_zero(s: _Setup) -> tuple[_Graph, list[int]]:
     """ZeRO-3 with CPU offload: every GPU runs every layer on its own microbatches. Each layer's
-    parameters are fetched for every pass (1/G from the host, then all-gathered); after the last
-    microbatch each layer's gradients are reduce-scattered and 1/G is offloaded."""
+    parameters are fetched for every pass (1/G from the host, then all-gathered). As in DeepSpeed,
+    gradients are reduce-scattered and the GPU's 1/G offloaded (and accumulated on the CPU) after
+    every microbatch's backward of the layer, not once after the last microbatch: ZeRO-3 keeps
+    no full gradient between micro-steps."""
     graph, m, g = _Graph(), s.plan.num_microbatches, s.num_gpus
     offloads: list[int] = []
     for gpu in range(g):
         visits: list[int] = []
-        last_b: dict[int, int] = {}
         prev = -1
         for j in range(m):
             for kind, order in (("F", s.forward), ("B", tuple(reversed(s.forward)))):
                 for layers in order:
-                    shared = s.host.peer_over_host_link
-                    gather = 0.0 if shared else _collective_s(s, _fp16_bytes(s, layers))
-                    p = _prefetch(s, graph, gpu, kind, layers[0], layers, visits, scale=1 / g, extra_s=gather)
-                    if shared:
-                        p = _collective(s, graph, gpu, ("AG", gpu, kind, layers[0]), _fp16_bytes(s, layers), p)
-                    fwd, bwd = _range_times(s, layers)
-                    prev = graph.add(fwd if kind == "F" else bwd, (kind, gpu, layers[0], j), stream=("gpu", gpu), deps=[p, prev])
-                    visits.append(prev)
+                    prev = _zero_pass(s, graph, gpu, kind, layers, j, visits, prev)
                     if kind == "B":
-                        last_b[layers[0]] = prev
-        for layers in reversed(s.forward):
-            nbytes = _fp16_bytes(s, layers)
-            shared = s.host.peer_over_host_link
-            dep = _collective(s, graph, gpu, ("RS", gpu, "B", layers[0]), nbytes, last_b[layers[0]]) if shared else -1
-            dur = (0.0 if shared else _collective_s(s, nbytes)) + offload.transfer_time_s(nbytes / g, s.host)
-            offloads.append(graph.add(dur, ("G", gpu, "B", layers[0]), resource=_link(s, gpu, "d2h"),
-                                      stream=("d2h", gpu), deps=[last_b[layers[0]], dep]))
+                        offloads.append(_zero_gradients(s, graph, gpu, layers, prev))
     barrier = graph.add(0.0, ("S",), deps=offloads)
     total = offload.range_num_params(s.plan.model, (0, s.plan.model.num_layers))
     for node in range(s.plan.cluster.num_nodes):
         graph.add(offload.optimizer_step_time_s(total / s.plan.cluster.num_nodes, s.host),
                   ("O", node * s.plan.cluster.devices_per_node, "all", -1), resource=("cpu", node), deps=[barrier])
     return graph, offloads
+
+
+def _zero_pass(s: _Setup, graph: _Graph, gpu: int, kind: str, layers: tuple[int, int], j: int,
+               visits: list[int], prev: int) -> int:
+    """One layer's forward or backward of microbatch j on a GPU, after its parameter fetch."""
+    shared, g = s.host.peer_over_host_link, s.num_gpus
+    gather = 0.0 if shared else _collective_s(s, _fp16_bytes(s, layers))
+    p = _prefetch(s, graph, gpu, kind, layers[0], layers, visits, scale=1 / g, extra_s=gather)
+    if shared:
+        p = _collective(s, graph, gpu, ("AG", gpu, kind, layers[0]), _fp16_bytes(s, layers), p)
+    fwd, bwd = _range_times(s, layers)
+    op = graph.add(fwd if kind == "F" else bwd, (kind, gpu, layers[0], j), stream=("gpu", gpu), deps=[p, prev])
+    visits.append(op)
+    return op
+
+
+def _zero_gradients(s: _Setup, graph: _Graph, gpu: int, layers: tuple[int, int], backward: int) -> int:
+    """Reduce-scatter of one layer's gradients after a backward, then this GPU's 1/G to the host."""
+    nbytes, shared = _fp16_bytes(s, layers), s.host.peer_over_host_link
+    dep = _collective(s, graph, gpu, ("RS", gpu, "B", layers[0]), nbytes, backward) if shared else -1
+    dur = (0.0 if shared else _collective_s(s, nbytes)) + offload.transfer_time_s(nbytes / s.num_gpus, s.host)
+    return graph.add(dur, ("G", gpu, "B", layers[0]), resource=_link(s, gpu, "d2h"), stream=("d2h", gpu),
+                     deps=[backward, dep])
 
 
 # ------------------------------------------------------------------------------------------

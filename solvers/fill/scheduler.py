@@ -18,11 +18,11 @@ arrival, then the job's position in the input. Free devices are served in index 
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from cost_models.sim.dispatch import dispatch
 from planner.errors import InfeasibleError, InvalidProblemError
 
 POLICIES = ("sjf", "makespan", "fifo")
@@ -52,7 +52,7 @@ def schedule(
     horizon_s: float = math.inf,
     job_names: Sequence[str] | None = None,
 ) -> list[Scheduled]:
-    """Assign jobs to devices as devices free up.
+    """Assign jobs to devices as devices free up (the engine's ``dispatch`` with PipeFill's score).
 
     Args:
         proc_s: proc_s[j][i], the processing time of job j on device i (inf: cannot run there).
@@ -75,34 +75,9 @@ def schedule(
             name = job_names[j] if job_names else str(j)
             raise InfeasibleError(f"fill job {name!r} fits the bubbles of no device (see the Executor's message)")
     num_devices = len(proc_s[0]) if proc_s else 0
-    order = sorted(range(len(arrival_s)), key=lambda j: (arrival_s[j], j))
-    busy_until = [0.0] * num_devices
-    queue: list[int] = []
-    done: list[Scheduled] = []
-    nxt, now = 0, 0.0
-    completions: list[tuple[float, int]] = []  # (end time, device), the next event besides arrivals
-    while now < horizon_s:
-        while nxt < len(order) and arrival_s[order[nxt]] <= now:
-            queue.append(order[nxt])
-            nxt += 1
-        _assign(queue, busy_until, now, proc_s, arrival_s, policy, done, completions)
-        events = [arrival_s[order[nxt]]] if nxt < len(order) else []
-        if completions:
-            events.append(completions[0][0])
-        if not events:
-            break
-        now = min(events)
-        while completions and completions[0][0] <= now:
-            heapq.heappop(completions)
-    return done
 
-
-def _assign(queue: list[int], busy_until: list[float], now: float, proc_s: Sequence[Sequence[float]],
-            arrival_s: Sequence[float], policy: str, done: list[Scheduled],
-            completions: list[tuple[float, int]]) -> None:
-    for device in range(len(busy_until)):
-        if busy_until[device] > now or not queue:
-            continue
+    def choose(queue: list[int], device: int, now: float, busy_until: list[float]) -> int | None:
+        """The queued job with the highest (score, earlier arrival, earlier input) that runs here."""
         max_rem = max(max(0.0, b - now) for b in busy_until)
         best, best_key = None, None
         for pos, j in enumerate(queue):
@@ -111,13 +86,10 @@ def _assign(queue: list[int], busy_until: list[float], now: float, proc_s: Seque
             key = (_score(policy, proc_s[j], device, max_rem, arrival_s[j]), -arrival_s[j], -j)
             if best_key is None or key > best_key:
                 best, best_key = pos, key
-        if best is None:
-            continue
-        j = queue.pop(best)
-        end = now + proc_s[j][device]
-        busy_until[device] = end
-        done.append(Scheduled(j, device, now, end))
-        heapq.heappush(completions, (end, device))
+        return best
+
+    started = dispatch(num_devices, arrival_s, lambda j, device: proc_s[j][device], choose, horizon_s=horizon_s)
+    return [Scheduled(s.job, s.server, s.start_s, s.end_s) for s in started]
 
 
 def score_function(policy: str) -> Callable[[Sequence[float], int, float, float], float]:

@@ -9,10 +9,13 @@ an Executor with its stage's bubble cycle (the t GPUs of a stage have the same b
 - fill FLOP/s per GPU: useful FLOPs of the fill work done inside [0, horizon) (a job running at
   the horizon counts pro rata), averaged over all GPUs ("recovered TFLOPS", L219);
 - ``recovered_utilization`` = fill / main FLOP/s (the paper's utilization increase, L27);
-- ``main_job_slowdown``: each filled bubble costs the main job ``context_switch_s`` (freeing the
-  cache and signalling the Executor, L117). Delays on different stages may add up along the
-  pipeline's dependency chain, so the bound sums them over the stages of a replica, weighted by
-  how busy each stage's GPUs are with fill work.
+- ``main_job_slowdown``: measured on the engine (``cost_models.sim.fill``): one iteration of
+  the main job in which every GPU runs, in each bubble of its cycle, a switch of
+  ``context_switch_s`` (freeing the cache and signalling the Executor, L117) and then the
+  longest piece any of its jobs places in that bubble, on the GPU's compute stream; the main
+  job's next action waits for it. The iteration's increase is weighted by the share of the
+  horizon the GPUs spend on fill work. A piece plus its switch that fits its bubble costs
+  nothing; one that overruns delays the main job along the pipeline's dependencies.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cost_models import transformer
-from cost_models.simulate import simulate
+from cost_models import extrapolate, transformer
+from cost_models.schedules import overlapped_blocks
+from cost_models.sim import rr
+from cost_models.sim.fill import FilledIteration, simulate_filled
+from cost_models.simulate import pipeline_costs, plan_actions, simulate
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Plan, SimResult
 from planner.schema_fill import ExecutorPlan, FillAssignment, FillJob, FillPlan, StageBubbles
@@ -106,6 +112,9 @@ def fill_plan(plan: Plan, jobs: Sequence[FillJob], options: FillOptions = FillOp
         raise InvalidProblemError("no fill jobs given; pass --fill-jobs with a preset or a JSON list")
     if not 0 < options.efficiency <= 1:
         raise InvalidProblemError(f"efficiency={options.efficiency} must be in (0, 1]")
+    if options.context_switch_s < 0:
+        raise InvalidProblemError(f"context_switch_s={options.context_switch_s} must be >= 0 (default 1e-3)")
+    _check_flushed(plan)
     sim = simulate(plan, include_events=False)
     stages = stage_bubbles(sim, options.bubbles)
     iteration = sim.iteration_time_s
@@ -118,12 +127,57 @@ def fill_plan(plan: Plan, jobs: Sequence[FillJob], options: FillOptions = FillOp
     proc = [[proc_time_s(job, row[s], iteration) for s in device_stage] for job, row in zip(jobs, table)]
     done = schedule(proc, [j.arrival_time_s for j in jobs], policy=options.policy,
                     horizon_s=options.horizon_s or math.inf, job_names=[j.id for j in jobs])
-    return _result(plan, sim, stages, jobs, table, done, device_stage, options)
+    filled = _filled_iteration(plan, stages, table, done, options.context_switch_s)
+    return _result(plan, sim, stages, jobs, table, done, device_stage, options, filled)
+
+
+def _check_flushed(plan: Plan) -> None:
+    """PipeFill fills the bubbles of a flushed pipeline (GPipe, 1F1B, ...: [pipefill] Sec. 2).
+
+    Raises:
+        InvalidProblemError: a plan without per-rank flushed iterations.
+    """
+    kind = ("BPipe" if plan.bpipe is not None else "offloaded" if plan.offload is not None
+            else "1F1B-RR" if rr.is_round_robin(plan) else "2BW" if plan.schedule == "2bw" else None)
+    if kind is not None:
+        raise InvalidProblemError(
+            f"the main job is a {kind} plan (solver {plan.solver!r}, schedule {plan.schedule!r}); PipeFill fills the "
+            "bubbles of a flushed pipeline schedule (gpipe, 1f1b, flush, interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipe-v, "
+            "custom): plan the main "
+            "job with one of those"
+        )
+
+
+def _filled_iteration(plan: Plan, stages: Sequence[StageBubbles], table: list[list[ExecutorPlan | None]],
+                      done: list, switch_s: float) -> FilledIteration:
+    """The main job's iteration with each GPU's longest piece per bubble on its compute stream.
+
+    Raises:
+        InvalidProblemError: a plan too large to simulate action by action.
+    """
+    if extrapolate.num_actions(plan) > extrapolate.MAX_EVENT_ACTIONS:
+        raise InvalidProblemError(
+            f"the main job has {extrapolate.num_actions(plan):,} actions; the filled iteration is simulated action "
+            f"by action, at most {extrapolate.MAX_EVENT_ACTIONS:,}: plan with fewer microbatches")
+    t = plan.degrees.tensor
+    longest: list[dict[int, float]] = [{} for _ in range(len(stages) * t)]
+    for d in done:
+        ep = table[d.job][d.device // t]
+        assert ep is not None  # the scheduler only starts jobs with a finite time
+        mine = longest[d.device]
+        for piece in ep.pieces:
+            mine[piece.bubble] = max(mine.get(piece.bubble, 0.0), piece.duration_s)
+    pieces = [[[(stages[s].bubbles[b].start_s, dur) for b, dur in longest[s * t + g].items()] for g in range(t)]
+              for s in range(len(stages))]
+    blocks = (overlapped_blocks(plan.schedule, num_stages=plan.degrees.pipeline, num_microbatches=plan.num_microbatches)
+              if plan.schedule == "dualpipe-v" else None)  # DualPipeV's F&B blocks, as the simulator runs them
+    return simulate_filled(pipeline_costs(plan), plan_actions(plan), num_microbatches=plan.num_microbatches,
+                           pieces=pieces, switch_s=switch_s, trusted=plan.schedule != "custom", overlapped=blocks)
 
 
 def _result(plan: Plan, sim: SimResult, stages: Sequence[StageBubbles], jobs: Sequence[FillJob],
             table: list[list[ExecutorPlan | None]], done: list, device_stage: list[int],
-            options: FillOptions) -> FillPlan:
+            options: FillOptions, filled: FilledIteration) -> FillPlan:
     assignments, used, fill_flops = [], {}, 0.0
     horizon = options.horizon_s or max((d.end_s for d in done), default=0.0)
     busy_by_stage = [0.0] * len(stages)
@@ -143,10 +197,7 @@ def _result(plan: Plan, sim: SimResult, stages: Sequence[StageBubbles], jobs: Se
     main = main_flops_per_device_s(plan, sim)
     fill = fill_flops / (num_devices * horizon) if horizon > 0 else 0.0
     t = plan.degrees.tensor
-    delay = math.fsum(
-        options.context_switch_s * len(sb.bubbles) * (busy / (t * horizon) if horizon > 0 else 0.0)
-        for sb, busy in zip(stages, busy_by_stage)
-    )
+    occupancy = math.fsum(busy_by_stage) / (num_devices * horizon) if horizon > 0 else 0.0
     ends = [a.end_s for a in assignments]
     return FillPlan(
         policy=options.policy, fill_fraction=options.bubbles.fill_fraction, num_devices=num_devices,  # type: ignore[arg-type]
@@ -157,7 +208,7 @@ def _result(plan: Plan, sim: SimResult, stages: Sequence[StageBubbles], jobs: Se
                                          zip(assignments, (d.job for d in done))) / max(1, len(done)),
         main_flops_per_device_s=main, fill_flops_per_device_s=fill,
         recovered_utilization=fill / main if main > 0 else 0.0,
-        main_job_slowdown=delay / sim.iteration_time_s,
+        main_job_slowdown=filled.slowdown * occupancy, filled_iteration_time_s=filled.iteration_s,
         notes=(f"{len(done)} of {len(jobs)} fill jobs started; one replica simulated "
                f"({plan.degrees.pipeline} stages x {t} GPUs)",),
     )

@@ -21,6 +21,7 @@ T_kjm X_kj. Policies hold only their objective and extra constraints.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,24 +78,32 @@ class Formulation:
         """(K, J) 1 where the combination may run on the type (a member has throughput)."""
         return (self.combo_throughput.sum(axis=2) > 0).astype(float)
 
+    @functools.cached_property
+    def _members(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per combination: its first job and its second (-1 for a single job)."""
+        first = np.fromiter((c[0] for c in self.combos), dtype=np.intp, count=len(self.combos))
+        second = np.fromiter((c[1] if len(c) > 1 else -1 for c in self.combos), dtype=np.intp,
+                             count=len(self.combos))
+        return first, second
+
     def throughput_matrix(self) -> sp.csr_matrix:
         """A (n, K*J): thr = A @ vec(X), vec column-major (index k + j*K)."""
+        num_k, num_j = self.num_combos, len(self.types)
         rows, cols, vals = [], [], []
-        num_k = self.num_combos
-        for k, members in enumerate(self.combos):
-            for slot, m in enumerate(members):
-                for j in range(len(self.types)):
-                    value = self.combo_throughput[k, j, slot]
-                    if value > 0:
-                        rows.append(m)
-                        cols.append(k + j * num_k)
-                        vals.append(value)
-        return sp.csr_matrix((vals, (rows, cols)), shape=(self.num_jobs, num_k * len(self.types)))
+        for slot, members in enumerate(self._members):
+            k, j = np.nonzero((self.combo_throughput[:, :, slot] > 0) & (members[:, None] >= 0))
+            rows.append(members[k])
+            cols.append(k + j * num_k)
+            vals.append(self.combo_throughput[k, j, slot])
+        return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                             shape=(self.num_jobs, num_k * num_j))
 
     def membership(self) -> sp.csr_matrix:
         """(n, K) 1 where job m is a member of combination k (the sets C_m)."""
-        rows = [m for c in self.combos for m in c]
-        cols = [k for k, c in enumerate(self.combos) for _ in c]
+        first, second = self._members
+        pair = np.nonzero(second >= 0)[0]
+        rows = np.concatenate([first, second[pair]])
+        cols = np.concatenate([np.arange(len(first)), pair])
         return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(self.num_jobs, self.num_combos))
 
     def subset(self, jobs: Sequence[int], *, capacity: np.ndarray) -> Formulation:
@@ -158,7 +167,7 @@ def build(problem: ClusterProblem, *, packed: bool = False) -> Formulation:
     fits = scale[:, None] <= capacity[None, :]
     throughput = np.where(fits, raw, 0.0)
     combos: list[tuple[int, ...]] = [(m,) for m in range(len(jobs))]
-    combo_rows = [np.stack([throughput[m], np.zeros(len(types))], axis=1) for m in range(len(jobs))]
+    combo_rows = [np.stack([throughput, np.zeros_like(throughput)], axis=2)]  # single jobs, (n, J, 2)
     if packed:
         index = {j.id: m for m, j in enumerate(jobs)}
         for pair in problem.pairs:
@@ -167,7 +176,7 @@ def build(problem: ClusterProblem, *, packed: bool = False) -> Formulation:
             values[~fits[a]] = 0.0
             if values.sum() > 0:
                 combos.append((a, b))
-                combo_rows.append(values)
+                combo_rows.append(values[None])
     share = capacity / capacity.sum()
     n = len(jobs)
     iso = np.minimum(capacity[None, :] / n / scale[:, None], 1.0) * (throughput > 0)
@@ -185,7 +194,7 @@ def build(problem: ClusterProblem, *, packed: bool = False) -> Formulation:
         elapsed_s=np.array([j.elapsed_s for j in jobs], dtype=float),
         slo_s=np.array([j.slo_s if j.slo_s is not None else np.inf for j in jobs], dtype=float),
         combos=tuple(combos),
-        combo_throughput=np.stack(combo_rows),
+        combo_throughput=np.concatenate(combo_rows),
         thr_equal=throughput @ share,
         thr_fastest=throughput.max(axis=1),
         thr_isolated=(throughput * iso).sum(axis=1),

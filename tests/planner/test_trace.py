@@ -125,3 +125,86 @@ def test_cli_timeline_window_and_labels(plain, tmp_path: Path, capsys: pytest.Ca
     for bad in ("3:1", "abc"):
         assert main(["simulate", str(plan_path), "--timeline", str(out), "--window", bad]) == 2
         assert "window" in capsys.readouterr().err
+
+
+_METADATA = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index",
+             "thread_sort_index": "sort_index"}
+
+
+def check_json_trace_format(doc: dict) -> None:
+    """The rules of the JSON trace event format that Perfetto's JSON importer relies on.
+
+    - a JSON object with a ``traceEvents`` list, ``displayTimeUnit`` "ms" or "ns" (the format's
+      two values), no NaN or infinity anywhere (strict JSON);
+    - every event has a string ``name``, a ``ph`` this exporter uses (X complete slices, M
+      metadata) and integer ``pid`` / ``tid``; metadata events carry their one argument
+      (``name`` string or integer ``sort_index``);
+    - complete events have finite ``ts`` >= 0 and ``dur`` >= 0 in microseconds, a string
+      ``cat`` and an ``args`` object, and sit on a thread and process that have names;
+    - on each thread, slices nest in whole nanoseconds as Perfetto reads them (round(ts x 1000),
+      round(dur x 1000)): sorted by start (then longer first), each one either starts at or
+      after the end of the enclosing one or ends within it. Perfetto's importer builds its
+      slice stacks per thread this way and drops or truncates slices that overlap without
+      nesting.
+    """
+    json.dumps(doc, allow_nan=False)
+    assert set(doc) >= {"traceEvents"} and doc.get("displayTimeUnit", "ms") in ("ms", "ns")
+    names: dict[tuple[int, int], str] = {}
+    processes: set[int] = set()
+    per_thread: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    for e in doc["traceEvents"]:
+        assert isinstance(e["name"], str) and e["ph"] in ("X", "M"), e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        if e["ph"] == "M":
+            value = e["args"][_METADATA[e["name"]]]
+            assert isinstance(value, str if _METADATA[e["name"]] == "name" else int), e
+            if e["name"] == "thread_name":
+                names[(e["pid"], e["tid"])] = value
+            elif e["name"] == "process_name":
+                processes.add(e["pid"])
+            continue
+        assert isinstance(e["cat"], str) and isinstance(e["args"], dict), e
+        assert e["ts"] >= 0 and e["dur"] >= 0, e
+        start_ns, dur_ns = round(e["ts"] * 1000), round(e["dur"] * 1000)
+        per_thread.setdefault((e["pid"], e["tid"]), []).append((start_ns, start_ns + dur_ns, e["name"]))
+    for track, slices in per_thread.items():
+        assert track in names and track[0] in processes, f"slices on unnamed track {track}"
+        stack: list[tuple[int, int, str]] = []
+        for start, end, name in sorted(slices, key=lambda s: (s[0], -s[1])):
+            while stack and start >= stack[-1][1]:
+                stack.pop()
+            assert not stack or end <= stack[-1][1], (
+                f"{names[track]}: {name} [{start}, {end}] overlaps {stack[-1][2]} [{stack[-1][0]}, {stack[-1][1]}] "
+                "without nesting")
+            stack.append((start, end, name))
+
+
+@pytest.mark.parametrize("kind", ["plain", "interleaved", "bpipe", "spipe"])
+def test_trace_follows_the_json_trace_event_format(kind: str, plain, tmp_path: Path) -> None:
+    from planner.trace import write_trace
+
+    if kind == "plain":
+        plan = plain
+    elif kind == "interleaved":
+        plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32,
+                                         schedule="interleaved-1f1b", num_chunks=2))
+    elif kind == "bpipe":
+        plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32, bpipe=True))
+    else:
+        plan = api.plan(api.make_problem("spipe-10b", "v100:1x2", global_batch_size=8), solver="spipe")
+    doc = api.trace(plan)
+    check_json_trace_format(doc)
+    assert json.loads(write_trace(doc, tmp_path / "t.json").read_text()) == doc
+
+
+def test_the_format_check_catches_overlapping_slices() -> None:
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "p"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "t"}}]
+
+    def doc(*spans: tuple[float, float]) -> dict:
+        return {"traceEvents": meta + [{"name": f"s{i}", "cat": "c", "ph": "X", "pid": 1, "tid": 1, "ts": a,
+                                         "dur": b - a, "args": {}} for i, (a, b) in enumerate(spans)]}
+
+    check_json_trace_format(doc((0, 2), (2, 3), (0.5, 1)))  # adjacent and nested: fine
+    with pytest.raises(AssertionError, match="without nesting"):
+        check_json_trace_format(doc((0, 2), (1.999, 3)))

@@ -38,8 +38,21 @@ def test_fill_plan_pieces_fit_and_utilization_is_recovered(plan_path: Path) -> N
     # fill FLOP/s per GPU cannot exceed what 68% of the bubbles at the fill efficiency give
     peak = plan.cluster.device.peak_flops
     assert result.fill_flops_per_device_s <= 0.68 * result.bubble_fraction * 0.5 * peak * 1.0001
-    assert 0 < result.main_job_slowdown < 0.02
+    # every piece plus its 1 ms switch fits its bubble: the engine's filled iteration is unchanged
+    assert result.main_job_slowdown == 0.0 and result.filled_iteration_time_s == result.iteration_time_s
     assert FillPlan.from_json(result.to_json()) == result
+
+
+def test_overrunning_fill_slows_the_main_job_on_the_engine(plan_path: Path) -> None:
+    plan = api.load_plan(plan_path)
+    jobs = parse_fill_jobs("bert-large-inference:2,resnet50-training:2")
+    # whole bubbles filled and a 50 ms switch: pieces overrun and delay the next main-job action
+    result = fill_plan(plan, jobs, FillOptions(bubbles=BubbleOptions(fill_fraction=1.0), context_switch_s=0.05))
+    assert result.filled_iteration_time_s > result.iteration_time_s
+    makespan = max(a.end_s for a in result.assignments)
+    occupancy = sum(a.end_s - a.start_s for a in result.assignments) / (result.num_devices * makespan)
+    assert result.main_job_slowdown == pytest.approx(
+        (result.filled_iteration_time_s / result.iteration_time_s - 1) * occupancy)
 
 
 def test_bad_fill_input_gets_clear_errors(plan_path: Path) -> None:
@@ -92,3 +105,10 @@ def test_scale_trend_grows_with_gpus(tmp_path: Path) -> None:
     assert main(["fill", "--scale", "--gpus", "1024,2048", "--horizon-h", "2", "--fill-jobs", "bert-base-inference",
                  "--plot", str(tmp_path / "u.png"), "--json"]) == 0
     assert (tmp_path / "u.png").stat().st_size > 0
+
+
+def test_a_main_job_without_flushed_iterations_is_refused() -> None:
+    problem = api.make_problem("gpt-1.7b", "v100:1", schedule="2bw", num_stages=4, data_parallel=1,
+                               num_microbatches=8, global_batch_size=8)
+    with pytest.raises(InvalidProblemError, match="2BW plan .* flushed pipeline schedule"):
+        fill_plan(api.plan(problem, solver="even"), parse_fill_jobs("bert-base-inference"))
