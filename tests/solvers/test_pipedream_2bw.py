@@ -543,4 +543,4 @@ def test_chapter_16_deep_for_gpt_3_8b_is_a_known_gap() -> None:
     plan = solve(api.make_problem("gpt2bw-3.8b", "v100-16gb:8x8", global_batch_size=512, attention=KERNELS_2020))
     rates = _best_per_depth(plan)
     assert plan.candidates[0]["p"] == 8
-    assert rates[16] / rates[8] == pytest.approx(0.896, abs=0.01)
+    assert rates[16] / rates[8] == pytest.approx(0.901, abs=0.01)
