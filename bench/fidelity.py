@@ -92,7 +92,7 @@ OPTIONS_2021 = {"recompute": "full", "attention": "unfused", "sequence_parallel"
 def predict(row: Row) -> dict[str, float]:
     """The solver's prediction for one published configuration."""
     schedule = "interleaved-1f1b" if row.v > 1 else "1f1b"
-    problem = api.make_problem(row.model, f"a100-80gb:{row.gpus // 8}", global_batch_size=row.batch,
+    problem = api.make_problem(row.model, f"a100-80gb:{row.gpus}", global_batch_size=row.batch,
                                num_stages=row.p, num_chunks=row.v, schedule=schedule,
                                data_parallel=row.gpus // (row.t * row.p))
     plan = ptdp.solve(problem, options={**OPTIONS_2021, "tensor_parallel": row.t, "microbatch_size": row.b,
@@ -109,7 +109,7 @@ KORTHIKANTI_530B_MFU = {"selective": 0.542, "full": 0.421}
 def korthikanti_530b_mfu(recompute: str) -> float:
     """Predicted MFU of the 530B run on 2,240 A100s with sequence parallelism (2022 kernels:
     unfused attention), interleaved v = 3, b = 1."""
-    problem = api.make_problem("gpt-529.6b", "a100-80gb:280", global_batch_size=2240, num_stages=35,
+    problem = api.make_problem("gpt-529.6b", "a100-80gb:2240", global_batch_size=2240, num_stages=35,
                                num_chunks=3, schedule="interleaved-1f1b", data_parallel=8)
     plan = ptdp.solve(problem, options={"tensor_parallel": 8, "microbatch_size": 1, "recompute": recompute,
                                         "attention": "unfused", "sequence_parallel": True, "num_simulated": 1})
@@ -122,7 +122,7 @@ def bpipe_fig3_memory_gib() -> tuple[float, float]:
     from cost_models.simulate import simulate
     from cost_models.transformer import transformer_profile
 
-    problem = api.make_problem("gpt3-13b", "a100-80gb:1", num_stages=8, global_batch_size=64, data_parallel=1)
+    problem = api.make_problem("gpt3-13b", "a100-80gb:8", num_stages=8, global_batch_size=64, data_parallel=1)
     profile = transformer_profile(problem.transformer, device=problem.cluster.device, microbatch_size=1,
                                   attention="unfused", sequence_parallel=False)
     plan = api.plan(problem.model_copy(update={"model": profile}), solver="even")
@@ -156,7 +156,7 @@ def korthikanti_table_5() -> list[dict[str, object]]:
     out = []
     for model, gpus, p, batch, b, v, full_s, present_s in KORTHIKANTI_TABLE_5:
         schedule = "interleaved-1f1b" if v > 1 else "1f1b"
-        problem = api.make_problem(model, f"a100-80gb:{gpus // 8}", global_batch_size=batch, num_stages=p,
+        problem = api.make_problem(model, f"a100-80gb:{gpus}", global_batch_size=batch, num_stages=p,
                                    num_chunks=v, schedule=schedule, data_parallel=1)
         for recompute, sp, published in (("full", False, full_s), ("selective", True, present_s)):
             plan = ptdp.solve(problem, options={"tensor_parallel": 8, "microbatch_size": b, "recompute": recompute,

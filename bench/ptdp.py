@@ -32,7 +32,7 @@ ROWS = [  # model, GPUs, batch, published t, p, TFLOP/s per GPU
 
 
 def _timed(name: str, gpus: int, batch: int, repeats: int) -> tuple[float, Plan]:
-    problem = api.make_problem(name, f"a100-80gb:{gpus // 8}", global_batch_size=batch)
+    problem = api.make_problem(name, f"a100-80gb:{gpus}", global_batch_size=batch)
     return best_of(lambda: solve(problem), repeats)
 
 

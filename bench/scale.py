@@ -38,6 +38,12 @@ ABSURD = [
 ]
 INFEASIBLE = [("even", 1536, 64, {}), ("even", 1536, 4096, {})]
 """GPT-1T's layer shape repeated to 1,536 layers (12T parameters): no plan fits."""
+PROFILES = [("pipedream", 368, 4096, {"memory": 0}, "pipedream:densenet121"),
+            ("pipedream", 368, 4096, {"memory": 0, "time_limit_s": 5}, "pipedream:densenet121"),
+            ("pipedream", 24, 4096, {"memory": 0}, "pipedream:vgg16")]
+"""PipeDream's own profiles at 4,096 GPUs without its memory constraint (with it, every
+profile is infeasible there: each worker holds an input per in-flight microbatch). The layer
+column is the profile's."""
 
 
 def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], shape: str = "gpt-1.7b") -> None:
@@ -46,14 +52,17 @@ def run_one(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], 
     from planner import api
     from planner.errors import PlannerError
 
-    config = models.model_preset(shape).model_copy(update={"num_layers": num_layers, "name": f"gpt-{num_layers}l"})
-    problem = api.make_problem(config, f"a100-80gb:{num_gpus // 8}", **extra)  # type: ignore[arg-type]
+    extra = dict(extra)
+    options = {"memory": bool(extra.pop("memory"))} if "memory" in extra else {}
+    config = shape if shape.startswith("pipedream:") else models.model_preset(shape).model_copy(
+        update={"num_layers": num_layers, "name": f"gpt-{num_layers}l"})
     try:
-        plan = api.plan(problem, solver=solver)
+        problem = api.make_problem(config, f"a100-80gb:{num_gpus}", **extra)  # type: ignore[arg-type]
+        plan = api.plan(problem, solver=solver, options=options)
         d = plan.degrees
-        print(f"t={d.tensor} p={d.pipeline} v={d.virtual} d={d.data} m={plan.num_microbatches}")
+        print(f"t={d.tensor} p={d.pipeline} v={d.virtual} d={d.data} m={plan.num_microbatches} {plan.status}")
     except PlannerError as e:
-        print(f"{type(e).__name__.replace('Error', '').lower()}: {str(e)[:60]}")
+        print(f"{type(e).__name__.replace('Error', '').lower()}: {' '.join(str(e).split())[:90]}")
 
 
 def measure(solver: str, num_layers: int, num_gpus: int, extra: dict[str, int], limit_s: float,
@@ -87,7 +96,7 @@ def simulate_rows() -> None:
     config = models.model_preset("gpt-1.7b").model_copy(update={"num_layers": 1536, "name": "gpt-1536l"})
     print(f"\n{'simulate: p':>12} {'m':>14} {'actions':>16} {'mode':>13} {'time s':>7} {'iteration s':>14}")
     for m in (256, 1024, 4096, 10**6, 10**12):
-        problem = api.make_problem(config, "a100-80gb:8", num_stages=32, num_microbatches=m)
+        problem = api.make_problem(config, "a100-80gb:64", num_stages=32, num_microbatches=m)
         plan = api.plan(problem, solver="even")
         start = time.perf_counter()
         result = api.simulate(plan)
@@ -114,14 +123,14 @@ def main() -> None:
     if args.simulate:
         simulate_rows()
         return
-    print(f"{'solver':<14} {'shape':<9} {'layers':>6} {'GPUs':>5} {'extra':<32} {'time s':>7} {'peak MiB':>8}  outcome")
+    print(f"{'solver':<14} {'shape':<21} {'layers':>6} {'GPUs':>5} {'extra':<32} {'time s':>7} {'peak MiB':>8}  outcome")
     cases = [(s, n, g, SOLVER_ARGS[s], "gpt-1.7b") for n in args.layers for g in args.gpus for s in args.solvers]
     if not args.no_absurd:
-        cases += [(*case, "gpt-1.7b") for case in ABSURD] + [(*case, "gpt-1t") for case in INFEASIBLE]
+        cases += [(*case, "gpt-1.7b") for case in ABSURD] + [(*case, "gpt-1t") for case in INFEASIBLE] + PROFILES
     for solver, layers, gpus, extra, shape in cases:
         seconds, peak, outcome = measure(solver, layers, gpus, extra, args.limit, shape)
         shown = ",".join(f"{k}={v:.0e}" if v >= 10**6 else f"{k}={v}" for k, v in extra.items())
-        print(f"{solver:<14} {shape:<9} {layers:>6} {gpus:>5} {shown:<32} {seconds:>7} {peak:>8}  {outcome}", flush=True)
+        print(f"{solver:<14} {shape:<21} {layers:>6} {gpus:>5} {shown:<32} {seconds:>7} {peak:>8}  {outcome}", flush=True)
 
 
 if __name__ == "__main__":

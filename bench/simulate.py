@@ -76,7 +76,7 @@ def time_case(name: str, p: int, v: int, m: int, plan_path: str | None) -> tuple
         from planner import api
         from solvers import ptdp
 
-        problem = api.make_problem("gpt-1t", "a100-80gb:2048", global_batch_size=16384)
+        problem = api.make_problem("gpt-1t", "a100-80gb:16384", global_batch_size=16384)
         start = time.perf_counter()
         ptdp.solve(problem)
         return 0, time.perf_counter() - start
@@ -102,7 +102,7 @@ def time_case(name: str, p: int, v: int, m: int, plan_path: str | None) -> tuple
 def _readme_plan(path: Path) -> None:
     from planner import api
 
-    problem = api.make_problem("gpt3-175b", "a100-80gb:16", global_batch_size=1536)
+    problem = api.make_problem("gpt3-175b", "a100-80gb:128", global_batch_size=1536)
     plan = api.plan(problem, solver="ptdp")
     path.write_text(plan.model_dump_json(exclude={"offload"}))  # readable by revisions before Plan.offload
 

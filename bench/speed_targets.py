@@ -21,7 +21,7 @@ def _ptdp_gpt_1t() -> object:
     from planner import api
     from solvers import ptdp
 
-    return ptdp.solve(api.make_problem("gpt-1t", "a100-80gb:384", global_batch_size=3072))
+    return ptdp.solve(api.make_problem("gpt-1t", "a100-80gb:3072", global_batch_size=3072))
 
 
 def _pipedream_branchy() -> object:
@@ -40,7 +40,7 @@ def _timeline_65k_events() -> object:
     from planner import api
     from planner.timeline import draw_timeline
 
-    plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:2", num_stages=16, num_microbatches=2048))
+    plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:16", num_stages=16, num_microbatches=2048))
     result = api.simulate(plan, include_events=True)
     with tempfile.TemporaryDirectory() as folder:
         return draw_timeline(result, Path(folder) / "huge.png")
@@ -53,7 +53,7 @@ def _stage_ilp_llama_175b() -> object:
     from planner.schema import PipelineProblem
     from solvers.stage_ilp import solve
 
-    cl = cluster_preset("ascend-910:16")
+    cl = cluster_preset("ascend-910:128")
     prof = transformer_profile(model_preset("llama-175b"), device=cl.device, microbatch_size=1, tensor_parallel=8)
     return solve(PipelineProblem(model=prof, cluster=cl, num_stages=16, num_microbatches=64, data_parallel=1,
                                  time_limit_s=1.0), options={"rerank": 20})

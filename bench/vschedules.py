@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 
 CASES = [
-    ("gpt3-175b", "a100-80gb:12", 384),
-    ("gpt3-175b", "a100-80gb:16", 1536),
+    ("gpt3-175b", "a100-80gb:96", 384),
+    ("gpt3-175b", "a100-80gb:128", 1536),
     ("llama3-70b", "h100:8x8", 512),
-    ("gpt-1t", "a100-80gb:2048", 16384),
+    ("gpt-1t", "a100-80gb:16384", 16384),
 ]
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v")
 

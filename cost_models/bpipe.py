@@ -79,7 +79,7 @@ class Transfer:
 def _check_schedule(schedule: str) -> None:
     if schedule not in SUPPORTED_SCHEDULES:
         raise InvalidProblemError(
-            f"BPipe balances the 1F1B and interleaved 1F1B schedules (seed 004 L153-154, App. A); "
+            f"BPipe balances the 1F1B and interleaved 1F1B schedules ([bpipe] Sec. 3.4 and App. A); "
             f"schedule {schedule!r} is not supported: use one of {list(SUPPORTED_SCHEDULES)} or turn bpipe off"
         )
 
@@ -371,8 +371,8 @@ def check_link_bandwidth(plan: Plan) -> tuple[str, ...]:
                 need = required_link_bytes_per_s(set_bytes, fwd, backward_s=bwd)
                 raise InfeasibleError(
                     f"BPipe pair link too slow for {where}: {transfer_s * 1e3:.3g} ms per transfer, but an evict "
-                    f"and a load must fit one backward plus forward ({(fwd + bwd) * 1e3:.3g} ms; seed 004 "
-                    f"App. B Eq. 10-12): it needs {need / 1e9:.3g} GB/s, the link has {bandwidth / 1e9:.3g} GB/s. "
+                    f"and a load must fit one backward plus forward ({(fwd + bwd) * 1e3:.3g} ms; [bpipe] "
+                    f"App. B, Eq. 10-12): it needs {need / 1e9:.3g} GB/s, the link has {bandwidth / 1e9:.3g} GB/s. "
                     "Place pairs in one node (pair-adjacent), recompute more (selective or full), or turn bpipe off"
                 )
             if transfer_s > fwd:

@@ -5,10 +5,12 @@ the PTD-P dissertation, seed 001 L4081-4098, for Selene's A100 nodes: 312 TF/s p
 per node on NVLink/NVSwitch, one 200 Gb/s HDR HCA per GPU). This module only looks them up
 and assembles ``planner.schema.Device`` and ``Cluster`` objects.
 
-Cluster specs (case-insensitive):
+Cluster specs (case-insensitive), one convention for every command (docs/input-formats.md,
+Cluster specs):
 
 - ``<device>``: one node of the device's usual size (8 GPUs);
-- ``<device>:<num_nodes>``: that many nodes of the usual size;
+- ``<device>:<N>``: N devices: one node of N when N fits a node, else N / node-size whole
+  nodes (a count that is not a whole number of nodes is refused with the nearest fits);
 - ``<device>:<num_nodes>x<devices_per_node>``: explicit node size;
 - ``cpu:<N>``: one host with N CPU workers (gloo-like links), for the runtime bridge.
 """
@@ -77,12 +79,21 @@ def preset_compute(name: str) -> ComputeModel | None:
     return ComputeModel.from_dict({k: v for k, v in entry.items() if k not in _DOC_KEYS})
 
 
-def _parse_spec(spec: str) -> tuple[str, int | None, int | None]:
+def parse_spec(spec: str) -> tuple[str, int | None, int | None]:
+    """``(name, count, per_node)`` of ``<name>[:<count>[x<per_node>]]`` (lower-cased, counts >= 1).
+
+    The one parser of cluster shorthand: ``cluster_preset`` (``plan`` and the Python API) and
+    the Gavel commands' ``type:count`` lists both read their parts with it. ``count`` is
+    devices when ``per_node`` is None, else nodes. The name is not checked against presets.
+
+    Raises:
+        InvalidProblemError: malformed spec or a count of zero.
+    """
     match = _SPEC_RE.match(spec.strip().lower())
     if match is None:
         raise InvalidProblemError(
-            f"cannot parse cluster spec {spec!r}; write <device>, <device>:<num_nodes> or "
-            f"<device>:<num_nodes>x<devices_per_node> (e.g. 'a100-80gb:4', 'h100:2x8', 'cpu:2')"
+            f"cannot parse cluster spec {spec!r}; write <device>, <device>:<num_devices> or "
+            f"<device>:<num_nodes>x<devices_per_node> (e.g. 'a100-80gb:64', 'h100:2x8', 'cpu:2')"
         )
     a = int(match.group("a")) if match.group("a") else None
     b = int(match.group("b")) if match.group("b") else None
@@ -92,30 +103,56 @@ def _parse_spec(spec: str) -> tuple[str, int | None, int | None]:
     return match.group("device"), a, b
 
 
+def node_shape(spec: str, device: str, num_devices: int, node_size: int) -> tuple[int, int]:
+    """``(num_nodes, devices_per_node)`` of ``num_devices`` devices on nodes of ``node_size``.
+
+    Up to one node: one node of ``num_devices``; a multiple of the node size: whole nodes;
+    anything else is refused with the nearest counts that fit and the explicit form.
+    """
+    from planner.schema_io import MAX_DEVICES, bounded
+
+    bounded(f"devices in cluster spec {spec!r}", num_devices, MAX_DEVICES, "set above the largest published training clusters")
+    if num_devices <= node_size:
+        return 1, num_devices
+    if num_devices % node_size == 0:
+        return num_devices // node_size, node_size
+    lower, upper = num_devices // node_size * node_size, -(-num_devices // node_size) * node_size
+    shapes = [f"{device}:{n}x{num_devices // n}" for n in range(2, min(num_devices, 64) + 1)
+              if num_devices % n == 0 and num_devices // n <= node_size][:2]
+    alternatives = ", ".join([f"{device}:{lower}", f"{device}:{upper}", *shapes])
+    raise InvalidProblemError(
+        f"cluster spec {spec!r} asks for {num_devices:,} devices, which is not a whole number of "
+        f"{node_size}-device {device} nodes; write {alternatives} (NODESxPER_NODE sets the node size)"
+    )
+
+
 def cluster_preset(spec: str) -> Cluster:
     """A homogeneous cluster from a preset spec.
 
     Args:
-        spec: ``<device>``, ``<device>:<num_nodes>``, ``<device>:<num_nodes>x<devices_per_node>``
-            or ``cpu:<N>`` (one host with N CPU workers).
+        spec: ``<device>`` (one node), ``<device>:<num_devices>``,
+            ``<device>:<num_nodes>x<devices_per_node>`` or ``cpu:<N>`` (one host with N CPU
+            workers).
 
     Returns:
         The cluster, named by its normalized spec (e.g. ``a100-80gb:2x8``), with per-device,
         per-direction intra- and inter-node bandwidths and latencies of the device's node type.
 
     Raises:
-        InvalidProblemError: malformed spec, zero count, or unknown device (the message lists
-            the valid device names).
+        InvalidProblemError: malformed spec, zero count, a device count that is not a whole
+            number of nodes, or unknown device (the message lists the valid device names).
     """
-    device_name, a, b = _parse_spec(spec)
+    device_name, a, b = parse_spec(spec)
     key = _canonical_device(device_name)
     node = _presets()["nodes"][key]
     if b is not None:
         num_nodes, per_node = a or 1, b
-    elif key == "cpu" and a is not None:
-        num_nodes, per_node = 1, a  # cpu:N counts workers on one host, not nodes
+    elif a is None:
+        num_nodes, per_node = 1, int(node["devices_per_node"])
+    elif key == "cpu":
+        num_nodes, per_node = 1, a  # cpu:N counts workers on one host
     else:
-        num_nodes, per_node = a or 1, int(node["devices_per_node"])
+        num_nodes, per_node = node_shape(spec, key, a, int(node["devices_per_node"]))
     link = {k: v for k, v in node.items() if k not in _DOC_KEYS and k != "devices_per_node"}
     return Cluster.from_dict(
         {
@@ -144,7 +181,7 @@ def list_device_presets() -> dict[str, str]:
 
 
 def list_cluster_presets() -> dict[str, str]:
-    """Example cluster specs with a description; any ``<device>:<nodes>[x<per node>]`` works."""
+    """Example cluster specs with a description; any ``<device>:<devices>`` or ``<device>:<nodes>x<per node>`` works."""
     out: dict[str, str] = {}
     for spec, why in _presets()["cluster_examples"].items():
         cluster = cluster_preset(spec)

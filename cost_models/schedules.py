@@ -154,7 +154,7 @@ def _check_sizes(schedule: str, p: int, v: int, m: int) -> None:
             nearest = f"{lo} or {lo + p}" if lo else f"{p}"
             raise InvalidProblemError(
                 f"schedule 'interleaved-1f1b' needs num_microbatches to be a multiple of num_stages={p} "
-                f"(Megatron-LM; dissertation L3612); got num_microbatches={m}, use {nearest}"
+                f"([narayanan-thesis] Sec. 4.2.2); got num_microbatches={m}, use {nearest}"
             )
     elif schedule in V_SCHEDULES:
         if v != 2:

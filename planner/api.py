@@ -4,7 +4,7 @@ Every function takes and returns the schema types of ``planner.schema``; none ne
 a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of times::
 
     from planner import api
-    problem = api.make_problem("gpt-1.7b", "a100-80gb:1", num_stages=4, tensor_parallel=2)
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", num_stages=4, tensor_parallel=2)
     plan = api.plan(problem, solver="even")
     result = api.simulate(plan)
     print(result.iteration_time_s, plan.predicted.throughput_samples_per_s)
@@ -97,7 +97,7 @@ def _load_model(spec: ModelSpec, *, seq_length: int | None) -> ModelProfile | Tr
 
 
 def load_cluster(spec: ClusterSpec) -> Cluster:
-    """A cluster from a preset spec (``a100-80gb:16``, ``h100:4x8``, ``cpu:2``) or a JSON file."""
+    """A cluster from a preset spec (``a100-80gb:128``, ``h100:4x8``, ``cpu:2``) or a JSON file."""
     if isinstance(spec, Cluster):
         return spec
     text = str(spec)

@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="preset name, pipedream:<name>, hf:<config.json>, torchtitan:<module>:<flavor>, "
                    "megatron:<args file>, or a profile/transformer JSON or graph.txt")
     p.add_argument("--seq-length", type=T.SEQ_LENGTH, help="training sequence length (transformer configs; default: the config's)")
-    p.add_argument("--cluster", required=True, help="preset (e.g. a100-80gb:16, h100:4x8, cpu:2) or a cluster JSON")
+    p.add_argument("--cluster", required=True, help="DEVICE:N (N devices, e.g. a100-80gb:128), DEVICE:NODESxPER_NODE (h100:4x8), DEVICE (one node) or a cluster JSON")
     p.add_argument("--solver", metavar="NAME", help=_solver_help())
     p.add_argument("--schedule", help="pipeline schedule (default: 1f1b, or interleaved-1f1b with --chunks > 1)")
     p.add_argument("--pipeline", type=T.DEVICES, help="pipeline stages p (default: the solver chooses)")
@@ -194,7 +194,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory_headroom=args.memory_headroom,
         attention=args.attention,
     )
-    print(f"cluster {args.cluster}: {report.cluster_expansion(problem.cluster)}", file=sys.stderr)
+    print(report.expansion_line(args.cluster, problem.cluster), file=sys.stderr)
     solver = args.solver or api.default_solver(problem)
     if args.solver is None:
         print(f"solver {solver} (the default for this problem; --solver to choose another)", file=sys.stderr)
@@ -202,7 +202,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if solver == "ptdp" and args.attention:  # ptdp profiles every (t, b) itself, with its own option
         options.setdefault("attention", args.attention)
     began = time.perf_counter()
-    with progress(f"planning with {solver}"):
+    from solvers.budget import listening
+
+    with progress(f"planning with {solver}") as ticker, listening(ticker.update):
         plan = api.plan(problem, solver=solver, options=options,
                         offload_fallback=not args.no_offload, timings=args.timings)
     solve_time_s = time.perf_counter() - began

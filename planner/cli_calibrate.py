@@ -19,7 +19,7 @@ __all__ = ["add_parsers"]
 def add_parsers(sub: Any) -> None:
     """Add ``calibrate`` to the ``paraplan`` sub-command parser."""
     c = sub.add_parser("calibrate", help="fit the compute model's device constants with GEMM/copy microbenchmarks")
-    c.add_argument("--cluster", required=True, help="cluster preset whose device this machine has (e.g. a100-80gb:1, cpu:2)")
+    c.add_argument("--cluster", required=True, help="cluster preset whose device this machine has (e.g. a100-80gb:1 for one GPU, cpu:2)")
     c.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device to measure on")
     c.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="GEMM precision (default: bf16 on cuda, fp32 on cpu)")
     c.add_argument("--quick", action="store_true", help="small shapes only (seconds; for tests and smoke runs)")
@@ -36,15 +36,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise InvalidProblemError(f"--repeats={args.repeats} must be at least 1")
     cluster = api.load_cluster(args.cluster)
+    from planner.report import expansion_line
+
+    print(expansion_line(args.cluster, cluster), file=sys.stderr)
     if cluster.device is None:
         raise InvalidProblemError(f"--cluster {args.cluster!r} has no device to calibrate")
     from runtime_bridge import calibrate as bench
 
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     shapes = bench.QUICK_GEMM_SHAPES if args.quick else bench.DEFAULT_GEMM_SHAPES
-    gemms = bench.measure_gemms(shapes, device=args.device, dtype=dtype, repeats=args.repeats)
-    copies = bench.measure_copies((1 << 20, 1 << 22) if args.quick else (1 << 24, 1 << 26, 1 << 28),
-                                  device=args.device, repeats=args.repeats)
+    from planner.progress import progress
+
+    with progress(f"measuring {len(shapes)} GEMM shapes and memory copies on {args.device}"):
+        gemms = bench.measure_gemms(shapes, device=args.device, dtype=dtype, repeats=args.repeats)
+        copies = bench.measure_copies((1 << 20, 1 << 22) if args.quick else (1 << 24, 1 << 26, 1 << 28),
+                                      device=args.device, repeats=args.repeats)
     device, error = calibration.fit_gemm_constants(gemms, cluster.device)
     device = calibration.fit_memory_fraction(copies, device)
     assert device.compute is not None

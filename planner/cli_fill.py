@@ -63,10 +63,12 @@ def cmd_fill(args: argparse.Namespace) -> int:
         raise InvalidProblemError("paraplan fill needs PLAN.json and --fill-jobs F (or --scale)")
     from planner.progress import progress
 
+    from planner.report import plan_devices
+
     plan, jobs = api.load_plan(args.plan), api.fill_jobs(args.fill_jobs)
-    with progress(f"filling the bubbles of {plan.cluster.num_devices} GPUs with {len(jobs)} jobs"):
+    with progress(f"filling the bubbles of {plan_devices(plan)} GPUs with {len(jobs)} jobs"):
         result = api.fill(plan, jobs, _fill_options(args, scale=False))
-    _emit(args, result, _fill_table(result, plan.cluster.num_devices))
+    _emit(args, result, _fill_table(result, plan_devices(plan)))
     return 0
 
 

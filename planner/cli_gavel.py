@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,22 +19,18 @@ from planner.errors import InvalidProblemError
 from planner.progress import progress
 from planner.schema_gavel import Allocation, ClusterProblem, ClusterSimResult, JobsFile
 
-_WORKERS_RE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*[:=]\s*(\d+)(?:x(\d+))?\s*$")
-"""``type:count`` or, as in ``paraplan plan``, ``type:NODESxPER_NODE`` (N x M accelerators)."""
-
-
 def add_parsers(sub: Any) -> None:
     """Register the Gavel sub-commands on the ``paraplan`` sub-parser set."""
     s = sub.add_parser("schedule", help="one Gavel allocation of a cluster among jobs")
     s.add_argument("--jobs", required=True, help="jobs JSON (paraplan.jobs/v1), a Gavel .trace file or a bundled trace name")
-    s.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or e.g. v100:1,k80:1")
+    s.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or TYPE:N accelerators per type, e.g. v100:1,k80:1")
     s.add_argument("--policy", required=True, help="policy name (`paraplan policies` lists them)")
     _common_flags(s)
     s.add_argument("--json", action="store_true", help="print the allocation JSON on stdout")
     s.set_defaults(handler=cmd_schedule)
 
     c = sub.add_parser("cluster-sim", help="simulate a cluster under a Gavel policy with 6-minute rounds")
-    c.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or e.g. v100:36,p100:36,k80:36")
+    c.add_argument("--cluster", required=True, help="cluster JSON with worker_types, or TYPE:N accelerators per type, e.g. v100:36,p100:36,k80:36")
     c.add_argument("--policy", required=True)
     c.add_argument("--trace", help="jobs JSON or Gavel .trace with arrival times, or a bundled trace by name "
                    "(small_test, medium_test, debug, debug_v2, artifact_evaluation)")
@@ -201,23 +196,39 @@ def load_worker_types(spec: str) -> dict[str, int]:
         assert cluster.device is not None
         return {cluster.device.name: cluster.num_devices}
     out: dict[str, int] = {}
-    for part in spec.split(","):
-        match = _WORKERS_RE.match(part)
-        if match is None:
-            raise InvalidProblemError(
-                f"cannot parse cluster {spec!r}; give a cluster JSON or type:count pairs such as 'v100:36,p100:36,k80:36'"
-            )
-        count = int(match.group(2)) * int(match.group(3) or 1)
-        if count < 1:
-            raise InvalidProblemError(f"cluster {spec!r}: {match.group(1)} has {count} accelerators; need at least 1")
-        name = match.group(1).lower()
+    for name, count in map(_worker_count, spec.split(",")):
         out[name] = out.get(name, 0) + count
     from planner.schema_io import MAX_DEVICES, bounded
 
     bounded("accelerators in cluster " + repr(spec), sum(out.values()), MAX_DEVICES,
             "set above the largest published training clusters")
-    print(f"cluster {spec}: " + ", ".join(f"{n} {t}" for t, n in out.items()) + " accelerators", file=sys.stderr)
+    total = sum(out.values())
+    print(f"cluster {spec} -> " + " + ".join(f"{n} {t}" for t, n in out.items()) + f" = {total} accelerators", file=sys.stderr)
     return out
+
+
+def _worker_count(part: str) -> tuple[str, int]:
+    """``(type, accelerators)`` of one ``type:N`` (N accelerators), ``type:NODESxPER_NODE`` or
+    ``type`` (one node of a preset's usual size) part: the shorthand ``plan`` reads."""
+    from cost_models.hardware import parse_spec
+
+    try:
+        name, count, per_node = parse_spec(part.replace("=", ":"))
+    except InvalidProblemError as e:
+        raise InvalidProblemError(f"{e}; for the scheduling commands give type:count pairs such as 'v100:36,p100:36,k80:36'") from None
+    if count is None:
+        return name, _node_size(name)
+    return name, count * (per_node or 1)
+
+
+def _node_size(name: str) -> int:
+    from cost_models.hardware import cluster_preset
+
+    try:
+        return cluster_preset(name).num_devices
+    except InvalidProblemError:
+        raise InvalidProblemError(f"cluster type {name!r} has no count and no preset node size; write {name}:N "
+                                  "(N accelerators)") from None
 
 
 def load_jobs(source: str, workers: dict[str, int], *, table: str | None = None, with_pairs: bool = False) -> JobsFile:

@@ -156,11 +156,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     cfg = api.load_model(args.model, seq_length=args.seq_length)
     if not isinstance(cfg, TransformerConfig):
         raise InvalidProblemError(f"--model {args.model!r} is a layer profile already; give a transformer config or preset")
+    from planner.progress import progress
     from runtime_bridge.profile import profile_model
 
-    profile = profile_model(cfg, device=args.device, microbatch_size=args.microbatch_size, repeats=args.repeats,
-                            optimizer_bytes_per_param=args.optimizer_bytes_per_param,
-                            num_microbatches=args.num_microbatches, clock=args.clock)
+    with progress(f"profiling {cfg.name}'s layers on {args.device} ({args.repeats} repeats)"):
+        profile = profile_model(cfg, device=args.device, microbatch_size=args.microbatch_size, repeats=args.repeats,
+                                optimizer_bytes_per_param=args.optimizer_bytes_per_param,
+                                num_microbatches=args.num_microbatches, clock=args.clock)
     text = profile.model_dump_json(indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")

@@ -15,18 +15,33 @@ class Ticker:
     def __init__(self, total: int | None) -> None:
         self.total, self.done = total, 0
         self.start = time.perf_counter()
+        self.phase = ""
+        self.phase_start = self.start
 
     def advance(self, done: int | None = None, total: int | None = None) -> None:
         """One more unit finished (or ``done`` of ``total`` units)."""
         self.done = self.done + 1 if done is None else done
         self.total = total if total is not None else self.total
 
+    def update(self, phase: str, done: int | None = None, total: int | None = None) -> None:
+        """A solver's phase (``solvers.budget.report_phase``): shown after the label, with the
+        ETA of its units when it gives them (the clock restarts when their total changes); a
+        phase without counts keeps the current ones (a sub-phase of the same unit)."""
+        self.phase = phase
+        if done is None and total is None:
+            return
+        if total != self.total:
+            self.phase_start = time.perf_counter()
+        self.done, self.total = done or 0, total
+
     def suffix(self) -> str:
+        text = f" [{self.phase}]" if self.phase else ""
         if not self.total:
-            return ""
-        text = f" ({self.done}/{self.total}"
+            return text
+        text += f" ({self.done}/{self.total}"
         if 0 < self.done < self.total:
-            remaining_s = (time.perf_counter() - self.start) / self.done * (self.total - self.done)
+            began = self.phase_start if self.phase else self.start
+            remaining_s = (time.perf_counter() - began) / self.done * (self.total - self.done)
             text += f", ETA {remaining_s:.0f} s"
         return text + ")"
 

@@ -30,10 +30,22 @@ def cluster_expansion(cluster: Cluster) -> str:
     return f"{nodes} x {cluster.devices_per_node} {cluster.device.name} = {cluster.num_devices} devices"
 
 
+def expansion_line(spec: object, cluster: Cluster) -> str:
+    """The stderr line every command prints for ``--cluster``: ``cluster a100-80gb:64 -> 8 nodes x 8 a100-80gb = 64 devices``."""
+    return f"cluster {spec} -> {cluster_expansion(cluster)}"
+
+
+def plan_devices(plan: Plan) -> int:
+    """The devices a plan uses (its stages' replicas x tensor x context), which may be fewer
+    than its cluster's: the count every command prints for a plan."""
+    d = plan.degrees
+    return sum(stage.replicas for stage in plan.stages) * d.tensor * d.context
+
+
 def devices_line(plan: Plan) -> str:
     """How many of the cluster's devices the plan uses, and how they split."""
     d = plan.degrees
-    used = sum(stage.replicas for stage in plan.stages) * d.tensor * d.context
+    used = plan_devices(plan)
     total = plan.cluster.num_devices
     split = f"{d.pipeline} stages x {d.data} replicas x {d.tensor} tensor" + (f" x {d.context} context" if d.context > 1 else "")
     if used == total:

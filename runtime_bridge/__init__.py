@@ -9,6 +9,9 @@ works without torch; import the submodules you need:
   MoE); ``stages``: a rank's chunks from a plan, for the bundled model or a user's ordered list
   of blocks; ``parallel``: the (pipeline, data, tensor) device mesh, tensor and sequence
   parallelism (DTensor styles) and data parallelism (DDP or FSDP2 by the plan's ZeRO stage);
+  ``expert_parallel``: experts split over replicas, all-to-all dispatch and combine;
+  ``context_parallel``: the load-balanced sequence split, attention over all-gathered K/V;
+  ``grad_sync``: the explicit data-parallel gradient reduction (zero-bubble orders, EP, CP);
 - ``torch_pp``: the adapter over torch's schedule classes and its custom-schedule runtime;
 - ``launch``: torchrun launch, per-step progress on stderr; ``report``: measured versus
   predicted; ``check``: the single-process reference; ``worker``: the per-rank program;

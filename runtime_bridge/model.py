@@ -79,11 +79,14 @@ class Embedding(nn.Module):
         self.positions = (
             nn.Embedding(cfg.seq_length, cfg.hidden_size) if cfg.position_embedding == "learned" else None
         )
+        self.context = None
+        """Context parallelism (``runtime_bridge.context_parallel.ContextShard``): the positions held."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tokens(tokens)
         if self.positions is not None:
-            x = x + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
+            held = self.context.positions if self.context is not None else None
+            x = x + self.positions(held if held is not None else torch.arange(tokens.shape[1], device=tokens.device))
         return x
 
 
@@ -102,24 +105,33 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def _rope(x: torch.Tensor, theta: float, scaling: dict | None = None) -> torch.Tensor:
+def _rope(x: torch.Tensor, theta: float, scaling: dict | None = None, positions: torch.Tensor | None = None
+          ) -> torch.Tensor:
     """Rotary position embedding of (batch, heads, seq, head_dim), computed on the fly so that
-    meta-device construction leaves no uninitialised buffer behind."""
+    meta-device construction leaves no uninitialised buffer behind; ``positions``: the tokens'
+    positions in the sequence (context parallelism holds a subset), default 0..seq-1."""
     seq, dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
     if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
         inv_freq = _llama3_scaled(inv_freq, scaling)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    angles = torch.outer(positions.to(torch.float32), inv_freq)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(QK^T / sqrt(d)) V with a causal mask: what selective recompute recomputes."""
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d)) V with a causal mask (``mask``: an explicit boolean one, for queries
+    that are a subset of the sequence under context parallelism): what selective recompute
+    recomputes."""
     if k.shape[1] != q.shape[1]:  # grouped-query attention: share each K/V head
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
@@ -150,18 +162,26 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
         self.selective_recompute = False
         """Recompute the attention core in the backward (Korthikanti's selective recompute)."""
+        self.context = None
+        """Context parallelism (``runtime_bridge.context_parallel.ContextShard``): this rank's
+        positions, and the all-gather of the keys and values of the whole sequence."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq = x.shape[0], x.shape[1]
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        cp = self.context
+        positions = cp.positions if cp is not None else None
         if self.rope_theta is not None:
-            q, k = _rope(q, self.rope_theta, self.rope_scaling), _rope(k, self.rope_theta, self.rope_scaling)
+            q, k = (_rope(t, self.rope_theta, self.rope_scaling, positions) for t in (q, k))
+        mask = None
+        if cp is not None:
+            k, v, mask = cp.gather(k), cp.gather(v), cp.mask
         if self.selective_recompute and torch.is_grad_enabled():
-            out = checkpoint(attention_core, q, k, v, use_reentrant=False)
+            out = checkpoint(attention_core, q, k, v, mask, use_reentrant=False)
         else:
-            out = attention_core(q, k, v)
+            out = attention_core(q, k, v, mask)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

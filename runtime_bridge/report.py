@@ -17,7 +17,7 @@ __all__ = ["mfu", "summarize"]
 
 
 def _num_devices(plan: Plan) -> int:
-    return plan.degrees.tensor * sum(stage.replicas for stage in plan.stages)
+    return plan.degrees.tensor * plan.degrees.context * sum(stage.replicas for stage in plan.stages)
 
 
 def mfu(plan: Plan, cfg: TransformerConfig, step_s: float) -> float | None:
@@ -62,6 +62,7 @@ def summarize(job: Any, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "peak_memory_bytes": [rec["peak_memory_bytes"] for rec in records],
         "rank_stage": [rec["stage"] for rec in records],
         "rank_virtual_stages": [rec.get("virtual_stages", []) for rec in records],
+        "rank_param_bytes": [rec.get("param_bytes", 0) for rec in records],
         "memory_kind": records[0]["memory_kind"],
         "loss": [statistics.fmean(x for rec in last for x in rec["losses"][s]) for s in range(job.steps)],
     }

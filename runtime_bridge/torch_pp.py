@@ -38,7 +38,7 @@ from planner.schema import Plan
 
 __all__ = [
     "Executor", "WaitHook", "build_schedule", "executor_for", "install_wait_hook", "lower_offline", "make_stage",
-    "torch_actions",
+    "torch_actions", "unshard_before_backward",
 ]
 
 Executor = Literal["auto", "builtin", "actions"]
@@ -95,6 +95,28 @@ def make_stage(module: nn.Module, *, stage_index: int, num_stages: int, device: 
     """A manual-frontend stage (dynamic shape inference on the first step); ``group`` by keyword,
     the one spelling torch 2.11 and 2.13 share."""
     return PipelineStage(module, stage_index, num_stages, device, group=group)
+
+
+def unshard_before_backward(stage: PipelineStage) -> None:
+    """FSDP2 with ``reshard_after_forward=True`` (ZeRO-3) under an I/W split: torch's input pass
+    collects the stage's parameters (``submod.parameters()``) before autograd's pre-backward hooks
+    gather them, so it sees the sharded parameters, not the gathered ones the graph used, and
+    their weight gradients are lost. Gather every FSDP unit of the stage before each backward
+    (I, B or W); torch's ``REDUCE_GRAD`` after the last W reduce-scatters and reshards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in stage.submod.modules() if isinstance(m, FSDPModule)]
+    passes = {"backward_one_chunk": stage.backward_one_chunk, "backward_weight_one_chunk": stage.backward_weight_one_chunk}
+
+    def gathered(run: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for unit in units:
+                unit.unshard()
+            return run(*args, **kwargs)
+        return call
+
+    for name, run in passes.items():
+        setattr(stage, name, gathered(run))
 
 
 def build_schedule(

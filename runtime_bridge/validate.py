@@ -19,9 +19,9 @@ synchronous schedules cannot reproduce."""
 
 
 def num_ranks(plan: Plan) -> int:
-    """Processes a plan needs: pipeline x data x tensor degrees."""
+    """Processes a plan needs: pipeline x data x context x tensor degrees."""
     d = plan.degrees
-    return d.pipeline * d.data * d.tensor
+    return d.pipeline * d.data * d.context * d.tensor
 
 
 def resolve_config(plan: Plan, model: TransformerConfig | None = None) -> TransformerConfig:
@@ -178,13 +178,8 @@ def check_buildable(cfg: TransformerConfig) -> None:
 def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
     """Degrees the bridge cannot run yet, and the divisibility tensor parallelism needs."""
     d = plan.degrees
-    for name, value, what in (("context", d.context, "context (sequence-split attention)"),
-                              ("expert", d.expert, "expert")):
-        if value != 1:
-            raise InvalidProblemError(
-                f"degrees.{name}={value}: the runtime bridge does not execute {what} parallelism yet; "
-                f"plan with degrees.{name}=1 (it runs pipeline x data x tensor)"
-            )
+    _check_context(plan, cfg)
+    _check_expert(plan, cfg)
     t = d.tensor
     if t == 1:
         return
@@ -209,6 +204,46 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
         )
 
 
+def _check_context(plan: Plan, cfg: TransformerConfig) -> None:
+    """Context parallelism as the bridge runs it: the load-balanced split (2 c chunks), keys and
+    values all-gathered, any ZeRO stage over the data x context ranks."""
+    d = plan.degrees
+    if d.context == 1:
+        return
+    problems = []
+    if cfg.seq_length % (2 * d.context):
+        problems.append(f"seq_length={cfg.seq_length} is not divisible by 2 x degrees.context = {2 * d.context} "
+                        "(the load-balanced split); use a context degree c with seq_length divisible by 2c")
+    if plan.sequence_parallel and (cfg.seq_length // d.context) % d.tensor:
+        problems.append(f"sequence parallelism splits each context rank's {cfg.seq_length // d.context} tokens over "
+                        f"degrees.tensor={d.tensor}; use a tensor degree that divides them")
+    if problems:
+        raise InvalidProblemError(f"degrees.context={d.context}: " + "; ".join(problems))
+
+
+def _check_expert(plan: Plan, cfg: TransformerConfig) -> None:
+    """Expert parallelism as the bridge runs it: experts split over e of the d replicas (each
+    expert tensor-split over t, as without expert parallelism), gradients reduced explicitly
+    (replicated dense parameters)."""
+    d = plan.degrees
+    if d.expert == 1:
+        return
+    problems = []
+    if cfg.num_experts is None:
+        problems.append(f"model {cfg.name!r} has no experts (num_experts unset): use degrees.expert=1")
+    elif cfg.num_experts % d.expert:
+        problems.append(f"num_experts={cfg.num_experts} is not divisible by degrees.expert={d.expert}: use an "
+                        "expert-parallel degree that divides it")
+    if (d.data * d.context) % d.expert:
+        problems.append(f"degrees.expert={d.expert} must divide degrees.data x degrees.context = "
+                        f"{d.data * d.context} (the expert-parallel group is carved out of those ranks)")
+    if plan.zero_stage > 1 and d.tensor > 1:
+        problems.append(f"zero_stage={plan.zero_stage} with degrees.tensor={d.tensor}: the bridge shards experts "
+                        "with FSDP2 over whole experts only; use zero_stage 0 or 1, or degrees.tensor=1")
+    if problems:
+        raise InvalidProblemError(f"degrees.expert={d.expert}: " + "; ".join(problems))
+
+
 def _check_degrees(plan: Plan, world_size: int | None) -> None:
     d = plan.degrees
     replicas = [stage.replicas for stage in plan.stages]
@@ -218,17 +253,19 @@ def _check_degrees(plan: Plan, world_size: int | None) -> None:
             "runs one data-parallel degree for all stages: plan with solver 'even' or 'ptdp'"
         )
     for stage in plan.stages:
-        size = d.data * d.tensor
+        size = d.data * d.context * d.tensor
         megatron = tuple(range(stage.index * size, (stage.index + 1) * size))
         if stage.ranks and tuple(stage.ranks) != megatron:
             raise InvalidProblemError(
                 f"stage {stage.index} has ranks {list(stage.ranks)}; the bridge places ranks in Megatron "
-                f"order (rank = stage x data x tensor + replica x tensor + tensor rank), i.e. {list(megatron)}"
+                f"order (rank = stage x data x context x tensor + replica x context x tensor + context rank x "
+                f"tensor + tensor rank), i.e. {list(megatron)}"
             )
     needed = num_ranks(plan)
     if world_size is not None and world_size != needed:
         raise InvalidProblemError(
-            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data} x tensor {d.tensor}) but "
+            f"the plan needs {needed} processes (pipeline {d.pipeline} x data {d.data}"
+            f"{f' x context {d.context}' if d.context > 1 else ''} x tensor {d.tensor}) but "
             f"the launch starts {world_size}; set --nproc-per-node x --nnodes = {needed}"
         )
 
@@ -272,7 +309,6 @@ def _check_schedule(plan: Plan) -> None:
                 f"torch's interleaved 1F1B needs num_microbatches divisible by max(1, m // p) = {rounds}; "
                 f"got m={m} for p={p}: use a multiple of {p}"
             )
-    _check_split_backward(plan)
     if plan.schedule == "custom":
         assert plan.actions is not None  # Plan validation requires actions for 'custom'
         for rank, actions in enumerate(plan.actions):
@@ -285,20 +321,10 @@ def _check_schedule(plan: Plan) -> None:
                     )
 
 
-def _check_split_backward(plan: Plan) -> None:
-    """Zero-bubble orders split each backward into I (input gradient) and W (weight gradient).
-    torch's pipeline stage reduces a data-parallel stage's gradients (DDP's all-reduce, FSDP's
-    reduce-scatter) at the end of the input-gradient pass, before W has produced the weight
-    gradients: the replicas would average incomplete gradients (the tests saw a gradient error of
-    4e-2 with DDP and missing gradients with FSDP). Refused until that is handled."""
-    if plan.degrees.data == 1 or plan.schedule not in ("zb-h1", "zb-h2", "zb-v", "dualpipe-v", "custom"):
-        return
+def splits_backward(plan: Plan) -> bool:
+    """Whether the plan's order splits some backward into I and W actions."""
+    if plan.schedule not in ("zb-h1", "zb-h2", "zb-v", "dualpipe-v", "custom"):
+        return False
     from cost_models.simulate import plan_actions
 
-    if any(a.kind in ("I", "W") for rank in plan_actions(plan) for a in rank):
-        raise InvalidProblemError(
-            f"schedule {plan.schedule!r} splits backwards into I and W, and degrees.data={plan.degrees.data}: torch's "
-            "pipeline stage reduces data-parallel gradients before the W actions produce them, so the replicas would "
-            "average incomplete gradients; with data parallelism use 1f1b, interleaved-1f1b or gpipe (or full 'B' "
-            "backwards in custom actions)"
-        )
+    return any(a.kind in ("I", "W") for rank in plan_actions(plan) for a in rank)

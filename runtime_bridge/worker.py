@@ -29,6 +29,9 @@ from torch.distributed.tensor import DTensor
 
 from planner.schema import Plan, TransformerConfig
 from runtime_bridge import model as gpt
+from runtime_bridge.context_parallel import context_parallel_layer
+from runtime_bridge.expert_parallel import expert_parallel_layer
+from runtime_bridge.grad_sync import ExpertGradScale, GradSync, needs_explicit_sync
 from runtime_bridge.parallel import (
     RankMesh,
     build_mesh,
@@ -38,7 +41,8 @@ from runtime_bridge.parallel import (
     tensor_parallel_layer,
 )
 from runtime_bridge.stages import LocalChunk, build_chunk_modules, local_chunks
-from runtime_bridge.torch_pp import build_schedule, make_stage, run_step
+from runtime_bridge.torch_pp import build_schedule, make_stage, run_step, unshard_before_backward
+from runtime_bridge.validate import splits_backward
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +57,7 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ["RANK"])
     try:
         device = _setup(spec)
-        progress = out_dir / "progress.log" if rank == dist.get_world_size() - 1 else None
-        records = [_run_job(job, device, progress) for job in spec["jobs"]]
+        records = [_run_job(job, device, out_dir / "progress.log") for job in spec["jobs"]]
         gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
         dist.gather_object(records, gathered if rank == 0 else None, dst=0)
         if rank == 0:
@@ -89,29 +92,58 @@ def _build(job: dict[str, Any], plan: Plan, cfg: TransformerConfig, device: torc
     """This rank's chunks: built, tensor-parallelised, wrapped for data parallelism, as stages."""
     seed = int(job.get("seed", 0))
     chunks = local_chunks(plan, mesh.stage)
-    tp = None
-    if mesh.tp_mesh is not None:
-        tp = lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel)  # noqa: E731
+    hooks = _layer_hooks(plan, cfg, mesh, device)
+
+    def parallelize(layer: nn.Module, index: int) -> nn.Module:
+        for hook in hooks:
+            layer = hook(layer, index)
+        return layer
+
     modules = build_chunk_modules(
         chunks, lambda i: gpt.build_layer(cfg, i), device=device,
         init=lambda layer, i: gpt.init_layer(layer, i, seed=seed), dtype=gpt.model_dtype(cfg, device),
-        parallelize=tp,
+        parallelize=parallelize if hooks else None,
     )
-    wrapped = [shard_data_parallel(m, plan.zero_stage, mesh) for m in modules]
+    explicit = needs_explicit_sync(plan)
+    wrapped = [shard_data_parallel(m, plan.zero_stage, mesh, explicit_sync=explicit) for m in modules]
     num_stages = plan.degrees.pipeline * plan.degrees.virtual
     stages = [make_stage(w, stage_index=c.virtual_stage, num_stages=num_stages, device=device, group=mesh.pp_group)
               for w, c in zip(wrapped, chunks)]
+    if plan.zero_stage == 3 and mesh.dp_mesh is not None and splits_backward(plan):
+        for stage in stages:
+            unshard_before_backward(stage)
     return chunks, wrapped, stages
 
 
-def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -> dict[str, Any]:
+def _layer_hooks(plan: Plan, cfg: TransformerConfig, mesh: RankMesh, device: torch.device) -> list[Any]:
+    """What each initialised layer goes through, in order: expert parallelism (keep this rank's
+    experts), tensor parallelism (every kept expert split too; with sequence parallelism the MoE
+    block gathers the sequence before routing), then the context shard."""
+    hooks: list[Any] = []
+    if mesh.ep_group is not None:
+        hooks.append(lambda layer, i: expert_parallel_layer(
+            layer, ep_rank=mesh.ep_rank, ep_size=plan.degrees.expert, group=mesh.ep_group))
+    if mesh.tp_mesh is not None:
+        hooks.append(lambda layer, i: tensor_parallel_layer(layer, i, cfg, mesh.tp_mesh, plan.sequence_parallel))
+    if mesh.cp_group is not None:
+        shard = _context_shard(plan, cfg, mesh, device)
+        hooks.append(lambda layer, i: context_parallel_layer(layer, shard))
+    return hooks
+
+
+def _run_job(job: dict[str, Any], device: torch.device, progress_path: Path) -> dict[str, Any]:
     plan = Plan.from_dict(job["plan"])
     cfg = TransformerConfig.from_dict(job["config"])
-    mesh = build_mesh(plan, dist.get_rank(), device)
+    mesh = build_mesh(plan, dist.get_rank(), device, explicit_sync=needs_explicit_sync(plan))
     chunks, modules, stages = _build(job, plan, cfg, device, mesh)
+    progress = progress_path if _writes_progress(plan, mesh.stage) else None
+    sync = _grad_sync(plan, mesh)
     schedule = build_schedule(plan, stages, gpt.lm_loss, executor=job.get("executor", "auto"))
-    optimizer = make_optimizer([q for m in modules for q in m.parameters()], plan.zero_stage, mesh,
-                               lr=float(job.get("lr", 0.05)))
+    named = [(n, q) for m in modules for n, q in m.named_parameters()]
+    split = mesh.ep_group is not None  # expert-parallel experts differ per replica: their own ZeRO-1 group
+    optimizer = make_optimizer([q for n, q in named if not (split and ".experts." in n)], plan.zero_stage, mesh,
+                               lr=float(job.get("lr", 0.05)),
+                               expert_params=[q for n, q in named if split and ".experts." in n])
     filler = _fill_runner(job, plan, mesh.stage, stages, device)
     record: dict[str, Any] = {
         "rank": dist.get_rank(), "stage": mesh.stage, "replica": mesh.replica, "tp_rank": mesh.tp_rank,
@@ -124,15 +156,19 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
     if progress is not None:
         d = plan.degrees
         with progress.open("a") as fh:
+            extra = "".join(f" x {k} {v}" for k, v in (("context", d.context), ("expert", d.expert)) if v > 1)
             fh.write(f"{job.get('name') or 'run'}: ranks ready (pipeline {d.pipeline} x data {d.data} x tensor "
-                     f"{d.tensor}); step 1 also infers the stages' shapes\n")
+                     f"{d.tensor}{extra}); step 1 also infers the stages' shapes\n")
     per_replica = plan.num_microbatches * plan.microbatch_size
     rows = slice(mesh.replica * per_replica, (mesh.replica + 1) * per_replica)
+    shard = _context_shard(plan, cfg, mesh, device)
+    columns = shard.index if shard is not None else slice(None)  # context parallelism: the positions held
     for step in range(int(job["steps"])):
         if job.get("fail_rank") == record["rank"] and step == int(job.get("fail_step", 0)):
             os._exit(FAULT_EXIT_CODE)  # fault injection: die like a crashed host, no cleanup
         tokens, targets = gpt.sample_batch(cfg, batch_size=plan.global_batch_size, step=step, seed=int(job.get("seed", 0)))
-        _train_step(job, record, (schedule, stages, modules, optimizer, filler), tokens[rows], targets[rows], device)
+        _train_step(job, record, (schedule, stages, modules, optimizer, filler, sync, mesh), tokens[rows][:, columns],
+                    targets[rows][:, columns], device)
         if progress is not None and record["losses"][-1]:
             _report_progress(progress, job, step, record, plan.global_batch_size * cfg.seq_length)
     record.update(_peak_memory(device))
@@ -142,12 +178,21 @@ def _run_job(job: dict[str, Any], device: torch.device, progress: Path | None) -
     return record
 
 
+def _writes_progress(plan: Plan, stage: int) -> bool:
+    """The highest rank of the pipeline stage holding the last virtual stage writes the progress
+    lines (its losses are the model's; under a V schedule that stage is pipeline rank 0)."""
+    if stage != plan.stage_ranks()[-1]:
+        return False
+    ranks = plan.stages[stage].ranks
+    return dist.get_rank() == (max(ranks) if ranks else dist.get_world_size() - 1)
+
+
 def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, ...], tokens: torch.Tensor,
                 targets: torch.Tensor, device: torch.device) -> None:
     """One timed step: the pipeline schedule (with fill work in its bubbles), the whole gradients
     for ``--check``, the SGD step; appends the step time (wall, and this process's CPU time, which
     other jobs on a shared host do not inflate) and this rank's microbatch losses."""
-    schedule, stages, modules, optimizer, filler = parts
+    schedule, stages, modules, optimizer, filler, sync, mesh = parts
     dist.barrier()
     start, cpu_start = time.perf_counter(), time.process_time()
     if filler is not None:
@@ -155,6 +200,12 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
     losses = run_step(schedule, stages, tokens.to(device), targets.to(device))
     if filler is not None:
         filler.end_step()  # the idle tail is inside the timed step: its fill work counts
+    if sync is not None:  # after every W action: the data-parallel reduction DDP would have done
+        sync.reduce(modules)
+    if mesh.cp_group is not None:  # each context rank's loss is its tokens' mean
+        from runtime_bridge.context_parallel import average_losses
+
+        losses = average_losses(losses, mesh.cp_group, dist.get_world_size(mesh.cp_group))
     _sync(device)
     compute_s, compute_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if job.get("check"):  # untimed: gathering shards is not part of training
@@ -166,6 +217,27 @@ def _train_step(job: dict[str, Any], record: dict[str, Any], parts: tuple[Any, .
     record["step_times_s"].append(compute_s + time.perf_counter() - start)
     record["step_cpu_times_s"].append(compute_cpu_s + time.process_time() - cpu_start)
     record["losses"].append([float(x) for x in losses])
+
+
+def _grad_sync(plan: Plan, mesh: RankMesh) -> GradSync | ExpertGradScale | None:
+    """The explicit gradient reduction of zero-bubble, expert- or context-parallel data parallelism
+    (or the experts' extra 1 / e under FSDP2), or None."""
+    if mesh.ep_group is not None and plan.zero_stage > 1:
+        return ExpertGradScale(plan.degrees.expert)
+    if not needs_explicit_sync(plan):
+        return None
+    return GradSync(mesh.dp_group, plan.degrees.data * plan.degrees.context, expert_parallel=mesh.ep_group is not None,
+                    expert_group=mesh.edp_group)
+
+
+def _context_shard(plan: Plan, cfg: TransformerConfig, mesh: RankMesh, device: torch.device) -> Any:
+    """This rank's share of the sequence (None without context parallelism)."""
+    if mesh.cp_group is None:
+        return None
+    from runtime_bridge.context_parallel import ContextShard
+
+    return ContextShard(cfg.seq_length, size=plan.degrees.context, rank=mesh.cp_rank, group=mesh.cp_group,
+                        device=device)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

@@ -92,7 +92,7 @@ def batch_message(
                 f"every swept configuration (possible: {products[:8]}); give only one of them")
     if m is not None:  # no batch: only 2BW's m >= p can have failed
         return (f"num_microbatches={m} is smaller than every swept pipeline depth "
-                f"({sorted(p for p, _ in pairs)}) and 2BW needs m >= p (L2282-2287); give "
+                f"({sorted(p for p, _ in pairs)}) and 2BW needs m >= p ([narayanan-thesis] Sec. 3.2.1); give "
                 f"num_microbatches >= {min(p for p, _ in pairs)} or schedule flush")
     assert batch is not None
     works: set[int] = set()
@@ -108,7 +108,7 @@ def batch_message(
         reasons.append(f"global batch {batch} is not a multiple of b x d for some swept microbatch sizes b "
                        f"{list(sizes)} and widths d {sorted({d for _, d in pairs})}")
     if skipped.get("m<p"):
-        reasons.append("2BW needs m = B / (b d) >= p microbatches per batch (L2282-2287) and the others have fewer")
+        reasons.append("2BW needs m = B / (b d) >= p microbatches per batch ([narayanan-thesis] Sec. 3.2.1) and the others have fewer")
     return (f"no configuration splits the global batch: {'; '.join(reasons)}. Global batch sizes that work: "
             f"{sorted(near)}; or allow other microbatch sizes (option microbatch_sizes)"
             + ("" if "flush" in schedules else " or schedule flush"))

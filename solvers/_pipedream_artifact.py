@@ -44,6 +44,7 @@ from one start), ``suffix_values`` (A^k for every range ending at the last layer
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,6 +120,10 @@ class RangeValues:
         return np.where(a_arr == 0, self.prefix[b_arr], self.suffix[a_arr])
 
 
+class OutOfTime(Exception):
+    """The DP tables were cut short by the command's time limit."""
+
+
 @dataclass(frozen=True)
 class LevelCosts:
     """Stage and boundary costs of one topology level (level 1 is the lowest)."""
@@ -135,6 +140,13 @@ class LevelCosts:
     memory: MemoryLimit | None = None
     component_workers: int = 1
     """Workers in one component of the level below (product of the lower counts)."""
+    deadline: float | None = None
+    """``time.perf_counter()`` value past which the tables stop with ``OutOfTime`` (the command's
+    --time-limit); None: no limit."""
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise OutOfTime()
 
     @property
     def depends_on_upstream(self) -> bool:
@@ -228,9 +240,11 @@ def forward_values(
     """A[m, j - start] = A^k(start -> j, m) for j < stop and m <= max_workers (row 0 is inf).
 
     With ``bound_s`` (an upper bound on the optimum), candidates that must exceed it are skipped:
-    a head above it, or a last stage whose compute alone, spread over all the workers it could
-    get, exceeds it. Entries whose true value is at most ``bound_s`` stay exact; others may be
-    too large, which the optimum never reads.
+    a head above it, a last stage whose compute alone, spread over all the workers it could
+    get, exceeds it, or a last stage on fewer workers than the fewest on which any of its
+    ranges costs at most the bound (at 4,096 GPUs that skips most of the table). Entries whose
+    true value is at most ``bound_s`` stay exact; others may be too large, which the optimum
+    never reads.
     """
     num, top = stop - start, max_workers
     table = np.full((top + 1, num), np.inf)
@@ -239,17 +253,33 @@ def forward_values(
         table[m] = costs.stage_s(start, ends, m, 0)
     ys = np.arange(1, top)[:, None]
     for s_loc in range(num - 1):
-        s, rows = start + s_loc, None
-        for x in range(1, top):
-            head = table[x, s_loc]
-            if not head <= bound_s:
-                continue
+        costs.check_time()
+        heads = table[1:top, s_loc]
+        xs = np.flatnonzero(heads <= bound_s) + 1  # the workers before the last stage whose head can count
+        if not len(xs):
+            continue
+        s, rows, fewest = start + s_loc, None, 0
+        for x in xs.tolist():
+            if rows is not None and not costs.depends_on_upstream and x + 1 + fewest > top:
+                break  # xs ascend: no later x leaves the last stage enough workers
             stop_loc = costs.reach(s, top - x, bound_s, stop) - start
             if rows is None or costs.depends_on_upstream:
                 rows = np.maximum(costs.stage_s(s + 1, ends[s_loc + 1 : stop_loc], ys, x), costs.cut_s(s))
-            target = table[x + 1 :, s_loc + 1 : stop_loc]
-            np.minimum(target, np.maximum(rows[: top - x, : target.shape[1]], head), out=target)
+                fewest = _fewest_workers(rows, bound_s, top)
+                if x + 1 + fewest > top:
+                    continue
+            target = table[x + 1 + fewest :, s_loc + 1 : stop_loc]
+            np.minimum(target, np.maximum(rows[fewest : top - x, : target.shape[1]], heads[x - 1]), out=target)
     return table
+
+
+def _fewest_workers(rows: np.ndarray, bound_s: float, top: int) -> int:
+    """Index (workers - 1) of the fewest workers on which some range of ``rows`` costs at most
+    ``bound_s``; ``top`` when none does."""
+    if not np.isfinite(bound_s):
+        return 0
+    within = (rows <= bound_s).any(axis=1)
+    return int(np.argmax(within)) if within.any() else top
 
 
 def all_range_values(costs: LevelCosts) -> np.ndarray:
@@ -261,6 +291,7 @@ def all_range_values(costs: LevelCosts) -> np.ndarray:
         table[m, first, last] = costs.stage_s(first, last, m, 0)
     ys = np.arange(1, top)[:, None]
     for s in range(num - 1):
+        costs.check_time()
         rows = None
         for x in range(1, top):
             if rows is None or costs.depends_on_upstream:
@@ -284,6 +315,7 @@ def suffix_values(costs: LevelCosts) -> np.ndarray:
     for m in range(1, top + 1):
         table[m] = costs.stage_s(starts, last, m, top - m)
     for t in range(num - 1, 0, -1):  # the tail t..N-1 is final; stages i..t-1 go before it
+        costs.check_time()
         for x in range(1, top):
             tail = table[x, t]
             if not np.isfinite(tail):

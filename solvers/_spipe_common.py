@@ -20,6 +20,7 @@ from cost_models import offload, transformer
 from cost_models.sim.offload import OffloadResult, simulate_offload
 from planner.errors import InfeasibleError
 from planner.schema import Chunk, Degrees, ModelProfile, OffloadHost, OffloadSpec, PipelineProblem, Plan, Predicted, Stage
+from solvers.budget import Budget, out_of_time, report_phase, untried_note
 from solvers.common import reject_fixed_shape
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -158,28 +159,47 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
     best: tuple[float, Plan] | None = None
     rows: list[dict[str, Any]] = []
     smallest = float("inf")
+    budget, configs = Budget.of(problem), list(configs)
+    tried, stopped, shape_error = 0, False, ""
     for cfg in configs:
         model = profile_for(problem, cfg.microbatch_size)
         if model is None or not keep(cfg):
             continue
+        if budget.stop_before(tried):
+            stopped = True
+            break
+        report_phase(f"{solver}: configuration {tried + 1}", tried, len(configs))
+        tried += 1
         try:
             plan, result = evaluate(build_plan(problem, model, cfg, host, solver=solver))
-        except InfeasibleError:
+        except InfeasibleError as e:
+            shape_error = shape_error or str(e)
             continue  # a shape the model cannot take (more stages than layers)
         rows.append(row(cfg, plan, result))
         smallest = min(smallest, max(result.gpu_memory_bytes))
         if rows[-1]["fits"] and (best is None or result.sim.iteration_time_s < best[0]):
             best = (result.sim.iteration_time_s, plan)
+    total = sum(1 for cfg in configs if keep(cfg))
     if best is None:
-        cap = usable_memory_bytes(problem.cluster.device)  # type: ignore[arg-type]
-        raise InfeasibleError(
-            f"no {solver} configuration fits GPU memory: the smallest peak found is {smallest / 2**30:.1f} GiB "
-            f"per GPU, the device has {cap / 2**30:.1f} GiB; use more GPUs, a smaller microbatch size or a "
-            "smaller global batch" if rows else f"{solver} found no stage configuration for this model and batch"
-        )
+        raise InfeasibleError(_no_fit_message(problem, solver, smallest if rows else None, shape_error)
+                              + (untried_note(problem, tried=tried, total=total, what="configurations") if stopped else ""))
     rows.sort(key=lambda r: (not r["fits"], r["iteration_time_s"]))
-    return best[1].model_copy(update={"candidates": tuple(rows), "solve_time_s": time.perf_counter() - start,
+    plan = best[1].model_copy(update={"candidates": tuple(rows), "solve_time_s": time.perf_counter() - start,
                                       "status": "optimal"})
+    return out_of_time(plan, problem, tried=tried, total=total, what="configurations") if stopped else plan
+
+
+def _no_fit_message(problem: PipelineProblem, solver: str, smallest_bytes: float | None, shape_error: str) -> str:
+    """Why the sweep found nothing: the smallest GPU peak simulated, or why no shape was possible."""
+    if smallest_bytes is not None:
+        cap = usable_memory_bytes(problem.cluster.device)  # type: ignore[arg-type]
+        return (f"no {solver} configuration fits GPU memory: the smallest peak found is {smallest_bytes / 2**30:.1f} GiB "
+                f"per GPU, the device has {cap / 2**30:.1f} GiB; use more GPUs, a smaller microbatch size or a "
+                "smaller global batch")
+    text = f"{solver} found no stage configuration for this model and batch"
+    if shape_error:
+        text += f": {shape_error} (every GPU holds at least one forward stage: use at most as many GPUs as decoder layers)"
+    return text
 
 
 def check_problem(problem: PipelineProblem, *, solver: str) -> None:

@@ -9,9 +9,11 @@ draw on one deadline. A solver that runs out returns the best plan found with st
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from planner.schema import PipelineProblem
+from planner.schema import PipelineProblem, Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +51,56 @@ class Budget:
         """A solve's time limit: ``default_s`` without a budget, else what is left (at least 0.05 s)."""
         left = self.left_s()
         return default_s if left is None else max(min(left, default_s), 0.05)
+
+    def stop_before(self, num_done: int) -> bool:
+        """Whether a loop should stop before its next item: the budget is spent and at least
+        one item was tried (the first always runs, so a tiny limit still gives an answer)."""
+        return num_done > 0 and self.spent()
+
+
+def out_of_time(plan: Plan, problem: PipelineProblem, *, tried: int, total: int, what: str) -> Plan:
+    """``plan`` (the best of the ``tried`` first of ``total`` ``what``) with status
+    ``time_limit`` and a note naming what was left untried."""
+    note = (f"time_limit_s={problem.time_limit_s:g} spent after {tried} of {total} {what}; the best of those is "
+            "returned (raise --time-limit to search the rest)")
+    return plan.model_copy(update={"status": "time_limit", "notes": (*plan.notes, note)})
+
+
+def untried_note(problem: PipelineProblem, *, tried: int, total: int, what: str) -> str:
+    """The clause an infeasibility message adds when the budget ended the search early."""
+    return (f"; time_limit_s={problem.time_limit_s:g} was spent after {tried} of {total} {what}, the rest were not "
+            "tried: raise --time-limit")
+
+
+Listener = Callable[[str, "int | None", "int | None"], None]
+_listeners: list[Listener] = []
+
+
+def report_phase(phase: str, done: int | None = None, total: int | None = None) -> None:
+    """Tell whoever listens (the CLI's progress line) which phase a solve is in and, where
+    known, how many of its units are done: ``report_phase("depth 2 of 5: MILP", 1, 5)``."""
+    for listener in _listeners:
+        listener(phase, done, total)
+
+
+@contextmanager
+def listening(listener: Listener) -> Iterator[None]:
+    """Route ``report_phase`` calls to ``listener`` while the block runs (solvers stay free of
+    the CLI: they only call ``report_phase``)."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """No phase reports while the block runs: a solver running another as a sub-step (stage-ilp's
+    baselines) keeps its own phases on the progress line."""
+    saved = _listeners[:]
+    _listeners.clear()
+    try:
+        yield
+    finally:
+        _listeners[:] = saved

@@ -91,7 +91,7 @@ def resolve_layout(problem: PipelineProblem, num_stages: int) -> Layout:
         lo = m // num_stages * num_stages
         raise InvalidProblemError(
             f"the interleaved schedule needs the microbatches per replica ({m}) to be a multiple of "
-            f"the pipeline depth {num_stages} (dissertation L3612); use {lo or num_stages} or "
+            f"the pipeline depth {num_stages} ([narayanan-thesis] Sec. 4.2.2); use {lo or num_stages} or "
             f"{lo + num_stages} microbatches"
         )
     return Layout(

@@ -36,6 +36,7 @@ from solvers.common import (
     resolve_layout,
     with_prediction,
 )
+from solvers.budget import Budget, report_phase, untried_note
 from solvers.options import parse_options
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,13 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     strategies = _strategy_order(problem.model, opts)
     smallest_peak, from_bound = float("inf"), False
     layout_error: InvalidProblemError | None = None
-    for p in _depth_candidates(problem):
+    budget, depths = Budget.of(problem), _depth_candidates(problem)
+    tried = 0
+    for p in depths:
+        if budget.stop_before(tried):
+            break
+        report_phase(f"{p} stages", tried, len(depths))
+        tried += 1
         try:
             layout = resolve_layout(problem, p)
         except InvalidProblemError as e:
@@ -105,7 +112,10 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     what = f"the even split of {problem.model.name}" + (
         f" on {problem.num_stages} stages" if problem.num_stages else " at every pipeline depth"
     )
-    raise InfeasibleError(memory_shortfall_message(problem, smallest_peak, what, at_least=from_bound))
+    untried = untried_note(problem, tried=tried, total=len(depths), what="pipeline depths") if tried < len(depths) else ""
+    if smallest_peak == float("inf") and untried:
+        raise InfeasibleError(f"no even split found{untried}")
+    raise InfeasibleError(memory_shortfall_message(problem, smallest_peak, what, at_least=from_bound) + untried)
 
 
 def with_bpipe(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
@@ -119,7 +129,7 @@ def with_bpipe(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
     p, v = plan.degrees.pipeline, plan.degrees.virtual
     if p < 4:
         return plan, (f"bpipe: {p} stages hold at most mu_opt activation sets already (BPipe acts from "
-                      "4 stages, seed 004 L100); planned without it",)
+                      "4 stages, [bpipe] Sec. 3.3); planned without it",)
     ranks = bpipe.pair_adjacent_ranks(p, data_parallel=plan.degrees.data, tensor_parallel=plan.degrees.tensor)
     stages = tuple(Stage(index=s.index, replicas=s.replicas, ranks=ranks[s.index], chunks=s.chunks)
                    for s in plan.stages)

@@ -29,6 +29,7 @@ from typing import Any
 from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import PipelineProblem, Plan
+from solvers.budget import Budget, out_of_time, untried_note
 from solvers._partition import fixed_depth_model
 from solvers.common import (
     build_plan,
@@ -70,22 +71,31 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
                                   f"as a recompute strategy; choose from {offered}")
     best: Plan | None = None
     smallest, from_bound = math.inf, False
-    for strategy in [opts.recompute] if opts.recompute else offered or ["none"]:
-        plan, peak, bounded = _smallest_ratio(problem, model, strategy)
+    budget, strategies = Budget.of(problem), [opts.recompute] if opts.recompute else offered or ["none"]
+    tried = 0
+    for strategy in strategies:
+        if budget.stop_before(tried):
+            break
+        tried += 1
+        plan, peak, bounded = _smallest_ratio(problem, model, strategy, budget)
         if peak < smallest:
             smallest, from_bound = peak, bounded
         if plan is not None and (best is None or plan.predicted.iteration_time_s < best.predicted.iteration_time_s):  # type: ignore[union-attr]
             best = plan
+    stopped = budget.spent()
     if best is None:
         raise InfeasibleError(memory_shortfall_message(
             problem, smallest, f"the Merak plan of {problem.model.name} on {model.num_stages} stages (r_0 = 1)",
-            at_least=from_bound))
+            at_least=from_bound) + (untried_note(problem, tried=tried, total=len(strategies), what="recompute strategies")
+                                    if stopped else ""))
+    best = out_of_time(best, problem, tried=tried, total=len(strategies), what="recompute strategies") if stopped else best
     return best.model_copy(update={"solve_time_s": time.perf_counter() - began})
 
 
-def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str) -> tuple[Plan | None, float, bool]:
+def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str, budget: Budget) -> tuple[Plan | None, float, bool]:
     """The plan of the smallest r_0 that fits with this strategy, or None and the lightest peak;
-    and whether that peak is only a lower bound (a candidate not simulated, schedule not 1F1B)."""
+    and whether that peak is only a lower bound (a candidate not simulated, schedule not 1F1B).
+    Stops at the first ratio tried once ``budget`` is spent."""
     layers, num_k = problem.model.layers, model.num_virtual
     bounds = even_bounds(problem.model, num_k)
     offers = [[i for i in range(bounds[k], bounds[k + 1]) if strategy in layers[i].strategies()] for k in range(num_k)]
@@ -93,6 +103,8 @@ def _smallest_ratio(problem: PipelineProblem, model: Any, strategy: str) -> tupl
     n0 = len(offers[0])
     smallest, from_bound = math.inf, False
     for step in range(n0 + 1):
+        if budget.stop_before(step):
+            break
         ratio = step / n0 if n0 else 1.0
         strategies = ["none"] * len(layers)
         for k, chosen in enumerate(offers):

@@ -36,6 +36,7 @@ from cost_models.schedules import build_actions
 from cost_models.transformer import ATTENTION_KINDS, decoder_backward_weight_flops, transformer_profile
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import ModelProfile, PipelineProblem, Plan
+from solvers.budget import Budget, out_of_time, untried_note
 from solvers import _pipedream_2bw_model as cm
 from solvers._pipedream_2bw_errors import batch_message, check_problem, memory_message
 from solvers.common import Layout, build_plan, with_prediction
@@ -167,20 +168,25 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     if batch is None and problem.num_microbatches is None:
         batch = DEFAULT_GLOBAL_BATCH_SIZE
     get_profile = profiles or (lambda b: problem.model)
-    candidates, skipped = _sweep(problem, get_profile, sizes, schedules, recomputes, batch)
+    budget = Budget.of(problem)
+    candidates, skipped = _sweep(problem, get_profile, sizes, schedules, recomputes, batch, budget)
+    pairs = len(depth_width_pairs(problem))
+    untried = (untried_note(problem, tried=skipped["pairs_tried"], total=pairs, what="(depth, width) pairs")
+               if skipped["pairs_tried"] < pairs else "")
     if not candidates:
-        raise InfeasibleError(batch_message(problem, sizes, schedules, batch, skipped))
+        raise InfeasibleError(batch_message(problem, sizes, schedules, batch, skipped) + untried)
     candidates.sort(key=Candidate.rank_key)
     best = candidates[0]
     if not best.fits:
-        raise InfeasibleError(memory_message(problem, get_profile, candidates))
+        raise InfeasibleError(memory_message(problem, get_profile, candidates) + untried)
     plan = _build(problem, get_profile(best.microbatch_size), best, opts)
     plan, _ = with_prediction(plan)
     notes = _notes(best, len(candidates), batch, profile_note, problem)
-    return plan.model_copy(update={
+    plan = plan.model_copy(update={
         "status": "optimal", "candidates": tuple(c.row() for c in candidates), "notes": notes,
         "solve_time_s": time.perf_counter() - start,
     })
+    return out_of_time(plan, problem, tried=skipped["pairs_tried"], total=pairs, what="(depth, width) pairs") if untried else plan
 
 
 def depth_width_pairs(problem: PipelineProblem) -> list[tuple[int, int]]:
@@ -248,12 +254,16 @@ def placements(model: ModelProfile, num_stages: int, *, recompute: str, schedule
 
 def _sweep(
     problem: PipelineProblem, get_profile: Callable[[int], ModelProfile], sizes: list[int],
-    schedules: list[str], recomputes: list[str], batch: int | None,
+    schedules: list[str], recomputes: list[str], batch: int | None, budget: Budget,
 ) -> tuple[list[Candidate], dict[str, int]]:
-    """Every valid configuration; ``skipped`` counts why others were left out."""
+    """Every valid configuration; ``skipped`` counts why others were left out (and
+    ``pairs_tried`` the (p, d) pairs swept before ``budget`` was spent)."""
     out: list[Candidate] = []
-    skipped = {"batch": 0, "m<p": 0}
+    skipped = {"batch": 0, "m<p": 0, "pairs_tried": 0}
     for p, d in depth_width_pairs(problem):
+        if budget.stop_before(len(out)):
+            break
+        skipped["pairs_tried"] += 1
         for b in sizes:
             if problem.num_microbatches is not None:
                 m = problem.num_microbatches

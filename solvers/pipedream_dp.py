@@ -43,12 +43,14 @@ from solvers._pipedream_artifact import (
     Chain,
     LevelCosts,
     MemoryLimit,
+    OutOfTime,
     RangeValues,
     all_range_values,
     forward_values,
     solve_range,
     suffix_values,
 )
+from solvers.budget import Budget, report_phase
 from solvers.common import format_bytes, reject_fixed_shape, with_prediction
 from solvers.options import parse_options
 
@@ -107,10 +109,16 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
                  + n * chain.activation_prefix_bytes[-1])
         if worst > capacity:
             memory = MemoryLimit(capacity_bytes=capacity, num_workers=num_workers)
-    value, stages = partition(chain, levels, mode=opts.cost_mode, memory=memory,
-                              compression_ratio=opts.activation_compression_ratio)
+    budget = Budget.of(problem)
+    report_phase(f"partitioning DP over {problem.model.num_layers} layers and {num_workers} workers")
+    try:
+        value, stages = partition(chain, levels, mode=opts.cost_mode, memory=memory,
+                                  compression_ratio=opts.activation_compression_ratio, deadline=budget.deadline)
+    except OutOfTime:
+        return _data_parallel_plan(problem, chain, levels, memory, opts).model_copy(
+            update={"solve_time_s": time.perf_counter() - start})
     if not np.isfinite(value):
-        raise InfeasibleError(_memory_message(problem, chain, levels, num_workers))
+        raise InfeasibleError(_memory_message(problem, chain, levels, num_workers, budget))
     if starts is not None:
         stages = [(starts[a], starts[b + 1] - 1, workers) for a, b, workers in stages]
     plan = build_plan(problem, stages, bottleneck_s=value, options=_plan_options(opts, levels))
@@ -202,13 +210,17 @@ def _parse_levels(text: str) -> list[int]:
 
 def partition(
     chain: Chain, levels: list[Level], *, mode: str = "dissertation", memory: MemoryLimit | None = None,
-    compression_ratio: float | None = None,
+    compression_ratio: float | None = None, deadline: float | None = None,
 ) -> tuple[float, list[StageSpec]]:
     """A^L(0 -> N-1, m_L) and its stages (layer ranges and global worker indices).
 
     Returns inf and no stages when no partition is feasible (memory).
+
+    Raises:
+        OutOfTime: ``deadline`` (a ``time.perf_counter()`` value) passed before the tables were done.
     """
-    costs = level_costs(chain, levels, mode=mode, memory=memory, compression_ratio=compression_ratio)
+    costs = level_costs(chain, levels, mode=mode, memory=memory, compression_ratio=compression_ratio,
+                        deadline=deadline)
     bound = upper_bound_s(costs[-1]) if mode != "memory" else np.inf
     value, top = solve_range(costs[-1], 0, chain.num_layers, bound_s=bound)
     if not np.isfinite(value):
@@ -234,7 +246,7 @@ def upper_bound_s(costs: LevelCosts) -> float:
 
 def level_costs(
     chain: Chain, levels: list[Level], *, mode: str, memory: MemoryLimit | None = None,
-    compression_ratio: float | None = None,
+    compression_ratio: float | None = None, deadline: float | None = None,
 ) -> list[LevelCosts]:
     """Cost terms of every level, computing the lower levels' tables the level above reads."""
     out: list[LevelCosts] = []
@@ -244,7 +256,7 @@ def level_costs(
             chain=chain, mode=mode, num_workers=level.num_workers,
             bandwidth_bytes_per_s=level.bandwidth_bytes_per_s, workers_below=level.workers_below,
             lower=lower, compression_ratio=compression_ratio, memory=memory,
-            component_workers=int(np.prod([lv.num_workers for lv in levels[:k]])),
+            component_workers=int(np.prod([lv.num_workers for lv in levels[:k]])), deadline=deadline,
         )
         out.append(costs)
         if k + 1 < len(levels):
@@ -270,13 +282,41 @@ def _expand(costs: list[LevelCosts], k: int, stages: list[tuple[int, int, int]])
     return out
 
 
-def _memory_message(problem: PipelineProblem, chain: Chain, levels: list[Level], num_workers: int) -> str:
+def _data_parallel_plan(problem: PipelineProblem, chain: Chain, levels: list[Level], memory: MemoryLimit | None,
+                        opts: Options) -> Plan:
+    """The plan when the time limit cuts the DP short: PipeDream's first candidate, one stage
+    replicated on every worker (data parallelism), status ``time_limit``."""
+    num_workers = int(np.prod([lv.num_workers for lv in levels]))
+    one_device_bytes = chain.static_prefix_bytes[-1] + chain.activation_prefix_bytes[-1]
+    if memory is not None and one_device_bytes > memory.capacity_bytes:
+        raise InfeasibleError(
+            f"time_limit_s={problem.time_limit_s:g} was spent in PipeDream's partitioning DP before it found a "
+            f"partition of {problem.model.name} that fits memory, and the data-parallel plan needs "
+            f"{format_bytes(one_device_bytes)} per device of {format_bytes(memory.capacity_bytes)} usable: raise --time-limit")
+    bandwidth = levels[-1].bandwidth_bytes_per_s
+    sync_s = 2.0 * (num_workers - 1) * chain.param_prefix_bytes[-1] / bandwidth
+    bottleneck_s = max(float(chain.compute_prefix_s[-1]), sync_s) / num_workers
+    plan = build_plan(problem, [(0, problem.model.num_layers - 1, tuple(range(num_workers)))],
+                      bottleneck_s=bottleneck_s, options=_plan_options(opts, levels))
+    note = (f"time_limit_s={problem.time_limit_s:g} spent in the partitioning DP: the data-parallel plan (one stage "
+            f"on all {num_workers} workers, PipeDream's first candidate) is returned, gap unknown; raise --time-limit")
+    return plan.model_copy(update={"status": "time_limit", "notes": (*plan.notes, note)})
+
+
+def _memory_message(problem: PipelineProblem, chain: Chain, levels: list[Level], num_workers: int,
+                    budget: Budget) -> str:
     """Why no partition fits: the smallest per-device memory any partition needs (the same DP
-    with a stage's memory as its cost)."""
+    with a stage's memory as its cost, within what is left of the time limit)."""
     limit = MemoryLimit(capacity_bytes=np.inf, num_workers=num_workers)
-    needed, _ = partition(chain, levels, mode="memory", memory=limit)
     device = problem.cluster.device
     assert device is not None
+    try:
+        needed, _ = partition(chain, levels, mode="memory", memory=limit, deadline=budget.deadline)
+    except OutOfTime:
+        return (f"no PipeDream partition of {problem.model.name} over {num_workers} workers fits in device memory "
+                f"({device.name}, {format_bytes(usable_memory_bytes(device))} usable); time_limit_s="
+                f"{problem.time_limit_s:g} was spent before the memory any partition needs was sized: use a device "
+                "with more memory, a smaller microbatch, or drop option memory=true")
     return (
         f"no PipeDream partition of {problem.model.name} over {num_workers} workers fits in device memory: "
         f"{device.name} has {format_bytes(usable_memory_bytes(device))} usable of {format_bytes(device.memory_bytes)} "
@@ -326,6 +366,7 @@ def build_plan(
         notes=_notes(problem, replicas, noam, m, bottleneck_s, options),
         sequence_parallel=problem.transformer is not None and t > 1,  # the analytic memory model assumes it
     )
+    report_phase(f"simulating 1F1B-RR over {num_workers} workers")
     plan, _ = with_prediction(plan)
     assert plan.predicted is not None
     return plan.model_copy(update={"predicted": plan.predicted.model_copy(update={"bottleneck_s": bottleneck_s})})
@@ -357,11 +398,11 @@ def _notes(
     num_workers = sum(replicas)
     notes = [
         f"configuration {'-'.join(map(str, replicas))}: replicas per stage, input stage first "
-        f"(dissertation L1754-1758); levels {options['levels']}, {options['cost_mode']} accounting",
+        f"([narayanan-thesis] Sec. 2.5); levels {options['levels']}, {options['cost_mode']} accounting",
         f"bottleneck {bottleneck_s:.6g} s per input = A^L(0 -> N, m_L), the slowest stage or boundary "
-        "(dissertation L1207-1291)",
+        "([narayanan-thesis] Sec. 2.4.1)",
         f"NOAM = ceil({num_workers} workers / {replicas[0]} input-stage replicas) = {noam} in-flight inputs per "
-        f"input-stage replica (dissertation L1313-1319); num_microbatches {m} per input-stage replica",
+        f"input-stage replica ([narayanan-thesis] Sec. 2.4.2); num_microbatches {m} per input-stage replica",
         "schedule 1F1B with weight stashing (PipeDream); replicated stages take inputs round-robin (1F1B-RR)",
     ]
     available = problem.cluster.num_devices // problem.model.tensor_parallel

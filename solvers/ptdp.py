@@ -155,7 +155,7 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
             "transformer config JSON, or use solver 'even' or 'pipedream' for a measured profile")
     if problem.global_batch_size is None:
         raise InvalidProblemError(
-            "solver 'ptdp' searches d and b for a fixed global batch (B = b d m, L3738-3756); give "
+            "solver 'ptdp' searches d and b for a fixed global batch (B = b d m, [narayanan-thesis] Sec. 4.3.1); give "
             "global_batch_size (--global-batch), e.g. 512")
     if problem.bpipe:
         raise InvalidProblemError("solver 'ptdp' plans stock Megatron-LM schedules; remove bpipe=true")

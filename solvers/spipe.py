@@ -52,7 +52,7 @@ def _grid(problem: PipelineProblem, opts: Options) -> list[common.OffloadConfig]
         if any(opts.backward_per_gpu % v for v in fwd):
             raise InvalidProblemError(
                 f"backward_per_gpu={opts.backward_per_gpu} must be a multiple of forward_per_gpu={fwd[0]} "
-                "(each forward stage splits into d backward stages, seed 003 Eq. 1)"
+                "(each forward stage splits into d backward stages, [spipe] Eq. 1)"
             )
     sizes = (opts.microbatch_size,) if opts.microbatch_size else common.MICROBATCH_SIZES
     out = []

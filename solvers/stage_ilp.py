@@ -49,7 +49,7 @@ from solvers._stage_ilp_model import (
 from solvers._stage_ilp_model import objective as model_objective
 from solvers._stage_ilp_model import plan_layers
 from solvers._stage_ilp_search import Search
-from solvers.budget import Budget
+from solvers.budget import Budget, quiet, report_phase
 from solvers.common import bpipe_would_apply, build_plan, format_bytes, resolve_layout, with_prediction
 from solvers.options import parse_options
 
@@ -103,6 +103,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         if best is not None and budget.spent():
             skipped = depths[index:]
             break
+        report_phase(f"{p} stages", index, len(depths))
         try:
             plan = solve_depth(problem, p, opts, budget=budget.share(len(depths) - index))
         except PlannerError as e:
@@ -160,8 +161,11 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options, *, bud
     budget = budget or Budget.of(problem)
     layout = resolve_layout(problem, num_stages)
     model = build_model(problem, layout, strategies=_strategies(problem, opts))
-    fixed = problem.model_copy(update={"num_stages": num_stages})
-    seeds = _baseline_seeds(fixed, model) if opts.warm_start else []
+    left_s = budget.left_s()  # the baselines draw on the same budget (their own searches stop at it)
+    fixed = problem.model_copy(update={"num_stages": num_stages,
+                                       "time_limit_s": None if left_s is None else max(left_s, 1e-9)})
+    report_phase(f"{num_stages} stages: baselines (even, pipedream-fixed, merak, adapipe)")
+    seeds = _baseline_seeds(fixed, model, budget) if opts.warm_start else []
     form = milp.formulate(model, opts.terms)
     start = None
     if seeds:
@@ -172,6 +176,7 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options, *, bud
     cap_s = total_s if left is not None else opts.ilp_time_s
     spent = time.perf_counter() - began  # the baselines and the model build took part of it
     limit = max(min(cap_s, total_s - min(2.0, total_s / 4)) - spent, 0.05)  # leave time to re-rank
+    report_phase(f"{num_stages} stages: MILP ({opts.engine}, at most {limit:.0f} s)")
     result = milp.solve_milp(model, form, engine=opts.engine, time_limit_s=limit,
                              mip_gap=opts.mip_gap, start=start, offset=model_constant(model))
     if result.status == "infeasible" or (result.counts is None and not seeds):
@@ -183,11 +188,12 @@ def solve_depth(problem: PipelineProblem, num_stages: int, opts: Options, *, bud
     rerank_s = max(total_s - 0.5 - (time.perf_counter() - began), 0.05)
     search = Search(model, max_simulations=max(opts.rerank, len(candidates)), time_budget_s=min(rerank_s, 2.0),
                     evaluate=_bpipe_evaluator(problem, model) if model.bpipe_split is not None else None)
+    report_phase(f"{num_stages} stages: re-ranking by simulation")
     best = search.run(candidates) if opts.rerank else candidates[0][1]
     if math.isinf(search.simulated.get(best, 0.0)):
         raise InfeasibleError(
             f"every stage-ilp plan of {problem.model.name} on {num_stages} stages with BPipe overflows memory in "
-            "simulation or fails the pair-link check (seed 004 App. B); use more stages, full recompute, or a "
+            "simulation or fails the pair-link check ([bpipe] App. B); use more stages, full recompute, or a "
             "faster link between paired stages")
     return _finish(problem, model, best, search, result, opts, began)
 
@@ -224,15 +230,20 @@ def _bpipe_evaluator(problem: PipelineProblem, model: StageModel) -> Callable[[C
     return evaluate
 
 
-def _baseline_seeds(problem: PipelineProblem, model: StageModel) -> list[tuple[str, Counts]]:
-    """Plans of the baselines that fit, as counts (warm start and re-ranking seeds)."""
+def _baseline_seeds(problem: PipelineProblem, model: StageModel, budget: Budget) -> list[tuple[str, Counts]]:
+    """Plans of the baselines that fit, as counts (warm start and re-ranking seeds); once the
+    budget is spent no further baseline starts (the first always runs)."""
     from solvers import _partition, adapipe, even, merak
 
-    out = []
-    for name, run in (("even", even.solve), ("pipedream-fixed", _partition.pipedream_fixed),
-                      ("merak", merak.solve), ("adapipe", adapipe.solve)):
+    out: list[tuple[str, Counts]] = []
+    for index, (name, run) in enumerate((("even", even.solve), ("pipedream-fixed", _partition.pipedream_fixed),
+                                         ("merak", merak.solve), ("adapipe", adapipe.solve))):
+        if budget.stop_before(index):
+            log.info("time limit spent: baseline %s and later ones give no warm start", name)
+            break
         try:
-            plan = run(problem)
+            with quiet():
+                plan = run(problem)
         except PlannerError as e:
             log.info("baseline %s gives no warm start: %s", name, e)
             continue

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from planner.errors import InfeasibleError
 from planner.schema import PipelineProblem, Plan
 from solvers import _spipe_common as common
 from solvers.options import parse_options
@@ -40,4 +41,49 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     configs = [common.OffloadConfig(forward_per_gpu=1, backward_per_forward=1, decoupled=False, microbatch_size=b,
                                     num_microbatches=m, async_optimizer=False, zero=True)
                for b, m in common.microbatch_choices(problem, sizes, replicas=g)]
-    return common.sweep(problem, configs, host, solver="zero-offload")
+    kept = _within_bound(problem, configs)
+    if configs and not kept:
+        raise InfeasibleError(_too_large_message(problem, min(cfg.num_microbatches for cfg in configs)))
+    plan = common.sweep(problem, kept, host, solver="zero-offload")
+    skipped = sorted({cfg.microbatch_size for cfg in configs} - {cfg.microbatch_size for cfg in kept})
+    if not skipped:
+        return plan
+    note = (f"microbatch sizes {skipped} not simulated: with them the sweep would build more than "
+            f"{MAX_SIMULATED_OPS:,} simulator operations (zero-offload simulates every GPU); give "
+            "--option microbatch_size=B to simulate one of them alone")
+    return plan.model_copy(update={"notes": (*plan.notes, note),
+                                   "status": "feasible" if plan.status == "optimal" else plan.status})
+
+
+MAX_SIMULATED_OPS = 400_000
+"""The simulator's operations one sweep may build: each GPU fetches, gathers and runs every
+layer for every microbatch in both passes (about 20 us each on a loaded 2-core host, so the
+bound keeps the sweep under about 10 s and 1 GB)."""
+
+
+def _within_bound(problem: PipelineProblem, configs: list[common.OffloadConfig]) -> list[common.OffloadConfig]:
+    """The configurations the sweep simulates, cheapest first while their operations together
+    stay within ``MAX_SIMULATED_OPS`` (in their original order)."""
+    kept, total = set(), 0
+    for index in sorted(range(len(configs)), key=lambda i: configs[i].num_microbatches):
+        total += simulated_ops(problem, configs[index].num_microbatches)
+        if total > MAX_SIMULATED_OPS:
+            break
+        kept.add(index)
+    return [cfg for i, cfg in enumerate(configs) if i in kept]
+
+
+def simulated_ops(problem: PipelineProblem, num_microbatches: int) -> int:
+    """Operations ``cost_models.sim.offload`` builds for one ZeRO-Offload configuration."""
+    num_layers = problem.model.num_layers
+    return problem.cluster.num_devices * (4 * num_layers * num_microbatches + 2 * num_layers)
+
+
+def _too_large_message(problem: PipelineProblem, num_microbatches: int) -> str:
+    g, num_layers = problem.cluster.num_devices, problem.model.num_layers
+    per_gpu = simulated_ops(problem, num_microbatches) // g
+    most_gpus = max(MAX_SIMULATED_OPS // per_gpu, 1)
+    return (f"zero-offload simulates every GPU's per-layer fetches and passes: {g:,} GPUs x {num_layers:,} layers x "
+            f"{num_microbatches} microbatch(es) is {simulated_ops(problem, num_microbatches):,} operations, above its "
+            f"bound of {MAX_SIMULATED_OPS:,} (about 10 s); plan ZeRO-Offload on at most {most_gpus:,} GPUs, or use "
+            "solver spipe or ptdp at this scale")

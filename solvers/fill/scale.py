@@ -56,7 +56,7 @@ class ScaleOptions:
 
 def paper_cluster() -> Cluster:
     """16 nodes x 8 V100 16 GB (the paper's p3.16xlarge cluster, L197)."""
-    cluster = hardware.cluster_preset("v100:16")
+    cluster = hardware.cluster_preset("v100:128")
     assert cluster.device is not None  # a pipeline preset always has a device
     return cluster.model_copy(update={"device": cluster.device.model_copy(update={"memory_bytes": V100_16GB_BYTES})})
 

@@ -101,7 +101,7 @@ def test_hierarchical_allreduce_by_hand() -> None:
 
 
 def test_group_allreduce_uses_nvlink_inside_a_node() -> None:
-    cluster = hardware.cluster_preset("a100-80gb:2")
+    cluster = hardware.cluster_preset("a100-80gb:16")
     inside = coll.group_allreduce_s(cluster, 1e9, 8)
     assert inside == pytest.approx(coll.allreduce_s(1e9, 8, 300e9 * 0.8, 5e-6))
     assert coll.group_allreduce_s(cluster, 1e9, 16) > inside
@@ -152,7 +152,7 @@ def test_simulator_honours_zero_stage() -> None:
     from cost_models.simulate import simulate
     from planner import api
 
-    plan = api.plan(api.make_problem("gpt-tiny", "a100-80gb:1", global_batch_size=8, num_stages=2), solver="even")
+    plan = api.plan(api.make_problem("gpt-tiny", "a100-80gb:8", global_batch_size=8, num_stages=2), solver="even")
     sharded = Plan.from_dict({**plan.model_dump(), "zero_stage": 3})
     d = plan.degrees.data
     base, zero = simulate(plan, include_events=False), simulate(sharded, include_events=False)
@@ -169,7 +169,7 @@ def test_backward_tensor_parallel_collectives_hide_behind_weight_gradients() -> 
     from planner import api
 
     cfg = api.load_model("gpt3-175b")
-    device = api.load_cluster("a100-80gb:1").device
+    device = api.load_cluster("a100-80gb:8").device
     kw = {"microbatch_size": 1, "tensor_parallel": 8, "tp_link_bytes_per_s": 300e9}
     plain = decoder_op_times(cfg, device, **kw)
     hidden = decoder_op_times(cfg, device, **kw, overlap_tp_backward=True)

@@ -72,7 +72,7 @@ def test_timelines_are_built_in_full_up_to_a_bound(monkeypatch: pytest.MonkeyPat
 def test_bpipe_plans_extrapolate_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     from planner import api
 
-    problem = api.make_problem("gpt-1.7b", "a100-80gb:1", bpipe=True, num_stages=4, num_microbatches=96)
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", bpipe=True, num_stages=4, num_microbatches=96)
     plan = api.plan(problem, solver="even")
     assert plan.bpipe is not None
     exact = sim.simulate(plan, include_events=False)

@@ -58,12 +58,16 @@ def test_unknown_device_lists_valid_names() -> None:
     ("spec", "num_nodes", "per_node"),
     [
         ("a100-80gb", 1, 8),
-        ("h100:4", 4, 8),
+        ("h100:32", 4, 8),
+        ("h100:4", 1, 4),
+        ("a100-80gb:1", 1, 1),
+        ("a100-80gb:8", 1, 8),
         ("V100:8x4", 8, 4),
         ("cpu", 1, 2),
         ("cpu:3", 1, 3),
         ("cpu:2x2", 2, 2),
-        ("ascend-910:2048", 2048, 8),
+        ("ascend-910:16384", 2048, 8),
+        ("ascend-910:2048x8", 2048, 8),
     ],
 )
 def test_cluster_specs(spec: str, num_nodes: int, per_node: int) -> None:
@@ -76,16 +80,37 @@ def test_cluster_specs(spec: str, num_nodes: int, per_node: int) -> None:
 
 def test_selene_links_intra_nvlink_inter_one_hdr_hca_per_gpu() -> None:
     # seed 001 L4081-4086: 8 A100 per node on NVLink; 8 x 200 Gb/s HDR HCAs per node.
-    cluster = hardware.cluster_preset("a100-80gb:2")
+    cluster = hardware.cluster_preset("a100-80gb:16")
     assert cluster.link(0, 7) == (300e9, 5e-6)
     assert cluster.link(0, 8)[0] == pytest.approx(200e9 / 8)
 
 
 def test_h100_and_h200_nvlink_450_per_direction_and_ndr_400_gbit() -> None:
     for name in ("h100", "h200"):
-        cluster = hardware.cluster_preset(f"{name}:2")
+        cluster = hardware.cluster_preset(f"{name}:16")
         assert cluster.intra_node_bytes_per_s == 450e9
         assert cluster.inter_node_bytes_per_s == pytest.approx(400e9 / 8)
+
+
+def test_a_device_count_that_is_not_whole_nodes_is_refused_with_the_nearest_fits() -> None:
+    # TYPE:N counts devices; 12 A100s are neither one 8-GPU node nor whole nodes.
+    with pytest.raises(InvalidProblemError) as err:
+        hardware.cluster_preset("a100-80gb:12")
+    message = str(err.value)
+    for fit in ("a100-80gb:8", "a100-80gb:16", "a100-80gb:2x6", "a100-80gb:3x4"):
+        assert fit in message
+    for fit in ("a100-80gb:8", "a100-80gb:16", "a100-80gb:2x6", "a100-80gb:3x4"):
+        assert hardware.cluster_preset(fit).num_devices in (8, 12, 16)
+
+
+def test_every_example_spec_counts_devices() -> None:
+    # the listing's descriptions start with NODES x PER_NODE; a bare count there is devices
+    for spec, description in hardware.list_cluster_presets().items():
+        name, count, per_node = hardware.parse_spec(spec)
+        cluster = hardware.cluster_preset(spec)
+        if count is not None and per_node is None:
+            assert cluster.num_devices == count, spec
+        assert description.startswith(f"{cluster.num_nodes} x {cluster.devices_per_node} "), spec
 
 
 @pytest.mark.parametrize("spec", ["a100:0", "a100:2x0", "a100:", "a100:x4", "a100:2x", ":4", "a100 4", ""])

@@ -49,7 +49,7 @@ def test_mixtral_profile_keeps_the_routed_activations() -> None:
     # routed copies and expert outputs 2 x (2 x 8192 x 4096), experts 2 x 8192 x 3 x 14336, top-2 weights
     # 4 x 4096 x 2: 889 MB, where the dense formula counted 403 MB (2 x 4096 x 3 x 14336 + input + mask)
     cfg = api.load_model("mixtral-8x7b", seq_length=4096)
-    device = api.load_cluster("h100:1").device
+    device = api.load_cluster("h100:8").device
     layer = transformer_profile(cfg, device=device, microbatch_size=1).layers[1]
     moe_bytes = mm.moe_mlp_activation_bytes(cfg, microbatch_size=1, sequence_parallel=False)
     assert moe_bytes == 3 * 4096 * 4096 + 5 * 4096 * 8 + 2 * (2 * 8192 * 4096) + 2 * 8192 * 3 * 14336 + 4 * 4096 * 2
@@ -63,7 +63,7 @@ def test_mixtral_profile_keeps_the_routed_activations() -> None:
 def test_flat_efficiency_profile_costs_each_layer_shape() -> None:
     # DeepSeek-V3-like: dense first layers and MoE layers differ in FLOPs and memory under --efficiency too
     cfg = api.load_model("deepseek-v3", seq_length=1024)
-    device = api.load_cluster("h100:1").device
+    device = api.load_cluster("h100:8").device
     prof = transformer_profile(cfg, device=device, microbatch_size=1, efficiency=0.5)
     dense, routed = prof.layers[1], prof.layers[1 + cfg.first_dense_layers]
     assert dense.flops != routed.flops and dense.static_bytes < routed.static_bytes

@@ -6,7 +6,9 @@ policy and preset lists). ``python scripts/cite_references.py --apply`` rewrites
 
 from __future__ import annotations
 
+import ast
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ import pytest
 from tests.planner.contract_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-INTERNAL = re.compile(r"seed \d{3}|(?<![\w/])L\d{3,}(?:[-\u2013]\d+)?(?!\w)|shared/design|shared/data|\b0\d\d_[0-9a-f]{16}\.txt")
+INTERNAL = re.compile(r"seed \d{3}|(?<![\w/])L\d{3,}(?:[-\u2013]\d+)?(?!\w)|shared/design|shared/data|\b0\d\d_[0-9a-f]{16}\.txt"
+                      r"|\.md Sec\.? ?\d")
 FIX = "run `python scripts/cite_references.py --apply` (cite through docs/references.md)"
 
 
@@ -42,3 +45,21 @@ def test_every_key_cited_in_the_docs_is_in_the_bibliography() -> None:
     assert {"narayanan-thesis", "bpipe", "spipe", "pipefill", "stage-ilp", "gavel", "ptdp"} <= keys
     known = {"narayanan-thesis", "pipefill", "stage-ilp", "spipe", "bpipe", "pipedream-2bw"}  # what the script writes
     assert known <= keys
+
+
+def _message_strings(path: Path) -> list[tuple[int, str]]:
+    """String literals that are not docstrings: error messages, plan notes, help text."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+    with path.open("rb") as fh:
+        return [(tok.start[0], tok.string) for tok in tokenize.tokenize(fh.readline)
+                if tok.type == tokenize.STRING and tok.start[0] not in docs]
+
+
+@pytest.mark.parametrize("package", ["planner", "solvers", "cost_models", "runtime_bridge"])
+def test_messages_and_notes_cite_through_the_bibliography(package: str) -> None:
+    # error messages and plan notes reach users as much as the docs do
+    found = [f"{path.relative_to(ROOT)}:{line}: {text[:80]}" for path in sorted((ROOT / package).rglob("*.py"))
+             for line, text in _message_strings(path) if INTERNAL.search(text)]
+    assert found == [], FIX

@@ -144,7 +144,7 @@ def test_bad_arguments_exit_2(files: dict[str, Path], extra: list[str], needle: 
 def test_missing_files_and_unknown_presets_exit_2(capsys) -> None:
     assert main(["simulate", "/nonexistent/plan.json"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["plan", "--model", "gpt-9000", "--cluster", "a100-80gb:1"]) == 2
+    assert main(["plan", "--model", "gpt-9000", "--cluster", "a100-80gb:8"]) == 2
     assert "gpt3-175b" in capsys.readouterr().err  # lists valid names
     assert main(["plan", "--model", "gpt3-175b", "--cluster", "b200x:1"]) == 2
     assert "a100-80gb" in capsys.readouterr().err
@@ -172,7 +172,7 @@ def test_solvers_and_presets_list_names(capsys) -> None:
 
 def test_transformer_plan_from_presets(tmp_path: Path, capsys) -> None:
     out = tmp_path / "gpt.json"
-    code = main(["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:16", "--tensor-parallel", "8",
+    code = main(["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:128", "--tensor-parallel", "8",
                  "--global-batch", "1536", "-o", str(out)])
     assert code == 0, capsys.readouterr().err
     plan = json.loads(out.read_text())
@@ -235,7 +235,7 @@ def test_no_offload_fallback_when_the_states_fit_in_all_gpus(tmp_path: Path, cap
 
 def test_memory_headroom_flag_and_simulate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.json"
-    args = ["plan", "--model", "gpt-tiny", "--cluster", "a100-80gb:1", "--pipeline", "2", "--global-batch", "8"]
+    args = ["plan", "--model", "gpt-tiny", "--cluster", "a100-80gb:8", "--pipeline", "2", "--global-batch", "8"]
     assert main([*args, "--memory-headroom", "6GiB", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "usable 74.0 GiB, total 80.0 GiB" in text
@@ -252,7 +252,7 @@ def test_memory_headroom_flag_and_simulate_exit_code(tmp_path: Path, capsys: pyt
 
 
 def test_pipedream_checks_memory_by_default(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:4", "--solver", "pipedream", "--global-batch", "64",
+    args = ["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb:32", "--solver", "pipedream", "--global-batch", "64",
             "--no-offload"]
     assert main(args) == 3
     assert main([*args, "--option", "memory=true"]) == 3  # its message used to raise IndexError

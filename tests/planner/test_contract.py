@@ -127,8 +127,8 @@ def test_trace_infinite_fields_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:99999999999"], "131,072"),
-    (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:2", "--microbatches", "1000000000000"], "16,384"),
-    (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:2", "--global-batch", "1000000000000000000"], "16,777,216"),
+    (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:16", "--microbatches", "1000000000000"], "16,384"),
+    (["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:16", "--global-batch", "1000000000000000000"], "16,777,216"),
     (["schedule", "--jobs", "small_test", "--cluster", "v100:99999999999", "--policy", "fifo"], "131,072"),
     (["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "100000000000", "--rate", "1"], "100,000"),
 ])
@@ -167,7 +167,7 @@ def test_a_million_fill_jobs_are_refused_at_once(tmp_path: Path) -> None:
 
 
 def test_large_legitimate_scale_passes_the_input_layer() -> None:
-    problem = api.make_problem("gpt-1.7b", "a100-80gb:512", num_stages=64, global_batch_size=4096)
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:4096", num_stages=64, global_batch_size=4096)
     assert problem.cluster.num_devices == 4096
 
 

@@ -47,6 +47,8 @@ def tiny_plan(
     sequence_parallel: bool = False,
     zero_stage: int = 0,
     model: Any = "gpt-tiny",
+    expert: int = 1,
+    context: int = 1,
 ) -> Plan:
     """A gpt-tiny plan from the even solver, then edited.
 
@@ -59,6 +61,9 @@ def tiny_plan(
         t, sequence_parallel, zero_stage: tensor-parallel degree, Megatron sequence parallelism,
             data-parallel sharding (0 DDP, 1/2 FSDP2 without resharding, 3 FSDP2).
         model: a preset name or a ``TransformerConfig``.
+        expert: expert-parallel degree (carved out of the d replicas).
+        context: context-parallel degree (c ranks per replica: the cluster and the stages' ranks
+            grow c times, in Megatron order).
     """
     base = "interleaved-1f1b" if v > 1 else ("1f1b" if schedule == "custom" else schedule)
     if schedule in V_SCHEDULES:  # two chunks per rank in a V (rank r: virtual stages r and 2p - 1 - r)
@@ -68,6 +73,14 @@ def tiny_plan(
     data = api.plan(problem).model_dump(mode="json")
     data["sequence_parallel"], data["zero_stage"] = sequence_parallel, zero_stage
     data["schedule"] = schedule
+    data["degrees"]["expert"] = expert
+    if context > 1:
+        data["degrees"]["context"] = context
+        data["cluster"]["devices_per_node"] *= context
+        data["cluster"]["name"] = f"cpu:{data['cluster']['num_nodes'] * data['cluster']['devices_per_node']}"
+        for x, stage in enumerate(data["stages"]):
+            size = d * t * context
+            stage["ranks"] = list(range(x * size, (x + 1) * size))
     data["actions"] = actions
     for x, stage in enumerate(data["stages"]):
         if splits is not None:

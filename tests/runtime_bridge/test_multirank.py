@@ -1,10 +1,12 @@
 """Plans executed on CPU with gloo under torchrun, each checked against single-process training.
 
 One launch runs many plans (one process group), so the whole file costs about six spawns:
-2 ranks (every schedule, uneven splits, recompute, custom actions, a Mixtral-style MoE model),
-4 ranks (4 stages; the meshes tensor x pipeline, pipeline x FSDP, tensor x data, data x pipeline
-with DDP, the README's ptdp plan scaled to t = 2, p = 2, v = 2), a dead rank, the CLI, and two
-"nodes" on localhost. Tolerance: ``check.TOLERANCE`` (1e-5, fp32; why: its docstring).
+2 ranks (every schedule, uneven splits, recompute, custom actions, a Mixtral-style MoE model,
+expert parallelism EP2, context parallelism CP2), 4 ranks (4 stages; the meshes tensor x
+pipeline, pipeline x FSDP, tensor x data, data x pipeline with DDP, the README's ptdp plan scaled
+to t = 2, p = 2, v = 2; zero-bubble and V schedules with data parallelism; expert and context
+parallelism combined with pipeline, data, tensor parallelism and ZeRO), a dead rank, the CLI, and
+two "nodes" on localhost. Tolerance: ``check.TOLERANCE`` (1e-5, fp32; why: its docstring).
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ _TWO_RANK_PLANS = {
     "zb-v (ScheduleZBVZeroBubble, V placement)": tiny_plan("zb-v", m=4),
     "dualpipe-v (ScheduleDualPipeV, V placement)": tiny_plan("dualpipe-v", m=4),
     "dualpipe-v through the plan's action list": tiny_plan("dualpipe-v", m=6),
+    "mixtral EP2 (experts split over 2 replicas, all-to-all)": tiny_plan(
+        "gpipe", p=1, d=2, expert=2, model=MIXTRAL_TINY),
+    # one ZeroRedundancyOptimizer over both replicas broadcast one rank's experts over the other's (5e-3)
+    "mixtral EP2, ZeRO-1 (experts' optimizer apart)": tiny_plan(
+        "1f1b", p=1, d=2, expert=2, zero_stage=1, model=MIXTRAL_TINY),
+    "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
+        "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
 }
 _EXECUTOR = {"1f1b through the plan's action list": "actions", "dualpipe-v through the plan's action list": "actions"}
 
@@ -70,6 +79,17 @@ def test_two_ranks_match_single_process(two_rank_reports: dict[str, dict], name:
 def test_v_schedules_run_in_v_placement(two_rank_reports: dict[str, dict], name: str) -> None:
     # rank 0 holds the first and the last virtual stage, rank 1 the turn of the V
     assert two_rank_reports[name]["rank_virtual_stages"] == [[0, 3], [1, 2]]
+
+
+def test_expert_parallel_ranks_hold_half_the_experts(two_rank_reports: dict[str, dict]) -> None:
+    from runtime_bridge import model as gpt
+
+    cfg = MIXTRAL_TINY
+    params = [(n, q.numel()) for i in range(cfg.num_layers + 2) for n, q in gpt.build_layer(cfg, i).named_parameters()]
+    experts = sum(k for n, k in params if ".experts." in n)
+    dense = sum(k for n, k in params) - experts
+    report = two_rank_reports["mixtral EP2 (experts split over 2 replicas, all-to-all)"]
+    assert report["rank_param_bytes"] == [4 * (dense + experts // 2)] * 2
 
 
 def test_two_ranks_measurements(two_rank_reports: dict[str, dict]) -> None:
@@ -120,6 +140,34 @@ def test_four_ranks_meshes(tmp_path) -> None:
         "llama interleaved v=2 x FSDP2": tiny_plan("interleaved-1f1b", v=2, d=2, zero_stage=3, model=LLAMA_TINY),
         "mixtral TP2 x PP2, experts split, sequence parallel": tiny_plan(
             "1f1b", t=2, sequence_parallel=True, model=MIXTRAL_TINY),
+        # I/W split with data parallelism: gradients all-reduced after the step's last W (grad_sync)
+        "zb-v PP2 x DP2 (explicit all-reduce)": tiny_plan("zb-v", d=2, m=4),
+        "llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)": tiny_plan("zb-h1", d=2, zero_stage=1, model=LLAMA_TINY),
+        "llama zb-v PP2 x DP2, ZeRO-2 (FSDP2 reduce-scatter after the last W)": tiny_plan(
+            "zb-v", d=2, zero_stage=2, model=LLAMA_TINY),
+        # ZeRO-3: each backward of a stage first gathers its FSDP units (torch_pp.unshard_before_backward)
+        "llama zb-h1 PP2 x DP2, ZeRO-3": tiny_plan("zb-h1", d=2, zero_stage=3, model=LLAMA_TINY),
+        "llama dualpipe-v PP2 x DP2, ZeRO-3": tiny_plan("dualpipe-v", d=2, zero_stage=3, model=LLAMA_TINY),
+        "llama zb-v TP2 x DP2 on one stage (explicit all-reduce of DTensor shards)": tiny_plan(
+            "zb-v", p=1, d=2, t=2, model=LLAMA_TINY),
+        "mixtral PP2 x EP2, FSDP2 (zero 3; experts over the expert-data-parallel mesh)": tiny_plan(
+            "1f1b", d=2, expert=2, zero_stage=3, model=MIXTRAL_TINY),
+        "mixtral PP2 x EP2 with zb-v": tiny_plan("zb-v", d=2, expert=2, model=MIXTRAL_TINY),
+        "mixtral EP2 of DP4 (expert-data-parallel groups of 2), ZeRO-1": tiny_plan(
+            "gpipe", p=1, d=4, expert=2, zero_stage=1, model=MIXTRAL_TINY),
+        "mixtral TP2 x EP2 (experts split over replicas, each expert tensor-split), sequence parallel": tiny_plan(
+            "gpipe", p=1, d=2, t=2, expert=2, sequence_parallel=True, model=MIXTRAL_TINY),
+        "llama PP2 x CP2 with zb-h1": tiny_plan("zb-h1", context=2, model=LLAMA_TINY),
+        "gpt CP2 x DP2 (learned positions)": tiny_plan("1f1b", p=1, d=2, context=2),
+        "llama TP2 x CP2": tiny_plan("1f1b", p=1, t=2, context=2, model=LLAMA_TINY),
+        "mixtral PP2 x CP2 x EP2 (experts over the context ranks), zb-h1": tiny_plan(
+            "zb-h1", context=2, expert=2, model=MIXTRAL_TINY),
+        "mixtral DP2 x CP2 x EP2, FSDP2 (zero 3)": tiny_plan(
+            "gpipe", p=1, d=2, context=2, expert=2, zero_stage=3, model=MIXTRAL_TINY),
+        "llama PP2 x CP2, FSDP2 over data x context (zero 3)": tiny_plan(
+            "1f1b", context=2, zero_stage=3, model=LLAMA_TINY),
+        "llama CP2 x DP2, ZeRO-1": tiny_plan("gpipe", p=1, d=2, context=2, zero_stage=1, model=LLAMA_TINY),
+        "gpt TP2 x CP2, sequence parallel": tiny_plan("gpipe", p=1, t=2, context=2, sequence_parallel=True),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))
@@ -147,6 +195,11 @@ def test_four_ranks_meshes(tmp_path) -> None:
     assert wrappers["llama PP2 x DP2, ZeRO-1 (DDP + ZeroRedundancyOptimizer)"] == {
         ("DistributedDataParallel", "ZeroRedundancyOptimizer")}
     assert wrappers["llama TP2 x DP2 (zero 0)"] == {("FSDPChunkModule", "SGD")}  # DDP semantics via HSDP (d, 1)
+    assert wrappers["zb-v PP2 x DP2 (explicit all-reduce)"] == {("ChunkModule", "SGD")}
+    assert wrappers["llama zb-h1 PP2 x DP2, ZeRO-1 (explicit all-reduce)"] == {("ChunkModule", "ZeroRedundancyOptimizer")}
+    assert wrappers["llama PP2 x CP2, FSDP2 over data x context (zero 3)"] == {("FSDPChunkModule", "SGD")}
+    assert wrappers["llama CP2 x DP2, ZeRO-1"] == {("ChunkModule", "ZeroRedundancyOptimizer")}
+    assert wrappers["mixtral EP2 of DP4 (expert-data-parallel groups of 2), ZeRO-1"] == {("ChunkModule", "JointOptimizer")}
     tp_dp = results[5]
     assert [(r["replica"], r["tp_rank"]) for r in tp_dp] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
@@ -162,11 +215,13 @@ def test_dead_rank_fails_within_the_timeout() -> None:
     assert "rank0:" in str(info.value)
 
 
-def test_cli_run_check_json(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("plan", [tiny_plan("1f1b", splits=[[(0, 2)], [(2, 6)]]), tiny_plan("zb-v", m=4)],
+                         ids=["1f1b", "zb-v (last stage on pipeline rank 0)"])
+def test_cli_run_check_json(tmp_path, capsys, plan) -> None:
     from planner import api
 
     path = tmp_path / "plan.json"
-    api.save(tiny_plan("1f1b", splits=[[(0, 2)], [(2, 6)]]), path)
+    api.save(plan, path)
     assert main(["run", str(path), "--steps", "2", "--check", "--json"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)  # stdout holds the one JSON document; progress went to stderr

@@ -44,7 +44,7 @@ def test_ptdp_stops_simulating_candidates_when_the_budget_is_spent() -> None:
     from planner import api
     from solvers import ptdp
 
-    problem = api.make_problem("gpt-1.7b", "a100-80gb:1", global_batch_size=64)
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", global_batch_size=64)
     full = ptdp.solve(problem, options={"num_simulated": 4})
     assert full.status == "feasible" and sum(1 for row in full.candidates if row["simulated"]) == 4
     spent = ptdp.solve(problem.model_copy(update={"time_limit_s": 1e-9}), options={"num_simulated": 4})
@@ -56,6 +56,6 @@ def test_ptdp_stops_simulating_candidates_when_the_budget_is_spent() -> None:
 def test_the_offload_fallback_draws_on_the_same_budget() -> None:
     from planner import api
 
-    problem = api.make_problem("gpt3-175b", "a100-80gb:1", num_microbatches=8, time_limit_s=1e-9)
+    problem = api.make_problem("gpt3-175b", "a100-80gb:8", num_microbatches=8, time_limit_s=1e-9)
     with pytest.raises(InfeasibleError, match="fallback \\(solver spipe\\) was not tried: time_limit_s=1e-09 was spent"):
         api.plan(problem, solver="even")

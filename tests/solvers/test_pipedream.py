@@ -428,7 +428,7 @@ def test_global_batch_no_replication_can_form_is_infeasible() -> None:
         solve(problem)
 
 
-@pytest.mark.parametrize("cluster_spec", ["v100:4", "v100:2x8"])
+@pytest.mark.parametrize("cluster_spec", ["v100:32", "v100:2x8"])
 def test_plans_simulate_to_the_dp_steady_state(cluster_spec: str) -> None:
     """Tolerance: 5 % between the simulator and the DP's n x bottleneck for unequal replication
     (1F1B-RR steady state; the gap is the DP charging each boundary 2 a_s / B as a busy link),

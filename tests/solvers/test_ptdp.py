@@ -85,7 +85,7 @@ def test_brute_force_finds_the_same_best(memory_bytes: float, batch: int) -> Non
 def test_closed_form_hand_checked_on_the_1t_configuration() -> None:
     """gpt-1t, t=8, p=64, d=6, b=1, m=512 on Selene: every term from first principles."""
     cfg = api.load_model("gpt-1t")
-    cluster = api.load_cluster("a100-80gb:384")
+    cluster = api.load_cluster("a100-80gb:3072")
     s, h, v_ = 2048, 25600, 51200
     u = model.unit_costs(cfg, cluster, 8, 1, model.ProfileSettings(efficiency=0.5))
     rate = 312e12 * 0.5
@@ -151,7 +151,7 @@ def test_closed_form_agrees_with_the_simulator(name: str, nodes: int, batch: int
     transfer in full; the simulator overlaps transfers with other ranks' compute. Memory: the
     closed form is an upper bound within 1% (it counts the embedding's activations once per
     in-flight chunk of rank 0)."""
-    problem = api.make_problem(name, f"a100-80gb:{nodes}", global_batch_size=batch, **fixed)
+    problem = api.make_problem(name, f"a100-80gb:{nodes}x8", global_batch_size=batch, **fixed)
     plan = ptdp.solve(problem, options=opts)
     row = plan.candidates[0]
     result = sim.simulate(plan, include_events=False)
@@ -169,7 +169,7 @@ def test_closed_form_agrees_with_the_simulator(name: str, nodes: int, batch: int
 
 
 def test_chosen_plan_fits_memory_in_simulation_and_exports_to_megatron() -> None:
-    problem = api.make_problem("gpt3-175b", "a100-80gb:12", global_batch_size=384)
+    problem = api.make_problem("gpt3-175b", "a100-80gb:96", global_batch_size=384)
     default = ptdp.solve(problem)  # a V schedule wins here; its note names the Megatron option
     assert default.schedule in V_SCHEDULES
     assert any("--option schedules=1f1b,interleaved-1f1b" in n for n in default.notes)
@@ -210,7 +210,7 @@ def test_takeaway_tensor_parallel_up_to_the_node_size() -> None:
     peaks at t = 8 even when t may span nodes."""
     cfg = TransformerConfig(name="gpt-162b", hidden_size=20480, num_layers=32, num_heads=128, seq_length=2048,
                             vocab_size=51200)
-    problem = api.make_problem(cfg, "a100-80gb:8", global_batch_size=128, data_parallel=1)
+    problem = api.make_problem(cfg, "a100-80gb:64", global_batch_size=128, data_parallel=1)
     plan = ptdp.solve(problem, options={"allow_cross_node_tp": True, "recompute": "full", "schedules": "1f1b"})
     assert (plan.degrees.tensor, plan.degrees.pipeline) == (8, 8)
     assert any(r["t"] == 16 for r in ptdp.solve(problem, options={
@@ -222,7 +222,7 @@ def test_takeaway_tensor_parallel_up_to_the_node_size() -> None:
 @pytest.mark.parametrize("name,nodes,batch", [("gpt-18.4b", 32, 1024), ("gpt-145.6b", 192, 2304)])
 def test_takeaway_smallest_model_parallel_size_that_fits(name: str, nodes: int, batch: int) -> None:
     """With the paper's full recompute, the chosen t p is the smallest that fits memory."""
-    problem = api.make_problem(name, f"a100-80gb:{nodes}", global_batch_size=batch)
+    problem = api.make_problem(name, f"a100-80gb:{nodes}x8", global_batch_size=batch)
     opts = ptdp.parse_options(ptdp.Options, {"recompute": "full"}, solver="ptdp")
     search = ptdp._prepare(problem, opts)
     fitting = set()
@@ -238,7 +238,7 @@ def test_takeaway_smallest_model_parallel_size_that_fits(name: str, nodes: int, 
 def test_takeaway_microbatch_size_trade_off() -> None:
     """Eq. 4.1 (L3902-3932): larger b runs faster kernels (Fig. 4.7: up to 1.3x) but enlarges the
     bubble; the best b is interior for a small batch and grows with the batch."""
-    problem = {B: api.make_problem("gpt-76.1b", "a100-80gb:8", global_batch_size=B) for B in (64, 512)}
+    problem = {B: api.make_problem("gpt-76.1b", "a100-80gb:64", global_batch_size=B) for B in (64, 512)}
     opts = {"efficiency_by_microbatch": "1:0.38,2:0.44,4:0.48,8:0.5,16:0.5", "tensor_parallel": 8,
             "schedules": "1f1b", "recompute": "full"}
     small, large = (ptdp.solve(problem[B], options=opts).microbatch_size for B in (64, 512))
@@ -312,7 +312,7 @@ def test_bpipe_fig3_memory_imbalance() -> None:
 def test_recompute_flops_counted_only_when_recomputing() -> None:
     """HFU counts the recompute forward only under recompute; MFU never does (issue: 4/3 inflation)."""
     cfg = api.load_model("gpt-1.7b")
-    cluster = api.load_cluster("a100-80gb:1")
+    cluster = api.load_cluster("a100-80gb:8")
     kw = dict(tensor=1, pipeline=1, data=8, virtual=1, microbatch_size=1, num_microbatches=1)
     none = model.throughput_row(cfg, cluster, model.Config(**kw, recompute="none"), 1.0)
     full = model.throughput_row(cfg, cluster, model.Config(**kw, recompute="full"), 1.0)
@@ -323,7 +323,7 @@ def test_recompute_flops_counted_only_when_recomputing() -> None:
 
 
 def test_search_for_gpt_1t_on_3072_gpus() -> None:
-    problem = api.make_problem("gpt-1t", "a100-80gb:384", global_batch_size=3072)
+    problem = api.make_problem("gpt-1t", "a100-80gb:3072", global_batch_size=3072)
     plan = ptdp.solve(problem)  # its speed: bench/speed_targets.py
     assert plan.degrees.tensor == 8 and plan.degrees.tensor * plan.degrees.pipeline * plan.degrees.data == 3072
 
@@ -367,7 +367,7 @@ def test_infeasible_inputs_say_what_would_fit() -> None:
         ptdp.solve(too_many)
     with pytest.raises(InfeasibleError, match=r"Batch sizes that work: \[8, 16\]"):
         ptdp.solve(api.make_problem(TOY, cluster, global_batch_size=12, data_parallel=8))
-    big = api.make_problem("gpt-1t", "a100-80gb:1", global_batch_size=8)
+    big = api.make_problem("gpt-1t", "a100-80gb:8", global_batch_size=8)
     # usable = 80 GiB - default headroom (1 GiB runtime + 5 % of 80 GiB fragmentation) = 75 GiB
     devices = math.ceil(16 * num_parameters(big.transformer) / (75 * 2**30))
     with pytest.raises(InfeasibleError, match=rf"at least {devices} model-parallel devices"):
@@ -376,7 +376,7 @@ def test_infeasible_inputs_say_what_would_fit() -> None:
 
 def test_cli_plan_and_export(tmp_path, capsys) -> None:
     out = tmp_path / "plan.json"
-    code = main(["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:1", "--global-batch", "64",
+    code = main(["plan", "--model", "gpt-1.7b", "--cluster", "a100-80gb:8", "--global-batch", "64",
                  "--solver", "ptdp", "-o", str(out)])
     text = capsys.readouterr().out
     assert code == 0 and "top 10 of" in text and "tflops_per_gpu" in text
@@ -384,7 +384,7 @@ def test_cli_plan_and_export(tmp_path, capsys) -> None:
     exported = capsys.readouterr().out
     tokens = shlex.split(exported.replace("\\\n", " "), comments=True)
     assert tokens[tokens.index("--global-batch-size") + 1] == "64"
-    code = main(["plan", "--model", "gpt-1t", "--cluster", "a100-80gb:1", "--global-batch", "8", "--solver", "ptdp"])
+    code = main(["plan", "--model", "gpt-1t", "--cluster", "a100-80gb:8", "--global-batch", "8", "--solver", "ptdp"])
     err = capsys.readouterr().err
     assert code == 3 and "does not fit" in err and "Traceback" not in err
 
@@ -392,7 +392,7 @@ def test_cli_plan_and_export(tmp_path, capsys) -> None:
 def test_overlapped_gradient_reduction_hides_all_but_the_last_bucket() -> None:
     """overlap_grad_reduce: the closed form and the simulator both charge only the exposed part
     (collectives.exposed_dp_allreduce_s); the ring is hidden under the last backward but 1/4."""
-    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", global_batch_size=512)
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:64", global_batch_size=512)
     fixed = {"tensor_parallel": 1, "microbatch_size": 4, "recompute": "none", "schedules": "1f1b"}
     plain = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options=fixed)
     hidden = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options={**fixed, "overlap_grad_reduce": True})
@@ -443,7 +443,7 @@ def test_v_inflight_memory_closed_form_bounds_the_simulator(schedule: str) -> No
 def test_v_closed_form_agrees_with_the_simulator(schedule: str) -> None:
     """Every simulated V configuration's closed form (solvers._ptdp_v) within 3% of the simulator
     (measured: 0.977-1.009 over GPT-3 175B, Llama-3 70B and GPT-1T cases)."""
-    problem = api.make_problem("gpt3-175b", "a100-80gb:12", global_batch_size=384)
+    problem = api.make_problem("gpt3-175b", "a100-80gb:96", global_batch_size=384)
     plan = ptdp.solve(problem, options={"schedules": schedule, "num_simulated": 6})
     rows = [r for r in plan.candidates if r["simulated"]]
     assert len(rows) >= 4 and all(r["schedule"] == schedule for r in rows)

@@ -242,7 +242,7 @@ def test_time_limit_returns_status_and_gap() -> None:
     from cost_models.models import model_preset
     from cost_models.transformer import transformer_profile
 
-    cl = cluster_preset("ascend-910:16")
+    cl = cluster_preset("ascend-910:128")
     prof = transformer_profile(model_preset("llama-175b"), device=cl.device, microbatch_size=1, tensor_parallel=8)
     problem = PipelineProblem(model=prof, cluster=cl, num_stages=16, num_microbatches=64, data_parallel=1,
                               time_limit_s=1.0)

@@ -19,7 +19,7 @@ from solvers.fill.simulate import FillOptions, fill_plan
 
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    problem = api.make_problem("gpt-1.7b", "v100:1", schedule="gpipe", num_stages=4, data_parallel=1,
+    problem = api.make_problem("gpt-1.7b", "v100:8", schedule="gpipe", num_stages=4, data_parallel=1,
                                num_microbatches=8, global_batch_size=8)
     path = tmp_path_factory.mktemp("fill") / "plan.json"
     api.save(api.plan(problem, solver="even"), path)
@@ -108,7 +108,7 @@ def test_scale_trend_grows_with_gpus(tmp_path: Path) -> None:
 
 
 def test_a_main_job_without_flushed_iterations_is_refused() -> None:
-    problem = api.make_problem("gpt-1.7b", "v100:1", schedule="2bw", num_stages=4, data_parallel=1,
+    problem = api.make_problem("gpt-1.7b", "v100:8", schedule="2bw", num_stages=4, data_parallel=1,
                                num_microbatches=8, global_batch_size=8)
     with pytest.raises(InvalidProblemError, match="2BW plan .* flushed pipeline schedule"):
         fill_plan(api.plan(problem, solver="even"), parse_fill_jobs("bert-base-inference"))
