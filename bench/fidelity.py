@@ -86,7 +86,8 @@ TABLE_4_2 = [
     Row("Table 4.2", "gpt-529.6b", 2240, 2240, 8, 35, 1, 1, 159),
 ]
 ROWS = TABLE_4_1 + TABLE_4_2
-OPTIONS_2021 = {"recompute": "full", "attention": "unfused", "sequence_parallel": False, "num_simulated": 1}
+OPTIONS_2021 = {"recompute": "full", "attention": "unfused", "sequence_parallel": False, "num_simulated": 1,
+                "zero_stages": "0", "uneven_stages": False}  # 2021 Megatron: DDP, even split
 
 
 def predict(row: Row) -> dict[str, float]:

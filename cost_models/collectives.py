@@ -120,3 +120,16 @@ def exposed_dp_allreduce_s(allreduce_total_s: float, overlappable_backward_s: fl
     last = allreduce_total_s / num_buckets
     hidden = allreduce_total_s - last
     return last + max(0.0, hidden - overlappable_backward_s)
+
+
+def alltoall_s(num_bytes: float, num_ranks: int, ranks_per_node: int, intra_bytes_per_s: float,
+               inter_bytes_per_s: float, intra_latency_s: float = 0.0, inter_latency_s: float = 0.0) -> float:
+    """All-to-all of a ``num_bytes`` buffer per rank spread evenly over ``num_ranks`` ranks, of which
+    ``ranks_per_node`` share a node: each rank keeps 1/n, sends (g-1)/n over the intra-node link and
+    (n-g)/n over its own NIC, both at once (NCCL's grouped sends), so the slower part sets the time."""
+    n, g = num_ranks, max(1, min(ranks_per_node, num_ranks))
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    inside = (g - 1) / n * num_bytes / intra_bytes_per_s + intra_latency_s if g > 1 else 0.0
+    across = (n - g) / n * num_bytes / inter_bytes_per_s + inter_latency_s if n > g else 0.0
+    return max(inside, across)

@@ -33,9 +33,10 @@ def parallel_flags(plan: Plan, export: _Export) -> None:
     if cfg is not None and cfg.num_experts is not None:
         if d.expert > 1:
             export.add("--expert-model-parallel-size", d.expert)
-        # The plan has no separate expert-TP degree: the experts are split like the dense layers
-        # (Megatron's default, stated so that a later default change cannot alter the run).
-        export.add("--expert-tensor-parallel-size", d.tensor)
+        # The ptdp search records the experts' TP degree in the plan's options (1: experts whole, or t);
+        # without it the experts are split like the dense layers (Megatron's default, stated so that a
+        # later default change cannot alter the run).
+        export.add("--expert-tensor-parallel-size", plan.options.get("expert_tensor_parallel", d.tensor))
     if plan.zero_stage >= 1:
         export.add("--use-distributed-optimizer")
     if plan.zero_stage == 2:

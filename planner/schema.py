@@ -231,6 +231,11 @@ class ModelProfile(_Frozen):
     """Samples per microbatch that the per-microbatch costs were measured or derived for."""
     tensor_parallel: DeviceCount = 1
     """Tensor-parallel degree that the per-device costs assume."""
+    degrees_included: bool = False
+    """The per-layer costs are already one rank's share at the plan's context, expert (and expert
+    tensor) degrees, with the K/V ring, the expert all-to-alls and ZeRO-3's per-layer gathers in
+    them (the ptdp search's profiles). False: the costs hold the whole sequence and every expert
+    split by t only, and the simulator derives those terms (cost_models/sim/dims.py)."""
     tokens_per_sample: PositiveInt | None = None
     device: str | None = None
     """Name of the device the times are for, when known."""

@@ -31,24 +31,39 @@ from cost_models.collectives import exposed_dp_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
-from cost_models.transformer import (
-    allreduce_time_s, attention_core_forward_flops, flops_per_iteration, model_flops_per_sample, transformer_profile,
-)
+from cost_models.transformer import ADAM_BYTES_PER_PARAM, allreduce_time_s, transformer_profile
 from planner.schema import Cluster, LayerProfile, TransformerConfig
+from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_v as v_model
+from solvers._ptdp_rows import recompute_flops_per_sample, throughput_row  # noqa: F401 (this module's API)
 
 INTERLEAVED = "interleaved-1f1b"
 
 
 @dataclass(frozen=True, slots=True)
 class UnitCosts:
-    """Per-microbatch costs of the three layer kinds at one (t, b): embedding, decoder, head."""
+    """Per-microbatch costs of the layer kinds at one (t, b) and the degrees beyond: embedding, dense
+    decoder, MoE decoder (None for dense models), head."""
 
     embedding: LayerProfile
     decoder: LayerProfile
     head: LayerProfile
     decoder_source: str = "analytic"
     """The profile's ``source`` (flat-efficiency profiles are ``analytic:efficiency=x``)."""
+    moe_decoder: LayerProfile | None = None
+    first_dense: int = 0
+    """Decoder layers before the first MoE layer (they use ``decoder``, the rest ``moe_decoder``)."""
+    expert_static_bytes: float = 0.0
+    """Part of ``moe_decoder.static_bytes`` in routed-expert weights (sharded over the expert-DP ranks)."""
+    expert_param_bytes: float = 0.0
+    """Part of ``moe_decoder.param_bytes`` in routed-expert weights (reduced over the expert-DP ranks)."""
+
+    def counts(self, first: int, num: int) -> tuple[int, int]:
+        """(dense, MoE) decoder layers among layers [first, first + num)."""
+        if self.moe_decoder is None:
+            return num, 0
+        dense = max(0, min(first + num, self.first_dense) - first)
+        return dense, num - dense
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,12 +77,47 @@ class Config:
     microbatch_size: int
     num_microbatches: int
     recompute: str
+    context: int = 1
+    expert: int = 1
+    expert_tensor: int = 1
+    zero_stage: int = 0
+    ends: tuple[int, int] = (0, 0)
+    """Decoder layers of the first and last stage; (0, 0) = even split."""
     v_schedule: str = ""
     """A V schedule ('zb-v', 'dualpipe-v', virtual 2: ``solvers._ptdp_v``); '' for Megatron's."""
 
     @property
     def schedule(self) -> str:
         return self.v_schedule or (INTERLEAVED if self.virtual > 1 else "1f1b")
+
+    @property
+    def dims(self) -> dims_mod.Dims:
+        return dims_mod.Dims(tensor=self.tensor, context=self.context, expert=self.expert,
+                             expert_tensor=self.expert_tensor, zero_stage=self.zero_stage, data=self.data)
+
+    @property
+    def num_devices(self) -> int:
+        return self.tensor * self.pipeline * self.data * self.context
+
+    def chunk_layers(self, num_layers: int) -> list[int]:
+        """Decoder layers of each virtual stage in model order (virtual stage k on rank k mod p)."""
+        return dims_mod.chunk_layer_counts(num_layers, self.pipeline, self.virtual, self.ends)
+
+    def stage_layers(self, num_layers: int) -> list[int]:
+        """Decoder layers of each pipeline rank (all its chunks)."""
+        chunks = self.chunk_layers(num_layers)
+        return [sum(chunks[x::self.pipeline]) for x in range(self.pipeline)]
+
+    def rank_ranges(self, num_layers: int) -> list[list[tuple[int, int]]]:
+        """Per rank, (first layer, count) of each of its chunks: virtual stage k on rank k mod p, or in a
+        V schedule on rank k for k < p and 2p - 1 - k after."""
+        p = self.pipeline
+        out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+        first = 0
+        for k, n in enumerate(self.chunk_layers(num_layers)):
+            out[(k if k < p else 2 * p - 1 - k) if self.v_schedule else k % p].append((first, n))
+            first += n
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,17 +147,35 @@ class ProfileSettings:
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
-               settings: ProfileSettings) -> UnitCosts:
-    """Layer costs at (t, b) from a one-block copy of the model (per-layer costs do not depend on
-    the number of layers, and one block keeps the search fast)."""
+               settings: ProfileSettings, dims: dims_mod.Dims | None = None,
+               load_balance_factor: float = 1.0, overlap_moe_alltoall: bool = False) -> UnitCosts:
+    """Layer costs at (t, b) and the degrees beyond (``dims``, default none) from a copy of the model
+    with one block of each kind (per-layer costs do not depend on the number of layers, and a short
+    model keeps the search fast)."""
     assert cluster.device is not None
+    dims = dims or dims_mod.Dims(tensor=tensor)
+    fd = cfg.first_dense_layers if cfg.is_moe else 0
+    short = dims_mod.profile_config(cfg, dims.context).model_copy(update={"num_layers": fd + 1})
     profile = transformer_profile(
-        cfg.model_copy(update={"num_layers": 1}), device=cluster.device, microbatch_size=microbatch_size,
-        tensor_parallel=tensor, intra_node_bytes_per_s=tp_link_bytes_per_s(cluster, tensor),
-        **profile_kwargs(settings, tensor),
+        short, device=cluster.device, microbatch_size=microbatch_size, tensor_parallel=tensor,
+        intra_node_bytes_per_s=tp_link_bytes_per_s(cluster, tensor), **profile_kwargs(settings, tensor),
     )
-    embedding, decoder, head = profile.layers
-    return UnitCosts(embedding=embedding, decoder=decoder, head=head, decoder_source=profile.source)
+    layers = profile.layers
+    kw = {"microbatch_size": microbatch_size, "load_balance_factor": load_balance_factor,
+          "per_operation": profile.source == "analytic", "overlap_moe_alltoall": overlap_moe_alltoall}
+    dense = dims_mod.decoder_at_degrees(layers[1], cfg, cluster, dims, moe_layer=cfg.is_moe and fd == 0, **kw)
+    moe_dec = None
+    experts = 0.0
+    if cfg.is_moe:
+        moe_dec = dense if fd == 0 else dims_mod.decoder_at_degrees(layers[fd + 1], cfg, cluster, dims,
+                                                                     moe_layer=True, **kw)
+        experts = dims_mod.expert_params_per_rank(cfg, dims)
+    gather = layers[1].param_bytes
+    return UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
+                     decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
+                     decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
+                     expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
+                     expert_param_bytes=dims_mod.element_bytes(cfg) * experts)
 
 
 def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
@@ -128,20 +196,23 @@ def tp_link_bytes_per_s(cluster: Cluster, tensor: int) -> float:
 
 
 def p2p_link(cluster: Cluster, c: Config) -> tuple[float, float]:
-    """(bandwidth, latency) of the slowest stage boundary: stage x starts at rank x d t, so all
-    stages share one node only when p d t fits in it."""
-    if c.pipeline * c.data * c.tensor <= cluster.devices_per_node:
+    """(bandwidth, latency) of the slowest stage boundary: stage x starts at rank x d c t, so all
+    stages share one node only when p d c t fits in it."""
+    if c.num_devices <= cluster.devices_per_node:
         return float(cluster.intra_node_bytes_per_s or 0.0), cluster.intra_node_latency_s
     return float(cluster.inter_node_bytes_per_s or 0.0), cluster.inter_node_latency_s
 
 
-def dp_link(cluster: Cluster, c: Config) -> tuple[float, float]:
-    """(bandwidth, latency) of the data-parallel ring of one stage. Its d replicas are t ranks
-    apart: the ring stays in a node while d t fits in it; otherwise each node holds
-    k = devices_per_node / t replicas of the ring, whose traffic leaves over their k network
+def dp_link(cluster: Cluster, c: Config, num_ranks: int | None = None, stride: int | None = None) -> tuple[float, float]:
+    """(bandwidth, latency) of the data-parallel ring of one stage. Its d x c ranks are t apart: the
+    ring stays in a node while d c t fits in it; otherwise each node holds
+    k = devices_per_node / t members of the ring, whose traffic leaves over their k network
     cards (one per GPU on Selene, L4081-4086), so the ring runs at min(intra, k x inter)."""
-    # Stage 0's replicas in Megatron's order (rank = replica x t); the simulator's ring.
-    return allreduce_link(cluster, [j * c.tensor for j in range(c.data)])
+    n = c.data * c.context if num_ranks is None else num_ranks
+    step = c.tensor if stride is None else stride
+    # Stage 0's replicas in Megatron's order (rank = replica x t); the simulator's ring. Members past
+    # the first one outside rank 0's node change nothing (``allreduce_link``), so the list stops there.
+    return allreduce_link(cluster, [j * step for j in range(min(n, cluster.devices_per_node // max(1, step) + 1))])
 
 
 def inflight_chunks(c: Config, rank: int) -> int:
@@ -153,13 +224,22 @@ def inflight_chunks(c: Config, rank: int) -> int:
     return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v)
 
 
+def _block_sum(u: UnitCosts, first: int, num: int, value: Any) -> float:
+    """Sum of ``value(layer)`` over decoder layers [first, first + num)."""
+    dense, moe_count = u.counts(first, num)
+    total = dense * value(u.decoder) if dense else 0.0
+    return total + (moe_count * value(u.moe_decoder) if moe_count else 0.0)
+
+
+def _ranges_sum(u: UnitCosts, ranges: list[tuple[int, int]], value: Any) -> float:
+    return math.fsum(_block_sum(u, first, num, value) for first, num in ranges)
+
+
 def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
-    """Per-rank compute per microbatch: l/p decoder blocks (F + B + recompute), plus the
+    """Per-rank compute per microbatch: its decoder blocks (F + B + recompute), plus the
     embedding on rank 0 and the head on rank p - 1."""
-    dec = u.decoder
-    per_block = dec.forward_s + dec.backward_s + dec.strategies()[c.recompute].extra_s
-    blocks = cfg.num_layers // c.pipeline
-    work = [blocks * per_block] * c.pipeline
+    work = [_ranges_sum(u, ranges, lambda lay: lay.forward_s + lay.backward_s + lay.strategies()[c.recompute].extra_s)
+            for ranges in c.rank_ranges(cfg.num_layers)]
     work[0] += u.embedding.forward_s + u.embedding.backward_s
     work[-1] += u.head.forward_s + u.head.backward_s
     return work
@@ -185,28 +265,119 @@ def first_chunk_inflight(p: int, v: int, m: int) -> int:
     return peak
 
 
+def _moe_layers(u: UnitCosts, ranges: list[tuple[int, int]]) -> int:
+    return sum(u.counts(first, num)[1] for first, num in ranges)
+
+
+@lru_cache(maxsize=4096)
+def held_chunk_counts(p: int, v: int, m: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    """Per step of rank ``rank``'s Megatron interleaved order, how many activations of each of its v chunks
+    it holds right after the step's forward (forward k runs chunk (k mod p v) div p, backward j chunk
+    v - 1 - (j mod p v) div p, after a warm-up of min(2 (p - r - 1) + (v - 1) p, m v) forwards). Past the
+    warm-up the pattern repeats every p v steps, so two periods hold every distinct state."""
+    total = m * v
+    warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    held = [0] * v
+    states = []
+    steps = total + warmup if total <= warmup + 2 * p * v else warmup + 2 * p * v
+    for k in range(steps):
+        if k < total:
+            held[(k % (p * v)) // p] += 1
+            states.append(tuple(held))
+        j = k - warmup
+        if 0 <= j < total:
+            held[v - 1 - (j % (p * v)) // p] -= 1
+    return tuple(set(states))
+
+
+def _chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], rank: int) -> float:
+    """Peak activation bytes of a rank's decoder chunks: in-flight count x chunk size when its chunks are
+    equal, else the heaviest state of Megatron's interleaved order weighted by each chunk's size."""
+    sizes = [_block_sum(u, first, num, lambda lay: lay.strategies()[c.recompute].activation_bytes)
+             for first, num in ranges]
+    if c.virtual == 1 or len(set(sizes)) == 1:
+        return inflight_chunks(c, rank) * max(sizes)
+    return max(math.fsum(n * w for n, w in zip(state, sizes))
+               for state in held_chunk_counts(c.pipeline, c.virtual, c.num_microbatches, rank))
+
+
+def rank_static_bytes(u: UnitCosts, ranges: list[tuple[int, int]], dims: dims_mod.Dims) -> float:
+    """Model states of a rank's decoder blocks (its chunks' (first, count) ranges) under the ZeRO stage,
+    dense and expert parts apart."""
+    expert = _moe_layers(u, ranges) * u.expert_static_bytes
+    dense = _ranges_sum(u, ranges, lambda lay: lay.static_bytes) - expert
+    return dims_mod.sharded_static_bytes(dense, expert, dims)
+
+
 def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
-    """Peak bytes over ranks 0 and p - 1 (rank 0 holds the most activations and the embedding;
-    rank p - 1 the head; middle ranks hold less than rank 0). The head's chunk runs each
-    forward right before its backward (1F1B, and Megatron's interleaved order once m >= p), so
-    it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``. Both peaks
-    are added to the rank's total, an upper bound within the embedding's share."""
-    blocks_per_chunk = cfg.num_layers // (c.pipeline * c.virtual)
-    dec = u.decoder
-    chunk_act = blocks_per_chunk * dec.strategies()[c.recompute].activation_bytes
-    blocks_static = cfg.num_layers // c.pipeline * dec.static_bytes
-    first = first_chunk_inflight(c.pipeline, c.virtual, c.num_microbatches)
-    rank0 = blocks_static + u.embedding.static_bytes + inflight_chunks(c, 0) * chunk_act + first * (
-        u.embedding.activation_bytes or 0.0)
-    last = blocks_static + u.head.static_bytes + inflight_chunks(c, c.pipeline - 1) * chunk_act + (
-        u.head.activation_bytes or 0.0)
-    if c.pipeline == 1:
-        return rank0 + u.head.static_bytes + (u.head.activation_bytes or 0.0)
-    return max(rank0, last)
+    """Peak bytes over the ranks (rank 0 holds the most activations and the embedding, rank p - 1 the
+    head; with an even split middle ranks hold less than rank 0, so only the two ends are costed). The
+    head's chunk runs each forward right before its backward (1F1B, and Megatron's interleaved order
+    once m >= p), so it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``.
+    Both peaks are added to the rank's total, an upper bound within the embedding's share."""
+    dims = c.dims
+    all_ranges = c.rank_ranges(cfg.num_layers)
+    p = c.pipeline
+    ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
+    emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims)
+    head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims)
+    buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
+    peak = 0.0
+    for r in ranks:
+        total = rank_static_bytes(u, all_ranges[r], dims) + buffer + _chunk_activations(u, c, all_ranges[r], r)
+        if r == 0:
+            first = first_chunk_inflight(p, c.virtual, c.num_microbatches)
+            total += emb_static + first * (u.embedding.activation_bytes or 0.0)
+        if r == p - 1:
+            total += head_static + (u.head.activation_bytes or 0.0)
+        peak = max(peak, total)
+    return peak
+
+
+def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int, int]], *, overlap_grad_reduce: bool,
+               overlap_param_gather: bool = False) -> float:
+    """Rank 0's gradient synchronisation: dense weights over the d x c ranks, experts over the expert-DP
+    ranks. ZeRO-0 all-reduces; ZeRO-1/2 reduce-scatter the gradients and all-gather the updated weights
+    (the all-reduce's volume, ZeRO Sec. 7.2); ZeRO-3 only reduce-scatters (its all-gathers run per layer,
+    in the layer costs), under the backward as FSDP does. ``overlap_grad_reduce`` hides the reduction
+    bucket by bucket under rank 0's backward, ``overlap_param_gather`` the all-gather under its forward
+    (``collectives.exposed_dp_allreduce_s``)."""
+    dims = c.dims
+    expert = _moe_layers(u, ranges) * u.expert_param_bytes
+    params = u.embedding.param_bytes + _ranges_sum(u, ranges, lambda lay: lay.param_bytes)
+    if c.v_schedule:  # rank 0 also holds the head
+        params += u.head.param_bytes
+    total = 0.0
+    for num_bytes, ranks, stride in ((params - expert, dims.dp_ranks, c.tensor),
+                                     (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
+        if ranks > 1 and num_bytes > 0:
+            bandwidth, latency = dp_link(cluster, c, ranks, stride)
+            total += allreduce_time_s(num_bytes, ranks, bandwidth, latency)
+    backward = _ranges_sum(u, ranges, lambda lay: lay.backward_s) + u.embedding.backward_s
+    if c.zero_stage == 0:
+        return exposed_dp_allreduce_s(total, backward) if overlap_grad_reduce else total
+    reduce = total / 2  # reduce-scatter; ZeRO-1/2 all-gather the other half after the step
+    gather = reduce if c.zero_stage < 3 else 0.0
+    if c.zero_stage == 3 or overlap_grad_reduce:
+        reduce = exposed_dp_allreduce_s(reduce, backward)
+    if overlap_param_gather:
+        gather = exposed_dp_allreduce_s(gather, _ranges_sum(u, ranges, lambda lay: lay.forward_s)
+                                        + u.embedding.forward_s)
+    return reduce + gather
+
+
+def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
+    """A V schedule's rank 0: the activations ``solvers._ptdp_v`` counts on the schedule's own order, with
+    its blocks', embedding's and head's model states sharded as the ZeRO stage says."""
+    activations = v_model.peak_memory_bytes(u, cfg, c) - v_model.rank0_static_bytes(u, cfg, c)
+    dims = c.dims
+    ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims)
+    buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
+    return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
 
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
-             overlap_grad_reduce: bool = False) -> Estimate:
+             overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
     assert cluster.device is not None
     p, v, m = c.pipeline, c.virtual, c.num_microbatches
@@ -221,54 +392,20 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
     if c.v_schedule:  # ZB-V / DualPipeV: their own bubble and in-flight counts
         pipeline_s = v_model.pipeline_s(u, cfg, c, send_s)
+    rank0 = c.rank_ranges(cfg.num_layers)[0]
     allreduce = 0.0
-    if c.data > 1:
-        bandwidth, latency = dp_link(cluster, c)
-        blocks = cfg.num_layers // p
-        params = u.embedding.param_bytes + blocks * u.decoder.param_bytes
-        allreduce = allreduce_time_s(params, c.data, bandwidth, latency)
-        if overlap_grad_reduce:  # buckets hide under rank 0's last backward (collectives.exposed_dp_allreduce_s)
-            last_backward = blocks * u.decoder.backward_s + u.embedding.backward_s
-            allreduce = exposed_dp_allreduce_s(allreduce, last_backward)
-    peak = v_model.peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
-    rank0_static = cfg.num_layers // p * u.decoder.static_bytes + u.embedding.static_bytes
-    if c.v_schedule:
-        rank0_static = v_model.rank0_static_bytes(u, cfg, c)
-    optimizer = profile_optimizer_step_s(u.decoder_source, rank0_static, cluster.device)
+    if c.num_devices > c.tensor * p:
+        allreduce = _dp_sync_s(u, cluster, c, rank0, overlap_grad_reduce=overlap_grad_reduce,
+                               overlap_param_gather=overlap_param_gather)
+    peak = _v_peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
+    expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
+    dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
+    if c.v_schedule:  # rank 0 also holds the head
+        dense_static += u.head.static_bytes
+    shard = c.zero_stage >= 1
+    optimizer = profile_optimizer_step_s(u.decoder_source, dense_static, cluster.device,
+                                         shard=c.dims.dp_ranks if shard else 1) + profile_optimizer_step_s(
+        u.decoder_source, expert_static, cluster.device, shard=c.dims.expert_dp_ranks if shard else 1)
     return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
                     optimizer_s=optimizer)
-
-
-def throughput_row(cfg: TransformerConfig, cluster: Cluster, c: Config, iteration_s: float) -> dict[str, float]:
-    """Samples/s and two FLOP rates per GPU at an iteration time, labelled:
-
-    - ``model_tflops_per_gpu`` / ``mfu``: model FLOPs (forward + backward, no recompute: Eq. 4.2
-      without its recompute forward), the useful work;
-    - ``hardware_tflops_per_gpu`` / ``hfu``: FLOPs the GPUs execute, including the recompute forward
-      when (and only when) the configuration recomputes: ``full`` adds one forward of every decoder
-      layer (Eq. 4.2 as printed, which assumes full recompute, L4166-4190), ``selective`` the
-      attention core's forward.
-    """
-    assert cluster.device is not None
-    batch = c.num_microbatches * c.microbatch_size * c.data
-    devices = c.tensor * c.pipeline * c.data
-    model = model_flops_per_sample(cfg) * batch
-    hardware = model + recompute_flops_per_sample(cfg, c.recompute) * batch
-    peak = cluster.device.peak_flops
-    return {
-        "samples_per_s": batch / iteration_s,
-        "model_tflops_per_gpu": model / iteration_s / devices / 1e12,
-        "hardware_tflops_per_gpu": hardware / iteration_s / devices / 1e12,
-        "mfu": model / iteration_s / devices / peak,
-        "hfu": hardware / iteration_s / devices / peak,
-    }
-
-
-def recompute_flops_per_sample(cfg: TransformerConfig, recompute: str) -> float:
-    """Extra FLOPs per sample of a uniform recompute setting (0 for ``none``)."""
-    if recompute == "full":
-        return flops_per_iteration(cfg, global_batch_size=1, recompute=True) - model_flops_per_sample(cfg)
-    if recompute == "selective":
-        return cfg.num_layers * attention_core_forward_flops(cfg, microbatch_size=1)
-    return 0.0

@@ -15,25 +15,30 @@ The interleaved schedule also needs m to be a multiple of p (L3612-3616).
 
 The takeaways (TP up to the node size, then PP, L3825-3829; the smallest t p that fits,
 L3897-3900; the microbatch trade-off, L3930-3932) are not coded in: they come out of the search.
+
+Beyond the 2021 space the search also costs ZeRO stages (distributed optimizer, FSDP), context
+parallelism (ring attention), expert parallelism with expert tensor parallelism, and Megatron's
+uneven first/last stages (``solvers._ptdp_dims``; enumeration in ``solvers._ptdp_enum``); every
+degree can be pinned by an option (docs/solver-ptdp.md, "Parallel dimensions").
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cost_models.memory import usable_memory_bytes
-from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters, transformer_profile
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import V_SCHEDULES, PipelineProblem, Plan, SimResult, TransformerConfig
+from planner.schema import V_SCHEDULES, ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig
+from solvers import _ptdp_dims as dims_mod
+from solvers import _ptdp_messages as messages
 from solvers import _ptdp_model as model
+from solvers._ptdp_enum import check_degree_options, divisors as _divisors, enumerate_configs
 from solvers import _ptdp_v as v_model
 from solvers.budget import Budget
-from solvers.common import Layout, build_plan, format_bytes, memory_shortfall_message, with_prediction
+from solvers.common import Layout, build_plan, memory_shortfall_message, with_prediction
 from solvers.even import even_bounds
 from solvers.options import parse_options
 
@@ -70,6 +75,11 @@ class Options:
     overlap_grad_reduce: bool = False
     """Overlap the data-parallel gradient all-reduce with the last backward in buckets
     (Megatron's --overlap-grad-reduce); off charges it in full after the backward (2021 runs)."""
+    overlap_param_gather: bool = False
+    """ZeRO-1/2: all-gather the updated weights under the next forward (Megatron's --overlap-param-gather)."""
+    overlap_moe_alltoall: bool = False
+    """Hide one microbatch's expert all-to-alls under another's compute of the layer (Megatron's
+    --overlap-moe-expert-parallel-comm, DualPipe's pairing)."""
     efficiency_by_microbatch: str | None = None
     """Per-b efficiencies, e.g. '1:0.40,2:0.46,4:0.5' (Eq. 4.1 needs t_f(b), L3902-3932); only
     the listed b are searched."""
@@ -77,6 +87,33 @@ class Options:
     """Send bsh/t per tensor rank between stages (L4008-4039) instead of bsh."""
     allow_cross_node_tp: bool = False
     """Let t exceed the devices per node (TP all-reduces then run on the inter-node link)."""
+    pipeline_parallel: int | None = None
+    """Fix p (as the problem's num_stages); default: searched."""
+    data_parallel: int | None = None
+    """Fix d (as the problem's data_parallel); default: the devices left after t p c."""
+    virtual_pipeline: int | None = None
+    """Fix v, the interleaved chunks per stage (as the problem's num_chunks); default: searched."""
+    context_parallel: int | None = None
+    """Fix c (Megatron --context-parallel-size; seq_length must divide by 2c); default: searched."""
+    expert_parallel: int | None = None
+    """Fix e (MoE models; must divide num_experts and d x c); default: searched."""
+    expert_tensor_parallel: int | None = None
+    """Fix the experts' tensor-parallel degree (1 or t); default: both searched."""
+    zero_stages: str = "0,1,3"
+    """Comma-separated ZeRO stages to search: 0 DDP, 1 distributed optimizer, 2 + gradients (Megatron keeps
+    a full gradient buffer, so not searched by default), 3 FSDP (p = 1 only)."""
+    zero_stage: int | None = None
+    """Fix the ZeRO stage (overrides zero_stages)."""
+    uneven_stages: bool = True
+    """Also search Megatron's uneven first/last stages (--decoder-first/last-pipeline-num-layers, 1F1B)."""
+    first_stage_layers: int | None = None
+    """Fix the decoder layers of the first stage (--decoder-first-pipeline-num-layers)."""
+    last_stage_layers: int | None = None
+    """Fix the decoder layers of the last stage (--decoder-last-pipeline-num-layers)."""
+    min_tokens_per_context_rank: int = dims_mod.MIN_TOKENS_PER_CONTEXT_RANK
+    """Context degrees are searched while each rank keeps at least this many tokens."""
+    load_balance_factor: float = 1.0
+    """Busiest expert's tokens over the mean (routing imbalance slows the routed experts by it)."""
     num_simulated: int = 5
     """Best closed-form configurations to simulate; the fastest in simulation is returned."""
     num_candidates: int = 20
@@ -107,28 +144,26 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     opts = parse_options(Options, options, solver="ptdp")
     start = time.perf_counter()
     search = _prepare(problem, opts)
-    units: dict[tuple[int, int], model.UnitCosts] = {}
-    scored: list[tuple[model.Config, model.Estimate]] = []
-    for c in enumerate_configs(search, opts):
-        key = (c.tensor, c.microbatch_size)
-        if key not in units:
-            units[key] = model.unit_costs(search.cfg, problem.cluster, c.tensor, c.microbatch_size,
-                                          _settings(search, c.microbatch_size))
-        scored.append((c, model.estimate(units[key], search.cfg, problem.cluster, c,
-                                         overlap_grad_reduce=opts.overlap_grad_reduce)))
+    units = unit_cache(search, opts)
+    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather}
+    scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c, **overlap))
+              for c in enumerate_configs(search, opts, units)]
+    if not scored:  # nothing whose model states fit: cost them all for the memory message
+        scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c))
+                  for c in enumerate_configs(search, opts, units, prune=False)]
     if not scored:
-        raise InfeasibleError(_no_layout_message(search, opts))
+        raise InfeasibleError(messages.no_layout_message(search, opts))
     scored.sort(key=lambda item: (not item[1].fits, item[1].iteration_s, _tie_key(item[0])))
     if not scored[0][1].fits:
-        raise InfeasibleError(_memory_message(search, scored))
+        raise InfeasibleError(messages.memory_message(search, scored))
     budget = Budget(None if problem.time_limit_s is None else start + problem.time_limit_s)
     best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
-    notes = (*_notes(search, opts, scored, simulated), *v_model.megatron_notes(plan.schedule, rows))
+    notes = (*messages.notes(search, opts, scored, simulated), *v_model.megatron_notes(plan.schedule, rows))
     wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
     status = "feasible"
-    if len(simulated) < wanted:
+    if len(simulated) < wanted and budget.spent():  # not the closed-form margin's early stop
         status = "time_limit"
         notes = (*notes, f"time_limit_s={problem.time_limit_s} spent after simulating {len(simulated)} of the "
                          f"{wanted} best closed-form configurations; the fastest simulated one is returned")
@@ -136,9 +171,26 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
                                    "candidates": rows, "status": status})
 
 
+def unit_cache(search: Search, opts: Options) -> Callable[[model.Config], model.UnitCosts]:
+    """Unit costs per (t, b, c, e, etp, ZeRO stage, and d under ZeRO-3), derived once each."""
+    cache: dict[tuple[int, ...], model.UnitCosts] = {}
+
+    def units(c: model.Config) -> model.UnitCosts:
+        key = (c.tensor, c.microbatch_size, c.context, c.expert, c.expert_tensor, c.zero_stage,
+               c.data if c.zero_stage == 3 else 0)
+        if key not in cache:
+            cache[key] = model.unit_costs(search.cfg, search.problem.cluster, c.tensor, c.microbatch_size,
+                                          _settings(search, c.microbatch_size), c.dims, opts.load_balance_factor,
+                                          opts.overlap_moe_alltoall)
+        return cache[key]
+
+    return units
+
+
 def _tie_key(c: model.Config) -> tuple[int, ...]:
-    """Equal times: fewer model-parallel devices, then smaller t, v, b (deterministic)."""
-    return (c.tensor * c.pipeline, c.tensor, c.virtual, c.microbatch_size, RECOMPUTE.index(c.recompute))
+    """Equal times: fewer model-parallel devices, then smaller t, c, e, v, b, even stages (deterministic)."""
+    return (c.tensor * c.pipeline * c.context, c.tensor, c.context, c.expert, c.zero_stage, c.virtual,
+            c.microbatch_size, int(c.ends != (0, 0)), RECOMPUTE.index(c.recompute))
 
 
 # --------------------------------------------------------------------------------------
@@ -164,23 +216,32 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
             f"solver 'ptdp' searches 1F1B, interleaved 1F1B, ZB-V and DualPipeV; schedule={problem.schedule!r} "
             f"is not supported. Use '1f1b' (searches all, see option schedules) or one of {list(SCHEDULES[1:])}")
     _check_options(opts, cfg)
-    if problem.num_stages is not None and problem.num_stages > cfg.num_layers:
+    stages = opts.pipeline_parallel or problem.num_stages
+    if stages is not None and stages > cfg.num_layers:
         raise InfeasibleError(
-            f"num_stages={problem.num_stages} exceeds the {cfg.num_layers} decoder layers of {cfg.name!r}: "
+            f"num_stages={stages} exceeds the {cfg.num_layers} decoder layers of {cfg.name!r}: "
             f"every stage needs at least one layer; use at most {cfg.num_layers} stages")
-    if problem.num_stages is not None and cfg.num_layers % (problem.num_stages * problem.num_chunks):
-        valid = [p for p in range(1, cfg.num_layers + 1) if cfg.num_layers % (p * problem.num_chunks) == 0]
+    devices = problem.cluster.num_devices
+    if stages is not None and devices % stages:
         raise InfeasibleError(
-            f"num_stages={problem.num_stages} x num_chunks={problem.num_chunks} does not divide the "
-            f"{cfg.num_layers} layers of {cfg.name!r} (Megatron-LM splits layers evenly); use num_stages "
-            f"in {valid}")
+            f"num_stages={stages} does not divide the cluster's {devices} devices; use num_stages in "
+            f"{[p for p in _divisors(devices) if p <= cfg.num_layers]}")
+    chunks = opts.virtual_pipeline or problem.num_chunks
+    if stages is not None and cfg.num_layers % (stages * chunks) and not opts.uneven_stages:
+        valid = [p for p in range(1, cfg.num_layers + 1) if cfg.num_layers % (p * chunks) == 0]
+        raise InfeasibleError(
+            f"num_stages={stages} x num_chunks={chunks} does not divide the "
+            f"{cfg.num_layers} layers of {cfg.name!r} and option uneven_stages is false; use num_stages "
+            f"in {valid}, or uneven_stages=true (lighter end stages)")
     efficiencies = _parse_efficiencies(opts.efficiency_by_microbatch)
     if opts.attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
                                      attention=opts.attention, overlap_tp_comm=opts.overlap_tp_comm)
-    return Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
-                  efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
+    search = Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
+                    efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
+    check_degree_options(opts, search)
+    return search
 
 
 def _csv(text: str, valid: tuple[str, ...], key: str) -> tuple[str, ...]:
@@ -243,118 +304,49 @@ def _settings(search: Search, b: int) -> model.ProfileSettings:
 
 
 # --------------------------------------------------------------------------------------
-# Enumeration
-# --------------------------------------------------------------------------------------
-
-
-def _divisors(n: int, limit: int | None = None) -> list[int]:
-    """Divisors of n up to ``limit`` (default n), ascending; O(min(limit, sqrt n)) steps."""
-    limit = n if limit is None else min(n, limit)
-    small, large = [], []
-    k = 1
-    while k * k <= n and k <= limit:
-        if n % k == 0:
-            small.append(k)
-            if k * k != n and n // k <= limit:
-                large.append(n // k)
-        k += 1
-    return small + large[::-1]
-
-
-MAX_MICROBATCH_SIZE = 1 << 16
-"""Largest microbatch size the search tries (a bound that keeps --global-batch 10^18 finite)."""
-
-
-def tensor_degrees(search: Search, opts: Options) -> list[int]:
-    """t that divides the heads, KV heads and FFN size, within a node (t | devices per node) or,
-    with allow_cross_node_tp, whole nodes; fixed by the option or a profile derived at t > 1."""
-    cfg, cluster = search.cfg, search.problem.cluster
-    fixed = opts.tensor_parallel or (search.problem.model.tensor_parallel
-                                     if search.problem.model.tensor_parallel > 1 else None)
-    out = []
-    for t in _divisors(cluster.num_devices):
-        if cfg.num_heads % t or cfg.kv_heads % t or cfg.ffn_size % t:
-            continue
-        within = cluster.devices_per_node % t == 0
-        across = opts.allow_cross_node_tp and t % cluster.devices_per_node == 0
-        if (within or across or t == fixed) and (fixed is None or t == fixed):
-            out.append(t)
-    return out
-
-
-def microbatch_sizes(search: Search, opts: Options, per_replica: int) -> list[int]:
-    """b that divides B / d; fixed by the option, a profile derived at b > 1, or the efficiency table."""
-    fixed = opts.microbatch_size or (search.problem.model.microbatch_size
-                                     if search.problem.model.microbatch_size > 1 else None)
-    sizes = [fixed] if fixed else (sorted(search.efficiencies) if search.efficiencies else _divisors(per_replica, MAX_MICROBATCH_SIZE))
-    return [b for b in sizes if per_replica % b == 0]
-
-
-def enumerate_configs(search: Search, opts: Options) -> Iterator[model.Config]:
-    """Every configuration the problem and options allow (see the module docstring)."""
-    problem, cfg, n = search.problem, search.cfg, search.problem.cluster.num_devices
-    schedules = _csv(opts.schedules, SCHEDULES, "schedules")
-    if problem.schedule in V_SCHEDULES:
-        schedules = (problem.schedule,)
-    elif problem.schedule == model.INTERLEAVED or problem.num_chunks > 1:
-        schedules = (model.INTERLEAVED,)
-    recompute = _csv(opts.recompute, RECOMPUTE, "recompute")
-    for t in tensor_degrees(search, opts):
-        for p in [problem.num_stages] if problem.num_stages else _divisors(cfg.num_layers):
-            if n % (t * p) or (problem.data_parallel and problem.data_parallel * t * p != n):
-                continue
-            d = n // (t * p)
-            if search.global_batch_size % d:
-                continue
-            for b in microbatch_sizes(search, opts, search.global_batch_size // d):
-                m = search.global_batch_size // (b * d)
-                if problem.num_microbatches is not None and m != problem.num_microbatches:
-                    continue
-                for v, vs in _chunk_counts(cfg.num_layers, p, m, schedules, problem.num_chunks):
-                    for r in recompute:
-                        yield model.Config(tensor=t, pipeline=p, data=d, virtual=v, microbatch_size=b,
-                                           num_microbatches=m, recompute=r, v_schedule=vs)
-
-
-def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int) -> list[tuple[int, str]]:
-    """(v, V schedule or ''): v = 1 for 1F1B; v >= 2 dividing l / p for interleaved, which needs p >= 2
-    and m % p == 0; v = 2 for ZB-V and DualPipeV (l % 2p == 0; DualPipeV m >= 2p; p >= 2 unless asked for)."""
-    out = [(1, "")] if "1f1b" in schedules and fixed == 1 else []
-    if model.INTERLEAVED in schedules and p >= 2 and m % p == 0:
-        out += [(v, "") for v in _divisors(num_layers // p) if v >= 2 and (fixed == 1 or v == fixed)]
-    out += [(2, vs) for vs in V_SCHEDULES if vs in schedules and (p >= 2 or schedules == (vs,))
-            and num_layers % (2 * p) == 0 and fixed in (1, 2) and (vs == "zb-v" or m >= 2 * p)]
-    return out
-
-
-# --------------------------------------------------------------------------------------
 # Simulation of the best, plans and the candidate table
 # --------------------------------------------------------------------------------------
 
 
 def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
-    """The Megatron-even plan of a configuration, on the full profile at (t, b)."""
+    """The plan of a configuration: its layer profile at (t, b) and the degrees beyond (the unit costs
+    the closed form used, one copy per decoder layer), Megatron's even or uneven-end layer split."""
     cluster, cfg = search.problem.cluster, search.cfg
     assert cluster.device is not None
-    profile = transformer_profile(
-        cfg, device=cluster.device, microbatch_size=c.microbatch_size, tensor_parallel=c.tensor,
-        intra_node_bytes_per_s=model.tp_link_bytes_per_s(cluster, c.tensor),
-        **model.profile_kwargs(_settings(search, c.microbatch_size), c.tensor),
-    )
+    u = unit_cache(search, opts)(c)
+    decoders = [(u.decoder if u.counts(i, 1)[0] else u.moe_decoder or u.decoder).model_copy(update={"name": f"decoder{i}"})
+                for i in range(cfg.num_layers)]
+    baked = {"degrees_included": True}  # ring, all-to-alls, FSDP gathers and expert shares are in the layers
+    profile = ModelProfile(name=cfg.name, layers=(u.embedding, *decoders, u.head), microbatch_size=c.microbatch_size,
+                           tensor_parallel=c.tensor, tokens_per_sample=cfg.seq_length, device=cluster.device.name,
+                           source=u.decoder_source,
+                           **{k: v for k, v in baked.items() if k in ModelProfile.model_fields})
     problem = search.problem.model_copy(update={
         "model": profile, "schedule": c.schedule, "num_chunks": c.virtual, "num_stages": c.pipeline,
         "data_parallel": c.data})
     layout = Layout(num_stages=c.pipeline, num_chunks=c.virtual, data_parallel=c.data, tensor_parallel=c.tensor,
                     microbatch_size=c.microbatch_size, num_microbatches=c.num_microbatches)
     strategies = [c.recompute if layer.kind == "decoder" else "none" for layer in profile.layers]
-    plan = build_plan(problem, layout, bounds=even_bounds(profile, c.pipeline * c.virtual), strategies=strategies,
-                      solver="ptdp", options=_plan_options(opts))
+    bounds = even_bounds(profile, c.pipeline * c.virtual)
+    if c.ends != (0, 0):  # virtual stage k: the embedding joins the first, the head the last
+        counts = c.chunk_layers(cfg.num_layers)
+        bounds = [0, *[1 + sum(counts[:k + 1]) for k in range(len(counts) - 1)], cfg.num_layers + 2]
+    plan = build_plan(problem, layout, bounds=bounds, strategies=strategies, solver="ptdp",
+                      options=_plan_options(opts, c, cfg))
     sp = c.tensor > 1 if opts.sequence_parallel is None else opts.sequence_parallel
-    return plan.model_copy(update={"sequence_parallel": sp and c.tensor > 1})  # what the costs assumed
+    width = c.tensor * c.context * c.data  # Megatron's order: t fastest, then c, then d, then p
+    stages = tuple(s.model_copy(update={"ranks": tuple(range(s.index * width, (s.index + 1) * width))})
+                   for s in plan.stages) if c.context > 1 else plan.stages
+    return plan.model_copy(update={  # what the costs assumed
+        "sequence_parallel": sp and c.tensor > 1, "zero_stage": c.zero_stage, "stages": stages,
+        "degrees": plan.degrees.model_copy(update={"context": c.context, "expert": c.expert})})
 
 
-def _plan_options(opts: Options) -> dict[str, Any]:
-    return {k: getattr(opts, k) for k in Options.__dataclass_fields__ if getattr(opts, k) is not None}
+def _plan_options(opts: Options, c: model.Config, cfg: TransformerConfig) -> dict[str, Any]:
+    out = {k: getattr(opts, k) for k in Options.__dataclass_fields__ if getattr(opts, k) is not None}
+    if cfg.is_moe:
+        out["expert_tensor_parallel"] = c.expert_tensor  # the plan's expert TP (read by the Megatron export)
+    return out
 
 
 Simulated = dict[model.Config, tuple[Plan, SimResult]]
@@ -388,14 +380,19 @@ def candidate_rows(search: Search, scored: list[tuple[model.Config, model.Estima
                    limit: int) -> tuple[dict[str, Any], ...]:
     """The ranked table: simulated configurations by simulated time, then the others by closed form."""
     rows = []
-    for c, est in scored:
+    shown = [item for item in scored if item[0] in simulated]
+    shown += [item for item in scored if item[0] not in simulated][:limit]  # ``scored`` is sorted
+    for c, est in shown:
         sim = simulated.get(c)
         iteration = sim[1].iteration_time_s if sim else est.iteration_s
         fits = sim[1].fits_memory if sim else est.fits
         peak = max(s.peak_memory_bytes for s in sim[1].stages) if sim else est.peak_memory_bytes
         row: dict[str, Any] = {
             "t": c.tensor, "p": c.pipeline, "d": c.data, "v": c.virtual, "b": c.microbatch_size,
-            "m": c.num_microbatches, "recompute": c.recompute, "schedule": c.schedule,
+            "m": c.num_microbatches, "recompute": c.recompute, "schedule": c.schedule, "c": c.context,
+            "e": c.expert, "etp": c.expert_tensor, "zero_stage": c.zero_stage,
+            "first_stage_layers": c.stage_layers(search.cfg.num_layers)[0],
+            "last_stage_layers": c.stage_layers(search.cfg.num_layers)[-1],
             "iteration_s": iteration, "closed_form_s": est.iteration_s, "simulated": sim is not None,
         }
         row.update(model.throughput_row(search.cfg, search.problem.cluster, c, iteration))
@@ -403,57 +400,3 @@ def candidate_rows(search: Search, scored: list[tuple[model.Config, model.Estima
         rows.append(row)
     rows.sort(key=lambda r: (not r["fits"], not r["simulated"], r["iteration_s"]))
     return tuple(rows[:limit])
-
-
-# --------------------------------------------------------------------------------------
-# Messages
-# --------------------------------------------------------------------------------------
-
-
-def _notes(search: Search, opts: Options, scored: list[tuple[model.Config, model.Estimate]],
-           simulated: Simulated) -> tuple[str, ...]:
-    fitting = sum(1 for _, est in scored if est.fits)
-    eff = (f"efficiency by microbatch {search.efficiencies}" if search.efficiencies
-           else f"flat efficiency {search.efficiency:.3g} of peak" if search.efficiency
-           else f"per-operation compute model ({search.settings.attention} attention)")
-    return (
-        f"searched {len(scored)} configurations (t, p, d, v, b, recompute), {fitting} fit memory by the closed "
-        f"form; simulated the best {len(simulated)} and kept the fastest in simulation",
-        f"{eff}; scatter/gather {'on' if opts.scatter_gather else 'off'}; uniform recompute, even layer split",
-    )
-
-
-def _no_layout_message(search: Search, opts: Options) -> str:
-    """No (t, p, d, b) splits the batch: say which global batch sizes would."""
-    problem, cfg, n = search.problem, search.cfg, search.problem.cluster.num_devices
-    b_batch = search.global_batch_size
-    degrees = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in _divisors(cfg.num_layers)
-                      if n % (t * p) == 0 and (not problem.num_stages or p == problem.num_stages)
-                      and (not problem.data_parallel or problem.data_parallel * t * p == n)})
-    if not degrees:
-        return (f"no tensor x pipeline degree fits {n} devices with {cfg.num_layers} layers and "
-                f"{cfg.num_heads} heads under the fixed values (num_stages={problem.num_stages}, "
-                f"data_parallel={problem.data_parallel}, tensor_parallel={opts.tensor_parallel}); use a cluster "
-                f"size that is a multiple of a divisor of the layer count, or drop the fixed values")
-    d = degrees[0]
-    lo, hi = b_batch // d * d, (b_batch // d + 1) * d
-    near = [x for x in (lo, hi) if x > 0]
-    return (f"global_batch_size={b_batch} cannot be split: it must be a multiple of b x d with d in "
-            f"{degrees} (and for interleaved 1F1B, m a multiple of p; for ZB-V and DualPipeV, layers divisible "
-            f"by 2p, and for DualPipeV m >= 2p), and also match num_microbatches="
-            f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
-
-
-def _memory_message(search: Search, scored: list[tuple[model.Config, model.Estimate]]) -> str:
-    problem, cfg = search.problem, search.cfg
-    assert problem.cluster.device is not None
-    least = min(scored, key=lambda item: item[1].peak_memory_bytes)
-    static_total = ADAM_BYTES_PER_PARAM * num_parameters(cfg)
-    devices = math.ceil(static_total / usable_memory_bytes(problem.cluster.device))
-    c = least[0]
-    what = (f"{cfg.name} (best try t={c.tensor} p={c.pipeline} v={c.virtual} b={c.microbatch_size} "
-            f"recompute={c.recompute})")
-    return (memory_shortfall_message(problem, least[1].peak_memory_bytes, what)
-            + f". The weights and optimizer state alone are {format_bytes(static_total)}: at least {devices} "
-            f"model-parallel devices of {format_bytes(usable_memory_bytes(problem.cluster.device))} usable "
-            f"(t x p >= {devices})")

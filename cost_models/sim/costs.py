@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from cost_models.collectives import exposed_dp_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes, zero_static_scale
+from cost_models.sim import dims
 from cost_models.sim.pipeline import Durations
 from cost_models.transformer import allreduce_time_s
 from planner.errors import InvalidProblemError
@@ -179,14 +180,21 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
     chunks = plan.virtual_stages()
     has_weight = all(layer.backward_weight_s is not None for layer in layers)
     fwd, bwd, wgt, rec, act = [], [], [], [], []
+    new_dims = dims.applies(plan)
+    scale = dims.context_scale(plan) if new_dims else 1.0  # 1/c for a whole-sequence profile
     for chunk in chunks:
         own = layers[chunk.layers[0] : chunk.layers[1]]
         options = [layer.strategies()[s] for layer, s in zip(own, chunk.layer_strategies())]
-        fwd.append(math.fsum(layer.forward_s for layer in own))
-        bwd.append(math.fsum(layer.backward_s for layer in own))
-        wgt.append(math.fsum(layer.backward_weight_s or 0.0 for layer in own))
-        rec.append(math.fsum(o.extra_s for o in options))
-        act.append(math.fsum(o.activation_bytes for o in options))
+        fwd.append(scale * math.fsum(layer.forward_s for layer in own))
+        bwd.append(scale * math.fsum(layer.backward_s for layer in own))
+        wgt.append(scale * math.fsum(layer.backward_weight_s or 0.0 for layer in own))
+        rec.append(scale * math.fsum(o.extra_s for o in options))
+        act.append(scale * math.fsum(o.activation_bytes for o in options))
+    extra_f = extra_b = None
+    if new_dims:  # context ring, expert all-to-all, FSDP gathers (cost_models.sim.dims)
+        extra_f, extra_b = dims.stage_extras(plan, chunks, scale)
+        fwd = [f + x for f, x in zip(fwd, extra_f)]
+        bwd = [b + x for b, x in zip(bwd, extra_b)]
     first_rank = [_replica_rank(plan, x, 0) for x in range(p)]
     home = plan.stage_ranks()
     send = []
@@ -196,8 +204,8 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
             send.append(0.0)
             continue
         bandwidth, latency = cluster.link(a, b)
-        send.append(latency + layers[chunks[k].layers[1] - 1].output_bytes / bandwidth)
-    static, allreduce = _per_rank(plan)
+        send.append(latency + scale * layers[chunks[k].layers[1] - 1].output_bytes / bandwidth)
+    static, allreduce = _per_rank_dims(plan, fwd, bwd, home) if new_dims else _per_rank(plan)
     return PipelineCosts(
         forward_s=tuple(fwd),
         backward_s=tuple(bwd),
@@ -210,21 +218,26 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         allreduce_s=tuple(allreduce),
         memory_capacity_bytes=usable_memory_bytes(cluster.device),
         stage_rank=home if plan.schedule in V_SCHEDULES else None,
-        **_comm_split(plan, chunks),
+        **_comm_split(plan, chunks, extra_f, extra_b),
     )
 
 
-def _comm_split(plan: Plan, chunks: Sequence[Chunk]) -> dict[str, tuple[float, ...] | None]:
-    """Per virtual stage, the hideable communication inside F and B (``LayerProfile.*_comm_s``);
-    only DualPipeV's overlapped F&B blocks use it."""
+def _comm_split(plan: Plan, chunks: Sequence[Chunk], extra_f: Sequence[float] | None = None,
+                extra_b: Sequence[float] | None = None) -> dict[str, tuple[float, ...] | None]:
+    """Per virtual stage, the hideable communication inside F and B (``LayerProfile.*_comm_s``, plus
+    the context ring, expert all-to-alls and FSDP gathers ``dims.stage_extras`` added); only
+    DualPipeV's overlapped F&B blocks use it."""
     layers = plan.model.layers
-    if plan.schedule != "dualpipe-v" or all(
-            layer.forward_comm_s is None and layer.backward_comm_s is None for layer in layers):
+    added = {"forward_comm_s": extra_f, "backward_comm_s": extra_b}
+    if plan.schedule != "dualpipe-v" or (all(
+            layer.forward_comm_s is None and layer.backward_comm_s is None for layer in layers) and not (
+            any(extra_f or ()) or any(extra_b or ()))):
         return {"forward_comm_s": None, "backward_comm_s": None}
     out: dict[str, tuple[float, ...] | None] = {}
     for name in ("forward_comm_s", "backward_comm_s"):
-        out[name] = tuple(math.fsum(getattr(layer, name) or 0.0 for layer in layers[c.layers[0]:c.layers[1]])
-                          for c in chunks)
+        extra = added[name] or [0.0] * len(chunks)
+        out[name] = tuple(math.fsum(getattr(layer, name) or 0.0 for layer in layers[c.layers[0]:c.layers[1]]) + x
+                          for c, x in zip(chunks, extra))
     return out
 
 
@@ -248,6 +261,26 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         else:
             allreduce.append(_optimizer_s(plan, own, d))
     return static, allreduce
+
+
+def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[float],
+                   home: Sequence[int]) -> tuple[list[float], list[float]]:
+    """``_per_rank`` for plans with ZeRO, context or expert parallelism (``cost_models.sim.dims``);
+    ``home``: the rank of each virtual stage."""
+    static: list[float] = []
+    sync: list[float] = []
+    for x, stage in enumerate(plan.stages):
+        indices = [i for chunk in stage.chunks for i in range(*chunk.layers)]
+        mine = [k for k, rank in enumerate(home) if rank == x]
+        terms = dims.rank_terms(plan, x, indices, forward_s=math.fsum(forward_s[k] for k in mine),
+                                backward_s=math.fsum(backward_s[k] for k in mine))
+        extra = math.fsum(plan.model.layers[i].param_bytes for i in indices) if plan.schedule == "2bw" else 0.0
+        static.append(terms.static_bytes + extra)
+        device = plan.cluster.device
+        optimizer = 0.0 if device is None else profile_optimizer_step_s(plan.model.source, terms.optimizer_static_bytes,
+                                                                        device)
+        sync.append(terms.sync_s + optimizer)
+    return static, sync
 
 
 def _optimizer_s(plan: Plan, own: Sequence[LayerProfile], num_replicas: int) -> float:

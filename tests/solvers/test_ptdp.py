@@ -71,14 +71,16 @@ def test_brute_force_finds_the_same_best(memory_bytes: float, batch: int) -> Non
     value, config = _brute_force(TOY, cluster, batch)
     problem = api.make_problem(TOY, cluster, global_batch_size=batch)
     # make_problem's profiles send bsh per stage boundary (no scatter/gather): compare like with like
-    plan = ptdp.solve(problem, options={"scatter_gather": False, "num_simulated": 10_000})
+    # the brute force spans the 2021 space: DDP, even split (ZeRO and uneven ends: tests/solvers/test_ptdp_dims.py)
+    space = {"scatter_gather": False, "zero_stages": "0", "uneven_stages": False}
+    plan = ptdp.solve(problem, options={**space, "num_simulated": 10_000})
     d = plan.degrees
     row = plan.candidates[0]
     assert plan.predicted is not None
     assert plan.predicted.iteration_time_s == pytest.approx(value, rel=1e-12)
     assert (d.tensor, d.pipeline, d.data, d.virtual, plan.microbatch_size, row["recompute"], plan.schedule) == config
     # with the default 5 simulated, the closed form's ranking still lands within its 5% tolerance
-    quick = ptdp.solve(problem, options={"scatter_gather": False})
+    quick = ptdp.solve(problem, options=space)
     assert quick.predicted is not None and quick.predicted.iteration_time_s <= value * 1.05
 
 
@@ -159,10 +161,15 @@ def test_closed_form_agrees_with_the_simulator(name: str, nodes: int, batch: int
     assert row["closed_form_s"] == pytest.approx(result.iteration_time_s, rel=0.03)
     search = ptdp._prepare(problem, ptdp.parse_options(ptdp.Options, opts, solver="ptdp"))
     d = plan.degrees
+    kinds = [layer.kind for layer in plan.model.layers]
+    chunks = [sum(1 for i in range(*ch.layers) if kinds[i] == "decoder") for ch in plan.virtual_stages()]
+    ends = (0, 0) if len(set(chunks)) == 1 else (chunks[0], chunks[-1])
     c = model.Config(tensor=d.tensor, pipeline=d.pipeline, data=d.data, virtual=d.virtual,
                      microbatch_size=plan.microbatch_size, num_microbatches=plan.num_microbatches,
-                     recompute=row["recompute"], v_schedule=plan.schedule if plan.schedule in V_SCHEDULES else "")
-    u = model.unit_costs(search.cfg, problem.cluster, d.tensor, plan.microbatch_size, model.ProfileSettings())
+                     recompute=row["recompute"], zero_stage=plan.zero_stage, ends=ends,
+                     v_schedule=plan.schedule if plan.schedule in V_SCHEDULES else "")
+    u = model.unit_costs(search.cfg, problem.cluster, d.tensor, plan.microbatch_size, model.ProfileSettings(),
+                         c.dims)
     peak = model.estimate(u, search.cfg, problem.cluster, c).peak_memory_bytes
     simulated_peak = max(s.peak_memory_bytes for s in result.stages)
     assert simulated_peak <= peak <= simulated_peak * 1.01
@@ -170,7 +177,7 @@ def test_closed_form_agrees_with_the_simulator(name: str, nodes: int, batch: int
 
 def test_chosen_plan_fits_memory_in_simulation_and_exports_to_megatron() -> None:
     problem = api.make_problem("gpt3-175b", "a100-80gb:96", global_batch_size=384)
-    default = ptdp.solve(problem)  # a V schedule wins here; its note names the Megatron option
+    default = ptdp.solve(problem, options=SPACE_2021)  # a V schedule wins here; its note names the Megatron option
     assert default.schedule in V_SCHEDULES
     assert any("--option schedules=1f1b,interleaved-1f1b" in n for n in default.notes)
     plan = ptdp.solve(problem, options={"schedules": "1f1b,interleaved-1f1b"})
@@ -204,6 +211,9 @@ def test_chosen_plan_fits_memory_in_simulation_and_exports_to_megatron() -> None
 # Takeaways (L3825-3829, L3897-3900, L3930-3932) come out of the search
 # ---------------------------------------------------------------------------------------------
 
+SPACE_2021 = {"zero_stages": "0", "uneven_stages": False, "context_parallel": 1}
+"""The 2021 search space (DDP, even split, no context parallelism): the takeaways are about it."""
+
 
 def test_takeaway_tensor_parallel_up_to_the_node_size() -> None:
     """Fig. 4.13 (L4440-4485): 162.2B GPT (32 layers, 128 heads, h 20480) on 64 A100s: throughput
@@ -223,7 +233,7 @@ def test_takeaway_tensor_parallel_up_to_the_node_size() -> None:
 def test_takeaway_smallest_model_parallel_size_that_fits(name: str, nodes: int, batch: int) -> None:
     """With the paper's full recompute, the chosen t p is the smallest that fits memory."""
     problem = api.make_problem(name, f"a100-80gb:{nodes}x8", global_batch_size=batch)
-    opts = ptdp.parse_options(ptdp.Options, {"recompute": "full"}, solver="ptdp")
+    opts = ptdp.parse_options(ptdp.Options, {"recompute": "full", **SPACE_2021}, solver="ptdp")
     search = ptdp._prepare(problem, opts)
     fitting = set()
     for c in ptdp.enumerate_configs(search, opts):
@@ -240,7 +250,7 @@ def test_takeaway_microbatch_size_trade_off() -> None:
     bubble; the best b is interior for a small batch and grows with the batch."""
     problem = {B: api.make_problem("gpt-76.1b", "a100-80gb:64", global_batch_size=B) for B in (64, 512)}
     opts = {"efficiency_by_microbatch": "1:0.38,2:0.44,4:0.48,8:0.5,16:0.5", "tensor_parallel": 8,
-            "schedules": "1f1b", "recompute": "full"}
+            "schedules": "1f1b", "recompute": "full", **SPACE_2021}
     small, large = (ptdp.solve(problem[B], options=opts).microbatch_size for B in (64, 512))
     assert small == 2 and large == 8
 
@@ -393,7 +403,7 @@ def test_overlapped_gradient_reduction_hides_all_but_the_last_bucket() -> None:
     """overlap_grad_reduce: the closed form and the simulator both charge only the exposed part
     (collectives.exposed_dp_allreduce_s); the ring is hidden under the last backward but 1/4."""
     problem = api.make_problem("gpt-1.7b", "a100-80gb:64", global_batch_size=512)
-    fixed = {"tensor_parallel": 1, "microbatch_size": 4, "recompute": "none", "schedules": "1f1b"}
+    fixed = {"tensor_parallel": 1, "microbatch_size": 4, "recompute": "none", "schedules": "1f1b", **SPACE_2021}
     plain = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options=fixed)
     hidden = ptdp.solve(problem.model_copy(update={"num_stages": 2}), options={**fixed, "overlap_grad_reduce": True})
     assert hidden.options["overlap_grad_reduce"] is True
@@ -408,9 +418,9 @@ def test_overlapped_gradient_reduction_hides_all_but_the_last_bucket() -> None:
 def test_v_schedule_wins_in_simulation_and_the_planner_picks_it() -> None:
     # Toy model on 8 devices: ZB-V's smaller bubble beats 1F1B and interleaved 1F1B in simulation.
     problem = api.make_problem(TOY, _toy_cluster(40e6), global_batch_size=16)
-    plan = ptdp.solve(problem, options={"scatter_gather": False, "num_simulated": 10_000})
+    plan = ptdp.solve(problem, options={"scatter_gather": False, "num_simulated": 10_000, **SPACE_2021})
     megatron_only = ptdp.solve(problem, options={"scatter_gather": False, "num_simulated": 10_000,
-                                                 "schedules": "1f1b,interleaved-1f1b"})
+                                                 "schedules": "1f1b,interleaved-1f1b", **SPACE_2021})
     assert plan.schedule in V_SCHEDULES and plan.degrees.virtual == 2
     assert plan.predicted is not None and megatron_only.predicted is not None
     assert plan.predicted.iteration_time_s < megatron_only.predicted.iteration_time_s
@@ -418,7 +428,7 @@ def test_v_schedule_wins_in_simulation_and_the_planner_picks_it() -> None:
     assert plan.stages[0].chunks[0].layers[0] == 0 and plan.stages[0].chunks[1].layers[1] == plan.model.num_layers
     # and the schedule is a choice, not a default: restricted to it, the search returns it
     only = ptdp.solve(problem.model_copy(update={"schedule": plan.schedule, "num_chunks": 2}),
-                      options={"scatter_gather": False})
+                      options={"scatter_gather": False, **SPACE_2021})
     assert only.schedule == plan.schedule
 
 
@@ -431,8 +441,8 @@ def test_v_inflight_memory_closed_form_bounds_the_simulator(schedule: str) -> No
     result = sim.simulate(plan, include_events=False)
     search = ptdp._prepare(problem, ptdp.parse_options(ptdp.Options, {"scatter_gather": False}, solver="ptdp"))
     c = model.Config(tensor=1, pipeline=4, data=2, virtual=2, microbatch_size=1, num_microbatches=8,
-                     recompute=plan.candidates[0]["recompute"], v_schedule=schedule)
-    u = model.unit_costs(search.cfg, problem.cluster, 1, 1, model.ProfileSettings(scatter_gather=False))
+                     recompute=plan.candidates[0]["recompute"], v_schedule=schedule, zero_stage=plan.zero_stage)
+    u = model.unit_costs(search.cfg, problem.cluster, 1, 1, model.ProfileSettings(scatter_gather=False), c.dims)
     peak = model.estimate(u, search.cfg, problem.cluster, c).peak_memory_bytes
     simulated = max(s.peak_memory_bytes for s in result.stages)
     assert simulated <= peak <= simulated * 1.01
@@ -444,7 +454,7 @@ def test_v_closed_form_agrees_with_the_simulator(schedule: str) -> None:
     """Every simulated V configuration's closed form (solvers._ptdp_v) within 3% of the simulator
     (measured: 0.977-1.009 over GPT-3 175B, Llama-3 70B and GPT-1T cases)."""
     problem = api.make_problem("gpt3-175b", "a100-80gb:96", global_batch_size=384)
-    plan = ptdp.solve(problem, options={"schedules": schedule, "num_simulated": 6})
+    plan = ptdp.solve(problem, options={"schedules": schedule, "num_simulated": 6, "zero_stages": "0,1"})
     rows = [r for r in plan.candidates if r["simulated"]]
     assert len(rows) >= 4 and all(r["schedule"] == schedule for r in rows)
     for r in rows:

@@ -1,0 +1,401 @@
+"""What the simulator charges for the parallel dimensions beyond t x p x d: data-parallel gradient
+synchronisation under every ZeRO stage, FSDP's per-layer gathers, context parallelism's ring
+attention and expert parallelism's all-to-all (docs/simulator.md, "Parallel dimensions").
+
+Rank layout (Megatron-Core's order ``tp-cp-ep-dp-pp``): the data-parallel group of a stage's
+dense weights is its d x c replicas and context ranks, tensor rank 0 of each ``t`` apart; the
+expert-parallel group is e consecutive members of that group and the expert-data-parallel group
+every e-th member (d x c / e ranks); the context group is c ranks ``t`` apart.
+
+Every term is charged per rank or per virtual stage, not as engine events on shared links:
+
+- gradient synchronisation after the rank's last backward (``rank_terms``): ZeRO-0 all-reduces
+  the gradients, ZeRO-1/2 reduce-scatter them and all-gather the updated weights (the same
+  2 (n-1)/n volume, ZeRO Sec. 7.2), ZeRO-3 only reduce-scatters (weights are gathered per layer);
+  ``overlap_grad_reduce`` hides the reduction under the backward and ``overlap_param_gather`` the
+  all-gather under the forward, bucket by bucket (``collectives.exposed_dp_allreduce_s``);
+- FSDP (ZeRO-3): each layer's weights all-gathered before its forward and again before its
+  backward, one layer of prefetch (``parallelism.fsdp_exposed_comm_s``), added to the virtual
+  stage's forward and backward per microbatch; two gathered layers stay resident;
+- context parallelism: a profile derived for the whole sequence is split over c ranks (compute,
+  activations and stage outputs x 1/c); each attention layer adds the K/V ring steps its
+  attention does not hide (``parallelism.ring_attention_exposed_s``);
+- expert parallelism: a dispatch and a combine all-to-all per MoE layer in the forward and two
+  more in the backward (GShard Sec. 3), on the intra- and inter-node links the group spans; with
+  ``overlap_moe_alltoall`` a forward's all-to-alls hide under another microbatch's backward of the
+  layer and vice versa (Megatron's 1F1B all-to-all overlap, DualPipe's pairing).
+
+Collective model: ``ring`` (default) uses ``costs.allreduce_link``'s ring, the model the solvers'
+closed forms share; ``plan.options["collectives"] = "hierarchical"`` uses NCCL's hierarchical
+collectives of ``cost_models.collectives`` with the device's bus-bandwidth fraction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models import moe
+from cost_models.collectives import (
+    alltoall_s,
+    allreduce_s,
+    exposed_dp_allreduce_s,
+    hierarchical_allreduce_s,
+    ring_allgather_s,
+)
+from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
+from cost_models.memory import zero_static_scale
+from cost_models.parallelism import fsdp_exposed_comm_s, ring_attention_exposed_s
+from planner.errors import InvalidProblemError
+from planner.schema import Chunk, LayerProfile, Plan
+
+COLLECTIVE_MODELS = ("ring", "hierarchical")
+
+
+def applies(plan: Plan) -> bool:
+    """Whether the plan uses a dimension this module charges (else costs.py's DDP ring alone)."""
+    d = plan.degrees
+    return d.context > 1 or d.expert > 1 or plan.zero_stage > 0 or collective_model(plan) != "ring"
+
+
+def collective_model(plan: Plan) -> str:
+    """``plan.options["collectives"]``: ``ring`` (default) or ``hierarchical``.
+
+    Raises:
+        InvalidProblemError: any other value.
+    """
+    model = plan.options.get("collectives", "ring")
+    if model not in COLLECTIVE_MODELS:
+        raise InvalidProblemError(f"options.collectives={model!r}; use one of {list(COLLECTIVE_MODELS)}")
+    return str(model)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A communication group (tensor rank 0 of each member) and the link model its collectives use."""
+
+    ranks: tuple[int, ...]
+    model: str
+    intra_bytes_per_s: float
+    inter_bytes_per_s: float
+    intra_latency_s: float
+    inter_latency_s: float
+    ring_bytes_per_s: float
+    ring_latency_s: float
+    ranks_per_node: int = 1
+    num_nodes: int = 1
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def allreduce_s(self, num_bytes: float) -> float:
+        n = self.size
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        if self.model == "ring":
+            return 2 * ring_allgather_s(num_bytes, n, self.ring_bytes_per_s, self.ring_latency_s)
+        if self.num_nodes == 1:
+            return allreduce_s(num_bytes, n, self.intra_bytes_per_s, self.intra_latency_s)
+        return hierarchical_allreduce_s(num_bytes, self.ranks_per_node, self.num_nodes, self.intra_bytes_per_s,
+                                        self.inter_bytes_per_s, self.intra_latency_s, self.inter_latency_s)
+
+    def allgather_s(self, num_bytes: float) -> float:
+        """All-gather (= reduce-scatter) of a ``num_bytes`` buffer: half a ring all-reduce."""
+        n = self.size
+        if n <= 1 or num_bytes <= 0:
+            return 0.0
+        if self.model == "ring":
+            return ring_allgather_s(num_bytes, n, self.ring_bytes_per_s, self.ring_latency_s)
+        if self.num_nodes == 1:
+            return ring_allgather_s(num_bytes, n, self.intra_bytes_per_s, self.intra_latency_s)
+        inside = ring_allgather_s(num_bytes / self.num_nodes, self.ranks_per_node, self.intra_bytes_per_s,
+                                  self.intra_latency_s)
+        return inside + ring_allgather_s(num_bytes / self.ranks_per_node, self.num_nodes, self.inter_bytes_per_s,
+                                         self.inter_latency_s)
+
+    def alltoall_s(self, num_bytes: float) -> float:
+        """All-to-all of ``num_bytes`` per rank spread over the group (``collectives.alltoall_s``)."""
+        return alltoall_s(num_bytes, self.size, self.ranks_per_node, self.intra_bytes_per_s, self.inter_bytes_per_s,
+                          self.intra_latency_s, self.inter_latency_s)
+
+    def p2p_s(self, num_bytes: float) -> float:
+        """One ring step's send to the next member: over NVLink inside one node, else the NIC."""
+        if self.size <= 1 or num_bytes <= 0:
+            return 0.0
+        if self.num_nodes == 1:
+            return num_bytes / self.intra_bytes_per_s + self.intra_latency_s
+        return num_bytes / self.inter_bytes_per_s + self.inter_latency_s
+
+
+def make_group(plan: Plan, ranks: Sequence[int]) -> Group:
+    """The group of ``ranks`` with the plan's collective model (module docstring)."""
+    from cost_models.sim.costs import allreduce_link  # costs imports this module
+
+    cluster, model = plan.cluster, collective_model(plan)
+    nodes = [cluster.node_of(r) for r in ranks]
+    per_node = nodes.count(nodes[0])
+    fraction = _bus_fraction(plan) if model == "hierarchical" else 1.0
+    intra = float(cluster.intra_node_bytes_per_s or 0.0) * fraction
+    inter = float(cluster.inter_node_bytes_per_s or 0.0) * fraction
+    ring_bw, ring_lat = allreduce_link(cluster, list(ranks)) if len(ranks) > 1 else (1.0, 0.0)
+    return Group(ranks=tuple(ranks), model=model, intra_bytes_per_s=intra or inter, inter_bytes_per_s=inter or intra,
+                 intra_latency_s=cluster.intra_node_latency_s, inter_latency_s=cluster.inter_node_latency_s,
+                 ring_bytes_per_s=ring_bw, ring_latency_s=ring_lat, ranks_per_node=per_node,
+                 num_nodes=len(set(nodes)))
+
+
+def _bus_fraction(plan: Plan) -> float:
+    from cost_models.compute import compute_constants, has_constants
+
+    device = plan.cluster.device
+    return compute_constants(device).collective_bandwidth_fraction if device and has_constants(device) else 1.0
+
+
+# ------------------------------------------------------------------------------------------
+# Rank layout
+# ------------------------------------------------------------------------------------------
+
+
+def data_context_ranks(plan: Plan, stage_index: int) -> list[int]:
+    """Tensor rank 0 of each of the stage's replicas x context ranks (replica-major, Megatron order).
+
+    ``Stage.ranks`` lists them replicas x context x tensor when given; otherwise stage x = ranks
+    x d c t ... (x + 1) d c t - 1, tensor fastest, then context, then data."""
+    t, c = plan.degrees.tensor, plan.degrees.context
+    stage = plan.stages[stage_index]
+    d = stage.replicas
+    if len(stage.ranks) >= d * c * t:
+        return [stage.ranks[k * t] for k in range(d * c)]
+    base = stage_index * d * c * t
+    return [base + k * t for k in range(d * c)]
+
+
+def context_ranks(plan: Plan, stage_index: int) -> list[int]:
+    return data_context_ranks(plan, stage_index)[: plan.degrees.context]
+
+
+def stage_ranks(plan: Plan, stage_index: int) -> list[int]:
+    """Every rank of a stage: ``Stage.ranks`` when complete, else the stage's block in Megatron's order."""
+    width = plan.degrees.tensor * plan.degrees.context * plan.stages[stage_index].replicas
+    ranks = plan.stages[stage_index].ranks
+    return list(ranks) if len(ranks) >= width else list(range(stage_index * width, (stage_index + 1) * width))
+
+
+def expert_ranks(plan: Plan, stage_index: int) -> list[int]:
+    """The expert-parallel group of the stage's first rank: e ranks ``expert TP`` apart
+    (Megatron-Core's expert order, expert TP fastest, then expert, then expert data)."""
+    etp = expert_tensor_parallel(plan)
+    return stage_ranks(plan, stage_index)[:: etp][: plan.degrees.expert]
+
+
+def expert_data_ranks(plan: Plan, stage_index: int) -> list[int]:
+    """The expert-data-parallel group of the stage's first rank: t d c / (e x expert TP) ranks."""
+    return stage_ranks(plan, stage_index)[:: expert_tensor_parallel(plan) * plan.degrees.expert]
+
+
+# ------------------------------------------------------------------------------------------
+# Layer parts
+# ------------------------------------------------------------------------------------------
+
+
+def expert_fraction(plan: Plan, layer_index: int) -> float:
+    """Share of profile layer ``layer_index``'s parameters that are routed experts (0 for dense
+    layers, the embedding and the head; the profile's layer i is decoder block i - 1), for a profile
+    holding every expert split by t, or E / (e x expert TP) experts when it is per expert rank."""
+    cfg = plan.transformer
+    block = layer_index - 1
+    if cfg is None or not cfg.is_moe or not 0 <= block < cfg.num_layers or not moe.is_moe_layer(cfg, block):
+        return 0.0
+    experts = int(cfg.num_experts or 0) * moe.expert_params(cfg)
+    dense = moe.decoder_layer_params(cfg, block) - experts
+    if plan.model.degrees_included:  # one rank's profile: E / (e etp) experts beside dense / t
+        d = plan.degrees
+        experts = experts / (d.expert * expert_tensor_parallel(plan)) * d.tensor
+    return experts / (experts + dense)
+
+
+def context_scale(plan: Plan) -> float:
+    """1/c when the profile holds the whole sequence (not ``ModelProfile.degrees_included``, and
+    ``tokens_per_sample`` unset or the transformer's ``seq_length``), else 1 (already per context rank).
+
+    Raises:
+        InvalidProblemError: a context degree without the plan's transformer.
+    """
+    c, cfg = plan.degrees.context, plan.transformer
+    if c == 1:
+        return 1.0
+    if cfg is None:
+        raise InvalidProblemError(
+            f"degrees.context={c} needs the plan's transformer (sequence, K/V widths) to cost the ring attention; "
+            "plan from a transformer config or use context 1")
+    whole = not plan.model.degrees_included and plan.model.tokens_per_sample in (None, cfg.seq_length)
+    return 1.0 / c if whole else 1.0
+
+
+def expert_tensor_parallel(plan: Plan) -> int:
+    """The experts' tensor-parallel degree: ``plan.options["expert_tensor_parallel"]`` (the ptdp
+    search's), else t (experts split like the dense FFN)."""
+    return int(plan.options.get("expert_tensor_parallel", plan.degrees.tensor))
+
+
+def expert_share_per_rank(plan: Plan) -> float:
+    """What a rank holds of a profile layer's expert weights: t / (e x expert TP) of a whole-model
+    profile (every expert split by t), all of a profile already per rank (``degrees_included``)."""
+    if plan.model.degrees_included:
+        return 1.0
+    return plan.degrees.tensor / (plan.degrees.expert * expert_tensor_parallel(plan))
+
+
+def _element_bytes(plan: Plan) -> int:
+    return 4 if plan.transformer is not None and plan.transformer.dtype == "fp32" else 2
+
+
+def _is_attention(layer: LayerProfile) -> bool:
+    return layer.kind == "decoder"
+
+
+def _attention_core_s(layer: LayerProfile) -> float:
+    """The attention core's forward time (what selective recompute repeats; 0 when unknown)."""
+    option = (layer.recompute or {}).get("selective")
+    return option.extra_s if option is not None else 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# Per virtual stage: context ring, expert all-to-all, FSDP gathers
+# ------------------------------------------------------------------------------------------
+
+
+def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds each virtual stage adds per microbatch for context, expert and
+    FSDP communication (module docstring); ``scale`` is ``context_scale(plan)``."""
+    home, layers = plan.stage_ranks(), plan.model.layers
+    groups: dict[int, tuple[Group, Group, Group, Group]] = {}
+    forward, backward = [], []
+    for k, chunk in enumerate(chunks):
+        x = home[k]  # Megatron's k % p, or the V placement
+        if x not in groups:
+            groups[x] = (make_group(plan, context_ranks(plan, x)), make_group(plan, expert_ranks(plan, x)),
+                         make_group(plan, data_context_ranks(plan, x)), make_group(plan, expert_data_ranks(plan, x)))
+        cp, ep, dense, experts = groups[x]
+        f = b = 0.0
+        for i in range(*chunk.layers):
+            ring_f, ring_b = ring_attention_s(plan, layers[i], cp, scale)
+            a2a_f, a2a_b = _exposed_alltoall_s(plan, layers[i], expert_alltoall_s(plan, i, ep), scale)
+            f, b = f + ring_f + a2a_f, b + ring_b + a2a_b
+        if plan.zero_stage == 3 and not plan.model.degrees_included:
+            fsdp_f, fsdp_b = fsdp_gather_s(plan, range(*chunk.layers), dense, experts, scale)
+            f, b = f + fsdp_f, b + fsdp_b
+        forward.append(f)
+        backward.append(b)
+    return forward, backward
+
+
+def ring_attention_s(plan: Plan, layer: LayerProfile, group: Group, scale: float) -> tuple[float, float]:
+    """(forward, backward) time one attention layer's K/V ring adds per microbatch: c - 1 steps,
+    each sending a K and a V block of s/c tokens (the backward also returns their gradients, twice
+    the bytes) while the attention of the block held runs (forward: core / c^2 per step; backward
+    ``FLASH_BACKWARD_FACTOR`` times that)."""
+    c, cfg = plan.degrees.context, plan.transformer
+    if c == 1 or cfg is None or not _is_attention(layer) or plan.model.degrees_included:
+        return 0.0, 0.0
+    core = _attention_core_s(layer)
+    block_s = core / c**2 if scale < 1 else core  # whole-sequence core split over c x c blocks
+    k_width, v_width = moe.attention_kv_widths(cfg)
+    split = plan.degrees.tensor if cfg.is_mla else min(plan.degrees.tensor, cfg.kv_heads)
+    step_bytes = plan.microbatch_size * (cfg.seq_length // c) * (k_width + v_width) / split * _element_bytes(plan)
+    transfer_s = group.p2p_s(step_bytes)
+    forward = ring_attention_exposed_s(block_compute_s=block_s, block_transfer_s=transfer_s, context_parallel=c)
+    backward = ring_attention_exposed_s(block_compute_s=FLASH_BACKWARD_FACTOR * block_s,
+                                        block_transfer_s=2 * transfer_s, context_parallel=c)
+    return forward, backward
+
+
+def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
+    """One dispatch (or combine) all-to-all of MoE layer ``layer_index`` per microbatch: the rank's
+    b s / c tokens (/ t under sequence parallelism) x k copies x h, spread over the e expert ranks."""
+    cfg, d = plan.transformer, plan.degrees
+    if d.expert == 1 or cfg is None or plan.model.degrees_included or expert_fraction(plan, layer_index) == 0.0:
+        return 0.0
+    split = d.context * (d.tensor if plan.sequence_parallel else 1)
+    tokens = plan.microbatch_size * cfg.seq_length / split
+    return group.alltoall_s(tokens * int(cfg.experts_per_token or 1) * cfg.hidden_size * _element_bytes(plan))
+
+
+def _exposed_alltoall_s(plan: Plan, layer: LayerProfile, a2a_s: float, scale: float) -> tuple[float, float]:
+    """(forward, backward) all-to-all time of an MoE layer: dispatch + combine each way, in full; with
+    ``options["overlap_moe_alltoall"]`` (Megatron's --overlap-moe-expert-parallel-comm, DualPipe) one
+    microbatch's all-to-alls run under another's compute of the layer, and only what exceeds it shows."""
+    if not plan.options.get("overlap_moe_alltoall"):
+        return 2 * a2a_s, 2 * a2a_s
+    return (max(0.0, 2 * a2a_s - scale * layer.backward_s), max(0.0, 2 * a2a_s - scale * layer.forward_s))
+
+
+def fsdp_gather_s(plan: Plan, indices: Sequence[int], dense: Group, experts: Group,
+                  scale: float) -> tuple[float, float]:
+    """(forward, backward) exposed time of FSDP's per-layer weight all-gathers over a chunk per
+    microbatch, one layer prefetched (``parallelism.fsdp_exposed_comm_s``): forward in layer order
+    under the forwards, backward in reverse under the backwards."""
+    layers, held = plan.model.layers, expert_share_per_rank(plan)
+    gathers, fwd, bwd = [], [], []
+    for i in indices:
+        share = expert_fraction(plan, i)
+        param = layers[i].param_bytes
+        gathers.append(dense.allgather_s(param * (1 - share)) + experts.allgather_s(param * share * held))
+        fwd.append(layers[i].forward_s * scale)
+        bwd.append(layers[i].backward_s * scale)
+    return fsdp_exposed_comm_s(gathers, fwd), fsdp_exposed_comm_s(gathers[::-1], bwd[::-1])
+
+
+# ------------------------------------------------------------------------------------------
+# Per rank: resident model states, gradient synchronisation, optimizer share
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankTerms:
+    static_bytes: float
+    """Weights, gradients and optimizer states resident on the rank (plus FSDP's gathered layers)."""
+    sync_s: float
+    """Exposed gradient synchronisation (and ZeRO-1/2's weight all-gather) after the last backward."""
+    optimizer_static_bytes: float
+    """The model-state bytes whose optimizer step the rank runs (its shard under ZeRO >= 1)."""
+
+
+def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_s: float,
+               backward_s: float) -> RankTerms:
+    """Model states and gradient synchronisation of pipeline rank ``stage_index`` holding layers
+    ``indices`` (module docstring); ``forward_s`` / ``backward_s``: its compute per microbatch for
+    the overlap options."""
+    layers, z = plan.model.layers, plan.zero_stage
+    dc, held = plan.stages[stage_index].replicas * plan.degrees.context, expert_share_per_rank(plan)
+    edp = max(1, len(expert_data_ranks(plan, stage_index)))
+    shares = [expert_fraction(plan, i) for i in indices]
+    dense_params = math.fsum(layers[i].param_bytes * (1 - f) for i, f in zip(indices, shares))
+    expert_params = math.fsum(layers[i].param_bytes * f for i, f in zip(indices, shares)) * held
+    dense_static = math.fsum(layers[i].static_bytes * (1 - f) for i, f in zip(indices, shares))
+    expert_static = math.fsum(layers[i].static_bytes * f for i, f in zip(indices, shares)) * held
+    static = dense_static * zero_static_scale(z, dc) + expert_static * zero_static_scale(z, edp)
+    if z == 3 and indices:  # the layer being computed and the prefetched one, unsharded
+        static += 2 * max(layers[i].param_bytes * (1 - f + f * held) for i, f in zip(indices, shares))
+    dense = make_group(plan, data_context_ranks(plan, stage_index))
+    experts = make_group(plan, expert_data_ranks(plan, stage_index))
+    sync = _sync_s(plan, dense, experts, dense_params, expert_params, forward_s, backward_s)
+    optimizer = dense_static / (dc if z else 1) + expert_static / (edp if z else 1)
+    return RankTerms(static_bytes=static, sync_s=sync, optimizer_static_bytes=optimizer)
+
+
+def _sync_s(plan: Plan, dense: Group, experts: Group, dense_bytes: float, expert_bytes: float,
+            forward_s: float, backward_s: float) -> float:
+    options = plan.options
+    if plan.zero_stage == 0:
+        total = dense.allreduce_s(dense_bytes) + experts.allreduce_s(expert_bytes)
+        return exposed_dp_allreduce_s(total, backward_s) if options.get("overlap_grad_reduce") else total
+    reduce = dense.allgather_s(dense_bytes) + experts.allgather_s(expert_bytes)  # reduce-scatter
+    gather = reduce if plan.zero_stage < 3 else 0.0  # ZeRO-3 gathers per layer (stage_extras)
+    if plan.zero_stage == 3 or options.get("overlap_grad_reduce"):
+        reduce = exposed_dp_allreduce_s(reduce, backward_s)
+    if options.get("overlap_param_gather"):
+        gather = exposed_dp_allreduce_s(gather, forward_s)
+    return reduce + gather

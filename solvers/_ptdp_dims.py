@@ -1,0 +1,394 @@
+"""The parallel dimensions the ``ptdp`` search adds to t x p x d: sharded data parallelism (ZeRO-1/2/3),
+context parallelism (ring attention), expert parallelism (with expert tensor parallelism) and uneven
+first/last pipeline stages. Formulas: ``cost_models.parallelism`` (one function each, unit-tested);
+sources and the rules below: docs/solver-ptdp.md, "Parallel dimensions".
+
+What goes where (the simulator runs the same plan):
+
+- per layer and microbatch, baked into the plan's layer profile (so the simulator charges them too):
+  context parallelism's per-rank shape (s/c tokens per rank: linear layers, activations and stage
+  transfers at s/c; the causal attention core c times that of an s/c sequence, Megatron's
+  load-balanced split), the ring's K/V transfers beyond the attention they overlap, the experts'
+  dispatch and combine all-to-all, the routing imbalance (``load_balance_factor``), the expert weights
+  a rank holds (E/e experts split over the expert-TP ranks), and FSDP's per-layer parameter all-gather
+  beyond the compute it overlaps (ZeRO-3, forward and backward of every microbatch);
+- per step and pipeline rank (the closed form's data-parallel term, the simulator's all-reduce): the
+  gradient reduction (ring all-reduce, or reduce-scatter + all-gather at the same volume for ZeRO-1/2,
+  reduce-scatter only for ZeRO-3), the Adam step sharded over the data-parallel ranks (ZeRO >= 1), and
+  the model states sharded by ``parallelism.zero_state_bytes_per_rank``: dense weights over the
+  d x c data-parallel ranks, experts over the expert-data-parallel ranks t d c / (e etp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cost_models import moe, parallelism
+from cost_models.collectives import group_allgather_s
+from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
+from cost_models.memory import zero_static_scale
+from cost_models.parallelism import (
+    expert_alltoall_bytes_per_rank,
+    expert_load_time_factor,
+    ring_attention_exposed_s,
+    ring_attention_kv_bytes_per_rank,
+)
+from cost_models.transformer import ADAM_BYTES_PER_PARAM
+from planner.schema import Cluster, LayerProfile, TransformerConfig
+
+MIN_TOKENS_PER_CONTEXT_RANK = 4096
+"""Default of the ``min_tokens_per_context_rank`` option: context degrees leaving fewer tokens per rank
+are not searched. The cost model leaves out the per-block kernel overheads of short shards (each ring
+step runs two half-blocks of the load-balanced split), which Megatron's guidance to use context
+parallelism from 8K tokens reflects."""
+ZERO_STAGES = (0, 1, 2, 3)
+MAX_UNEVEN_CHUNKS = 8
+"""Largest interleaving factor searched for layer counts that p v does not divide (uneven end chunks)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dims:
+    """The degrees beyond t, p, b that change a layer's per-rank costs."""
+
+    tensor: int
+    context: int = 1
+    expert: int = 1
+    expert_tensor: int = 1
+    zero_stage: int = 0
+    data: int = 1
+    """Data-parallel degree; it matters to the layer costs only under ZeRO-3 (per-layer all-gather)."""
+
+    @property
+    def dp_ranks(self) -> int:
+        """Ranks the dense weights' gradients are reduced over (and ZeRO shards them over): d x c."""
+        return self.data * self.context
+
+    @property
+    def expert_dp_ranks(self) -> int:
+        """Expert-data-parallel ranks: t d c / (e etp) (Megatron-Core's expert rank generator)."""
+        return max(1, self.tensor * self.data * self.context // (self.expert * self.expert_tensor))
+
+
+# ------------------------------------------------------------------------------------------
+# Which degrees to search
+# ------------------------------------------------------------------------------------------
+
+
+def context_degrees(cfg: TransformerConfig, devices: int, fixed: int | None, attention: str,
+                    min_tokens: int = MIN_TOKENS_PER_CONTEXT_RANK) -> list[int]:
+    """c dividing the devices with seq % 2c == 0 and at least ``min_tokens`` tokens per rank; ring
+    attention runs on the fused (flash) attention only."""
+    if fixed is not None:
+        return [fixed]
+    if attention != "flash":
+        return [1]
+    s = cfg.seq_length
+    return [c for c in _divisors(devices) if c == 1 or (s % (2 * c) == 0 and s // c >= min_tokens)]
+
+
+def expert_degrees(cfg: TransformerConfig, dp_ranks: int, fixed: int | None) -> list[int]:
+    """e dividing the expert count and the d x c data-parallel ranks (the groups are carved out of them)."""
+    if not cfg.is_moe:
+        return [1]
+    num_experts = int(cfg.num_experts or 0)
+    if fixed is not None:
+        return [fixed] if num_experts % fixed == 0 and dp_ranks % fixed == 0 else []
+    return [e for e in _divisors(num_experts) if dp_ranks % e == 0]
+
+
+def expert_tensor_degrees(cfg: TransformerConfig, tensor: int, fixed: int | None) -> list[int]:
+    """Expert TP: 1 (experts whole, Megatron-Core's choice for fine-grained experts) or t (split like the
+    dense FFN); the expert FFN width must divide by it."""
+    if not cfg.is_moe:
+        return [1]
+    width = cfg.moe_ffn_hidden_size or cfg.ffn_size
+    options = [fixed] if fixed is not None else sorted({1, tensor})
+    return [k for k in options if width % k == 0 and tensor % k == 0]
+
+
+def zero_stages_for(stages: tuple[int, ...], pipeline: int, dp_ranks: int, *,
+                    overlap_grad_reduce: bool = False) -> list[int]:
+    """ZeRO stages worth costing: none past 0 without data parallelism; ZeRO-3 (Megatron FSDP) only
+    without pipelining; 0 is dominated by 1 when both are searched (same traffic, less memory, the Adam
+    step sharded), unless the gradient reduction overlaps the backward (ZeRO-1's weight all-gather
+    then stays exposed while ZeRO-0's all-reduce hides)."""
+    if dp_ranks == 1:  # nothing to shard over one rank: every stage is DDP
+        return [0]
+    out = [z for z in stages if z != 3 or pipeline == 1]
+    if 0 in out and 1 in out and not overlap_grad_reduce:
+        out.remove(0)
+    return out
+
+
+def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_layers: float, head_layers: float,
+                  uneven: bool, fixed: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+    """(first, last) decoder layers of the first and last virtual stages; (0, 0) = Megatron's even
+    split. Uneven ends are searched with p v >= 2 virtual stages: the split that balances the embedding
+    and the output head against the decoder layers (``balanced_end_stage_layers`` over the p v virtual
+    stages; Megatron's ``--decoder-first/last-pipeline-num-layers`` for 1F1B, its
+    ``--pipeline-model-parallel-layout`` when interleaved). Pinned ends (``fixed``) are stage counts
+    (1F1B only)."""
+    k = pipeline * virtual
+    even = num_layers % k == 0
+    if fixed is not None:
+        return [fixed] if virtual == 1 and pipeline >= 2 and _valid_ends(num_layers, pipeline, *fixed) else []
+    out = [(0, 0)] if even else []
+    if uneven and k >= 2:
+        split = _balanced(num_layers, k, round(embedding_layers, 2), round(head_layers, 2))
+        if split is not None and (not even or len(set(split)) > 1):
+            out.append((split[0], split[-1]))
+    return out
+
+
+def _valid_ends(num_layers: int, pipeline: int, first: int, last: int) -> bool:
+    middle = num_layers - first - last
+    if first < 1 or last < 1 or middle < 0:
+        return False
+    return middle == 0 if pipeline == 2 else middle % (pipeline - 2) == 0 and middle >= pipeline - 2
+
+
+@lru_cache(maxsize=4096)
+def _balanced(num_layers: int, pipeline: int, embedding_layers: float, head_layers: float) -> tuple[int, ...] | None:
+    """``parallelism.balanced_end_stage_layers`` (same choice and tie-break, tested against it) without
+    its exceptions: the middle stages' count ``per`` fixes first + last."""
+    best: tuple[float, int, int, int, int] | None = None
+    middle = pipeline - 2
+    for per in range(num_layers + 1) if middle else [0]:
+        rest = num_layers - middle * per
+        if rest < 0:
+            break
+        for first in range(rest + 1):
+            last = rest - first
+            sizes = (first, last, per) if middle else (first, last)
+            key = (max(first + embedding_layers, last + head_layers, float(per)), max(sizes) - min(sizes), first, last)
+            if best is None or key < best[:4]:
+                best = (*key, per)
+    assert best is not None
+    first, last, per = best[2], best[3], best[4]
+    split = (first, *([per] * middle), last)
+    return split if min(split) >= 1 else None
+
+
+def stage_layer_counts(num_layers: int, pipeline: int, ends: tuple[int, int]) -> list[int]:
+    """Decoder layers per pipeline stage: even, or the given end stages and an even middle."""
+    return chunk_layer_counts(num_layers, pipeline, 1, ends)
+
+
+def chunk_layer_counts(num_layers: int, pipeline: int, virtual: int, ends: tuple[int, int]) -> list[int]:
+    """Decoder layers per virtual stage (p v of them, model order): even, or the given first and last
+    virtual stages and an even middle."""
+    first, last = ends
+    k = pipeline * virtual
+    if (first, last) == (0, 0):
+        return [num_layers // k] * k
+    if k == 2:
+        return [first, last]
+    return [first, *[(num_layers - first - last) // (k - 2)] * (k - 2), last]
+
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
+# ------------------------------------------------------------------------------------------
+# Per-layer costs at the degrees (baked into the layer profile)
+# ------------------------------------------------------------------------------------------
+
+
+def profile_config(cfg: TransformerConfig, context: int) -> TransformerConfig:
+    """The config whose one-device profile gives a context-parallel rank's linear costs: s/c tokens."""
+    return cfg if context == 1 else cfg.model_copy(update={"seq_length": cfg.seq_length // context})
+
+
+def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Cluster, dims: Dims, *,
+                       microbatch_size: int, moe_layer: bool, load_balance_factor: float = 1.0,
+                       per_operation: bool = True, overlap_moe_alltoall: bool = False) -> LayerProfile:
+    """A decoder layer profiled at (t, b) on s/c tokens, with the context, expert and ZeRO-3 terms.
+    ``per_operation``: the layer comes from the per-operation model (GEMM shapes matter); a flat-efficiency
+    layer keeps the experts' time (same FLOPs at the same rate)."""
+    fwd, bwd = layer.forward_s, layer.backward_s
+    options = dict(layer.strategies())
+    c = dims.context
+    flops = layer.flops
+    if c > 1:
+        core_fwd = options["selective"].extra_s  # attention core of an s/c sequence
+        shard = profile_config(cfg, c)
+        if flops is not None:  # F + B of the core: c x that of an s/c sequence
+            flops += (c - 1) * 3 * moe.attention_core_forward_flops(shard, microbatch_size=microbatch_size,
+                                                                    tensor_parallel=dims.tensor)
+        ring_fwd, ring_bwd = ring_exposed_s(cfg, cluster, dims, microbatch_size, core_fwd)
+        fwd += (c - 1) * core_fwd + ring_fwd
+        bwd += (c - 1) * FLASH_BACKWARD_FACTOR * core_fwd + ring_bwd
+        options["selective"] = options["selective"].model_copy(update={"extra_s": c * core_fwd})
+    static, params, weight = layer.static_bytes, layer.param_bytes, layer.backward_weight_s
+    if moe_layer:
+        delta = expert_params_delta(cfg, dims)
+        static += ADAM_BYTES_PER_PARAM * delta
+        params += element_bytes(cfg) * delta
+        a2a = alltoall_s(cfg, cluster, dims, microbatch_size)
+        regroup = expert_gemm_delta_s(cfg, cluster, dims, microbatch_size) if per_operation else (0.0, 0.0, 0.0)
+        imbalance = 0.0
+        if dims.expert > 1:  # the busiest expert rank sets the pace; one rank holding all experts does not wait
+            imbalance = (expert_load_time_factor(load_balance_factor=load_balance_factor) - 1) * routed_share(cfg)
+        a2a_fwd = a2a_bwd = 2 * a2a
+        if overlap_moe_alltoall:  # one microbatch's all-to-alls under another's compute of the layer
+            a2a_fwd, a2a_bwd = max(0.0, 2 * a2a - layer.backward_s), max(0.0, 2 * a2a - layer.forward_s)
+        fwd += a2a_fwd + imbalance * layer.forward_s + regroup[0]
+        bwd += a2a_bwd + imbalance * layer.backward_s + regroup[1] + regroup[2]
+        weight = None if weight is None else weight + regroup[2]
+    if dims.zero_stage == 3:  # dense weights over the d c ranks, experts over the expert-DP ranks
+        experts = element_bytes(cfg) * expert_params_per_rank(cfg, dims) if moe_layer else 0.0
+        gather = (group_allgather_s(cluster, params - experts, dims.dp_ranks, dims.tensor)
+                  + group_allgather_s(cluster, experts, dims.expert_dp_ranks, dims.expert * dims.expert_tensor))
+        fwd += max(0.0, gather - fwd)
+        bwd += max(0.0, gather - bwd)
+    if "full" in options:
+        options["full"] = options["full"].model_copy(update={"extra_s": fwd})
+    return layer.model_copy(update={"forward_s": fwd, "backward_s": bwd, "backward_weight_s": weight, "flops": flops,
+                                    "static_bytes": static, "param_bytes": params, "recompute": options})
+
+
+def end_layer_at_degrees(layer: LayerProfile, cluster: Cluster, dims: Dims, first_gather_bytes: float) -> LayerProfile:
+    """ZeRO-3: the first unit's all-gather waits in full (embedding forward, head backward)."""
+    if dims.zero_stage != 3:
+        return layer
+    gather = group_allgather_s(cluster, first_gather_bytes, dims.dp_ranks, dims.tensor)
+    key = "forward_s" if layer.kind == "embedding" else "backward_s"
+    return layer.model_copy(update={key: getattr(layer, key) + gather})
+
+
+def ring_exposed_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_size: int,
+                   core_fwd_s: float) -> tuple[float, float]:
+    """(forward, backward) ring-attention time beyond the attention it overlaps, per layer and
+    microbatch: c - 1 steps, each passing one K/V block of s/c tokens (the tensor rank's heads) on the
+    context ring (ranks t apart), against the attention of one block (the core's per-rank total / c)."""
+    c, t = dims.context, dims.tensor
+    kv_width = sum(moe.attention_kv_widths(cfg)) / 2
+    fwd_bytes, bwd_bytes = ring_attention_kv_bytes_per_rank(
+        microbatch_size=microbatch_size, seq_length=cfg.seq_length, kv_width=int(kv_width), context_parallel=c,
+        element_bytes=element_bytes(cfg))
+    bandwidth, latency = _group_hop(cluster, c, t)
+    step_fwd = latency + fwd_bytes / (c - 1) / t / bandwidth
+    step_bwd = latency + bwd_bytes / (c - 1) / t / bandwidth
+    return (ring_attention_exposed_s(block_compute_s=core_fwd_s, block_transfer_s=step_fwd, context_parallel=c),
+            ring_attention_exposed_s(block_compute_s=FLASH_BACKWARD_FACTOR * core_fwd_s, block_transfer_s=step_bwd,
+                                     context_parallel=c))
+
+
+def alltoall_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_size: int) -> float:
+    """One dispatch (or combine) all-to-all of an MoE layer: each rank sends its b s/(c t) tokens x k
+    copies, (e-1)/e of them to other expert ranks (ranks etp apart); the in-node and the off-node shares
+    run at once, each on its link (NVLink; one NIC per GPU)."""
+    e = dims.expert
+    if e == 1:
+        return 0.0
+    tokens = microbatch_size * cfg.seq_length // (dims.context * dims.tensor)
+    total = expert_alltoall_bytes_per_rank(tokens_per_rank=tokens, hidden_size=cfg.hidden_size,
+                                           experts_per_token=int(cfg.experts_per_token or 1), expert_parallel=e,
+                                           element_bytes=element_bytes(cfg))
+    fraction = _collective_fraction(cluster)
+    per_node = max(1, min(e, cluster.devices_per_node // dims.expert_tensor))
+    intra_share = (per_node - 1) / (e - 1)
+    intra = total * intra_share / (float(cluster.intra_node_bytes_per_s or 1.0) * fraction)
+    inter = total * (1 - intra_share) / (float(cluster.inter_node_bytes_per_s or 1.0) * fraction)
+    latency = cluster.inter_node_latency_s if per_node < e else cluster.intra_node_latency_s
+    return latency + max(intra, inter)
+
+
+def expert_gemm_delta_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_size: int,
+                        ) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) time the routed experts' GEMMs change by when the
+    rank runs E/e experts on the tokens the e ranks route to them, split over the expert-TP ranks,
+    instead of all E experts split over t on its own tokens (the profile's shape): the same FLOPs in
+    fewer, taller GEMMs (rows per expert x e t / etp under sequence parallelism)."""
+    if dims.expert == 1 and dims.expert_tensor == dims.tensor:
+        return 0.0, 0.0, 0.0
+    assert cluster.device is not None
+    num_experts, k = int(cfg.num_experts or 0), int(cfg.experts_per_token or 0)
+    tokens = microbatch_size * cfg.seq_length / dims.context
+    before = _expert_gemms_s(cfg, cluster, tokens * k / num_experts, dims.tensor, num_experts)
+    rows = tokens * k / num_experts * dims.expert * (1 if dims.expert_tensor == dims.tensor else 1 / dims.tensor)
+    after = _expert_gemms_s(cfg, cluster, rows, dims.expert_tensor, num_experts // dims.expert)
+    return after[0] - before[0], after[1] - before[1], after[2] - before[2]
+
+
+def _expert_gemms_s(cfg: TransformerConfig, cluster: Cluster, rows: float, split: int, count: int,
+                    ) -> tuple[float, float, float]:
+    """Up (gate) and down projections of ``count`` experts of ``rows`` tokens each, width / split."""
+    from cost_models.compute import gemm_fwd_bwd_s  # noqa: PLC0415
+
+    width, h = cfg.moe_ffn_hidden_size or cfg.ffn_size, cfg.hidden_size
+    up = (2 if cfg.mlp == "swiglu" else 1) * width // split
+    total = [0.0, 0.0, 0.0]
+    for m, n, kk in ((rows, up, h), (rows, h, width // split)):
+        for j, value in enumerate(gemm_fwd_bwd_s(m, n, kk, cluster.device)):  # type: ignore[arg-type]
+            total[j] += count * value
+    return total[0], total[1], total[2]
+
+
+def expert_params_per_rank(cfg: TransformerConfig, dims: Dims) -> float:
+    """Routed-expert weights one rank holds per MoE layer: E/e experts split over the expert-TP ranks."""
+    return parallelism.expert_params_per_rank(num_experts=int(cfg.num_experts or 0), params_per_expert=moe.expert_params(cfg),
+                                              expert_parallel=dims.expert, expert_tensor_parallel=dims.expert_tensor)
+
+
+def expert_params_delta(cfg: TransformerConfig, dims: Dims) -> float:
+    """Expert weights per rank at (e, etp) minus what the t-split profile holds (E/t experts' worth)."""
+    return expert_params_per_rank(cfg, dims) - int(cfg.num_experts or 0) * moe.expert_params(cfg) / dims.tensor
+
+
+def routed_share(cfg: TransformerConfig) -> float:
+    """Share of an MoE layer's matmul FLOPs in its routed experts (what routing imbalance slows)."""
+    index = cfg.first_dense_layers
+    routed = int(cfg.experts_per_token or 0) * (3 if cfg.mlp == "swiglu" else 2) * cfg.hidden_size * (
+        cfg.moe_ffn_hidden_size or cfg.ffn_size)
+    return routed / moe.decoder_matmul_params(cfg, index)
+
+
+# ------------------------------------------------------------------------------------------
+# Per-step data-parallel terms (ZeRO)
+# ------------------------------------------------------------------------------------------
+
+
+def sharded_static_bytes(dense_static_bytes: float, expert_static_bytes: float, dims: Dims) -> float:
+    """Model states on one rank: dense over d x c, experts over the expert-data-parallel ranks
+    (``memory.zero_static_scale``, i.e. ``parallelism.zero_state_bytes_per_rank`` over 16 B/param)."""
+    z = dims.zero_stage
+    if z == 0:
+        return dense_static_bytes + expert_static_bytes
+    return (dense_static_bytes * zero_static_scale(z, dims.dp_ranks)
+            + expert_static_bytes * zero_static_scale(z, dims.expert_dp_ranks))
+
+
+def fsdp_buffer_bytes(layer_param_bytes: float, dims: Dims) -> float:
+    """ZeRO-3 keeps the unsharded weights of the running layer and the prefetched next one."""
+    return 2 * layer_param_bytes if dims.zero_stage == 3 else 0.0
+
+
+def _group_hop(cluster: Cluster, size: int, stride: int) -> tuple[float, float]:
+    """Bandwidth (with the collective fraction) and latency of the slowest hop of a ring of ``size``
+    ranks ``stride`` apart: NVLink while it fits a node, one NIC per GPU otherwise."""
+    fraction = _collective_fraction(cluster)
+    if size * stride <= cluster.devices_per_node:
+        return float(cluster.intra_node_bytes_per_s or 1.0) * fraction, cluster.intra_node_latency_s
+    return float(cluster.inter_node_bytes_per_s or 1.0) * fraction, cluster.inter_node_latency_s
+
+
+def _collective_fraction(cluster: Cluster) -> float:
+    from cost_models.compute import compute_constants  # noqa: PLC0415 (same lazy import as collectives)
+
+    return compute_constants(cluster.device).collective_bandwidth_fraction if cluster.device else 1.0
+
+
+def element_bytes(cfg: TransformerConfig) -> int:
+    return 4 if cfg.dtype == "fp32" else 2
+

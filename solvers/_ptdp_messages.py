@@ -1,0 +1,85 @@
+"""Notes and infeasibility messages of the ``ptdp`` search (solvers/ptdp.py): what was searched, which
+global batch sizes would split, and how much memory is missing with what would make it fit."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from cost_models.memory import usable_memory_bytes
+from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters
+from solvers import _ptdp_model as model
+from solvers._ptdp_enum import divisors as _divisors
+from solvers._ptdp_enum import tensor_degrees
+from solvers.common import format_bytes, memory_shortfall_message
+
+if TYPE_CHECKING:
+    from solvers.ptdp import Options, Search, Simulated
+
+def notes(search: Search, opts: Options, scored: list[tuple[model.Config, model.Estimate]],
+           simulated: Simulated) -> tuple[str, ...]:
+    fitting = sum(1 for _, est in scored if est.fits)
+    eff = (f"efficiency by microbatch {search.efficiencies}" if search.efficiencies
+           else f"flat efficiency {search.efficiency:.3g} of peak" if search.efficiency
+           else f"per-operation compute model ({search.settings.attention} attention)")
+    return (
+        f"searched {len(scored)} configurations (t, p, c, d, e, etp, ZeRO stage, v, b, end stages, recompute), "
+        f"{fitting} fit memory by the closed form; simulated the best {len(simulated)} and kept the fastest in "
+        "simulation",
+        f"{eff}; scatter/gather {'on' if opts.scatter_gather else 'off'}; uniform recompute; even layer split or "
+        f"Megatron's uneven end stages; ZeRO stages {opts.zero_stages if opts.zero_stage is None else opts.zero_stage}",
+    )
+
+
+def _pinned_conflict(search: Search, opts: Options) -> str | None:
+    """A pinned expert or context degree no (t, p) leaves room for, named with the fix."""
+    cfg, n = search.cfg, search.problem.cluster.num_devices
+    e, c = opts.expert_parallel, opts.context_parallel or 1
+    pipelines = [opts.pipeline_parallel or search.problem.num_stages or 1]
+    room = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in pipelines if n % (t * p) == 0})
+    if e is not None and e > 1 and not any(r % e == 0 and r % c == 0 for r in room):
+        return (f"option expert_parallel={e} must divide the data x context ranks d x c = n / (t p), which are "
+                f"{room} under the pinned degrees (tensor_parallel={opts.tensor_parallel}, pipeline_parallel="
+                f"{pipelines[0]}) on {n} devices of {cfg.name!r}; lower tensor_parallel or pipeline_parallel, or use "
+                f"an expert degree dividing {room[-1] if room else 1}")
+    return None
+
+
+def no_layout_message(search: Search, opts: Options) -> str:
+    """No (t, p, d, b) splits the batch: say which global batch sizes would."""
+    conflict = _pinned_conflict(search, opts)
+    if conflict is not None:
+        return conflict
+    problem, cfg, n = search.problem, search.cfg, search.problem.cluster.num_devices
+    b_batch = search.global_batch_size
+    degrees = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in _divisors(cfg.num_layers)
+                      if n % (t * p) == 0 and (not problem.num_stages or p == problem.num_stages)
+                      and (not problem.data_parallel or problem.data_parallel * t * p == n)})
+    if not degrees:
+        return (f"no tensor x pipeline degree fits {n} devices with {cfg.num_layers} layers and "
+                f"{cfg.num_heads} heads under the fixed values (num_stages={problem.num_stages}, "
+                f"data_parallel={problem.data_parallel}, tensor_parallel={opts.tensor_parallel}); use a cluster "
+                f"size that is a multiple of a divisor of the layer count, or drop the fixed values")
+    d = degrees[0]
+    lo, hi = b_batch // d * d, (b_batch // d + 1) * d
+    near = [x for x in (lo, hi) if x > 0]
+    return (f"global_batch_size={b_batch} cannot be split: it must be a multiple of b x d with d in "
+            f"{degrees} (and for interleaved 1F1B, m a multiple of p; for ZB-V and DualPipeV, layers divisible "
+            f"by 2p, and for DualPipeV m >= 2p), and also match num_microbatches="
+            f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
+
+
+def memory_message(search: Search, scored: list[tuple[model.Config, model.Estimate]]) -> str:
+    problem, cfg = search.problem, search.cfg
+    assert problem.cluster.device is not None
+    least = min(scored, key=lambda item: item[1].peak_memory_bytes)
+    static_total = ADAM_BYTES_PER_PARAM * num_parameters(cfg)
+    devices = math.ceil(static_total / usable_memory_bytes(problem.cluster.device))
+    c = least[0]
+    what = (f"{cfg.name} (best try t={c.tensor} p={c.pipeline} c={c.context} e={c.expert} v={c.virtual} "
+            f"b={c.microbatch_size} recompute={c.recompute} zero_stage={c.zero_stage})")
+    return (memory_shortfall_message(problem, least[1].peak_memory_bytes, what)
+            + f". The weights and optimizer state alone are {format_bytes(static_total)}: at least {devices} "
+            f"model-parallel devices of {format_bytes(usable_memory_bytes(problem.cluster.device))} usable "
+            f"(t x p >= {devices}), or as many devices in all with ZeRO-3 (option zero_stages with 3) or "
+            "expert parallelism sharding the states")
