@@ -3,9 +3,9 @@ own plan, both simulated (issue 15 item 6; the table and notes are in docs/moder
 
 For every recipe of bench/data/modern_recipes.json:
 
-- ``recipe``: the published degrees pinned through ptdp's options (with the published recompute,
-  else ``selective`` where ours counts flash attention's scores over memory; built directly,
-  ``bench.modern_recipes.recipe_plan``, where ptdp cannot take them) and simulated:
+- ``recipe``: the published degrees and recompute pinned through ptdp's options (built directly,
+  ``bench.modern_recipes.recipe_plan``, where ptdp cannot take them or counts them over memory)
+  and simulated:
   step time, tokens/s per GPU, MFU (model FLOPs, no recompute, of the BF16 dense peak), the
   busiest rank's peak memory against the usable memory;
 - ``ours``: the ptdp search on the same model, cluster, batch and sequence (``planner.api.plan``),
@@ -27,7 +27,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from typing import Any
 
 from bench.modern_recipes import Recipe, load_recipes, recipe_plan
@@ -76,22 +75,19 @@ def _problem(recipe: Recipe, global_batch_size: int | None = None):  # type: ign
 
 def pinned_plan(recipe: Recipe, global_batch_size: int | None = None) -> tuple[Plan, str]:
     """The recipe's plan through ptdp with every degree pinned (the same cost model as ``ours``): with
-    the published recompute, else with ``selective`` when ours counts the published one over memory
-    (flash attention keeps what ``selective`` keeps, docs/modern-models.md), else built directly."""
+    the published recompute; built directly when ptdp cannot take it or counts it over memory."""
     values = (recipe.tensor, recipe.pipeline, recipe.virtual, recipe.context, recipe.expert, recipe.zero_stage,
               recipe.microbatch_size)
     extra = {"overlap_param_gather": recipe.overlap_param_gather, "overlap_moe_alltoall": recipe.overlap_moe_alltoall}
-    for recompute in dict.fromkeys((recipe.recompute, "selective")):
-        options = dict(zip(PINNED_OPTIONS, values)) | {"recompute": recompute,
-                                                       "overlap_grad_reduce": recipe.overlap_grad_reduce}
-        if recipe.schedule:
-            options["schedules"] = recipe.schedule
-        try:
-            plan = api.plan(_problem(recipe, global_batch_size), solver="ptdp", options=options)
-        except (InvalidProblemError, InfeasibleError):
-            continue
-        return plan.model_copy(update={"options": {**plan.options, **extra}}), f"ptdp pinned, {recompute}"
-    return validate_plan(recipe_plan(recipe, global_batch_size=global_batch_size)), "built"
+    options = dict(zip(PINNED_OPTIONS, values)) | {"recompute": recipe.recompute,
+                                                   "overlap_grad_reduce": recipe.overlap_grad_reduce}
+    if recipe.schedule:
+        options["schedules"] = recipe.schedule
+    try:
+        plan = api.plan(_problem(recipe, global_batch_size), solver="ptdp", options=options)
+    except (InvalidProblemError, InfeasibleError):
+        return validate_plan(recipe_plan(recipe, global_batch_size=global_batch_size)), "built"
+    return plan.model_copy(update={"options": {**plan.options, **extra}}), f"ptdp pinned, {recipe.recompute}"
 
 
 def ours(recipe: Recipe) -> dict[str, Any]:
@@ -103,15 +99,6 @@ def ours(recipe: Recipe) -> dict[str, Any]:
         return {"error": str(err).splitlines()[0], "search_s": time.perf_counter() - start}
     elapsed = time.perf_counter() - start
     return metrics(plan) | {"search_s": elapsed}
-
-
-def flash_peak_gib(recipe: Recipe) -> float:
-    """The recipe's peak memory if no-recompute layers kept only what flash attention keeps: the
-    memory model's ``none`` counts the 5 a s^2 b attention-score bytes that a fused attention
-    kernel never stores, which ``selective`` leaves out (its time is not used here)."""
-    if recipe.recompute != "none":
-        return metrics(recipe_plan(recipe))["peak_gib"]
-    return metrics(recipe_plan(replace(recipe, recompute="selective")))["peak_gib"]
 
 
 def measured_row(recipe: Recipe) -> dict[str, Any] | None:
@@ -141,7 +128,7 @@ def run(names: list[str] | None, search: bool) -> list[dict[str, Any]]:
         plan, how = pinned_plan(recipe)
         built = metrics(validate_plan(recipe_plan(recipe)))
         row = {"name": recipe.name, "model": recipe.model, "gpus": recipe.num_gpus, "recipe_from": how,
-               "recipe": metrics(plan) | {"flash_peak_gib": flash_peak_gib(recipe)}, "built": built,
+               "recipe": metrics(plan), "built": built,
                "measured": measured_row(recipe)}
         if search:
             row["ours"] = ours(recipe)
@@ -171,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['name']} ({row['gpus']} H100)")
         print(f"  recipe [{row['recipe_from']}] {_fmt(row['recipe'])}")
-        print(f"  built  [as published]  {_fmt(row['built'])} [flash: {row['recipe']['flash_peak_gib']:.1f} GiB]")
+        print(f"  built  [as published]  {_fmt(row['built'])}")
         if "ours" in row:
             print(f"  ours   {_fmt(row['ours'])}  search {row['ours']['search_s']:.1f} s")
         m = row["measured"]

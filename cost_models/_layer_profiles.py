@@ -55,8 +55,20 @@ def _embedding_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff
     )
 
 
+def _recompute_options(cfg: TransformerConfig, mkw: dict, attention: str, forward_s: float,
+                       selective_s: float) -> dict[str, RecomputeOption]:
+    """none / selective / full of one decoder layer. Selective re-runs the attention core
+    (``selective_s``); with flash attention it saves only the core's log-sum-exp statistics."""
+    def option(recompute: str, extra_s: float) -> RecomputeOption:
+        return RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute=recompute,
+                                                                         attention=attention), extra_s=extra_s)
+
+    return {"none": option("none", 0.0), "selective": option("selective", selective_s), "full": option("full", forward_s)}
+
+
 def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t: int, eff: float,
-                   bw: float | None, sg: bool, selective_fraction: float | None) -> LayerProfile:
+                   bw: float | None, sg: bool, selective_fraction: float | None,
+                   attention: str = "flash") -> LayerProfile:
     rate = device.peak_flops * eff
     kw = {"microbatch_size": b, "tensor_parallel": t}
     f_flops, bi_flops, w_flops = (decoder_forward_flops(cfg, **kw), decoder_backward_input_flops(cfg, **kw),
@@ -73,14 +85,7 @@ def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t
         selective_s = attention_core_forward_flops(cfg, **kw) / rate
     else:
         selective_s = selective_fraction * f_flops / rate
-    mkw = {**kw, "layer_index": index}
-    options = {
-        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="none")),
-        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="selective"),
-                                     extra_s=selective_s),
-        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="full"),
-                                extra_s=forward_s),
-    }
+    options = _recompute_options(cfg, {**kw, "layer_index": index}, attention, forward_s, selective_s)
     return LayerProfile(
         name=f"decoder{index}", kind="decoder", forward_s=forward_s,
         backward_s=(bi_flops + w_flops) / rate + comm_s, backward_weight_s=w_flops / rate,
@@ -133,13 +138,8 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     akw = {"microbatch_size": b, "tensor_parallel": t}
     flops, params = _layer_flops_and_params(cfg, b, t, index)
     mkw = {**akw, "sequence_parallel": sp, "layer_index": index}
-    options = {
-        "none": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="none")),
-        "selective": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="selective"),
-            extra_s=dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s),
-        "full": RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute="full"),
-                                extra_s=dec.forward_s),
-    }
+    selective_s = dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s
+    options = _recompute_options(cfg, mkw, attention, dec.forward_s, selective_s)
     out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)
     decoder = LayerProfile(
         name=f"decoder{index}", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,

@@ -11,7 +11,8 @@ Sources (seed line numbers refer to ``shared/seeds/``):
   sbh(24h + 8s)) and W (weight gradient, 24sbh^2).
 - Korthikanti et al. (arXiv:2205.05198) activation bytes per layer, restated in BPipe (seed 004
   L396-413): none = sbh(34 + 5as/h)/t, selective = 34sbh/t, full = 2sbh (/t with sequence
-  parallelism).
+  parallelism), for unfused attention. With FlashAttention (Dao et al., NeurIPS'22, Sec. 3.1)
+  the 5as^2b/t of the scores becomes 4asb/t (fp32 log-sum-exp), all that selective recompute saves.
 - ZeRO (Rajbhandari et al., SC'20): mixed-precision Adam keeps 16 bytes per parameter.
 
 Symbols: b microbatch, B global batch, s sequence, h hidden, a heads, l layers, V vocabulary,
@@ -192,16 +193,37 @@ def _element_bytes(cfg: TransformerConfig) -> int:
     return _BYTES_PER_ELEMENT[cfg.dtype]
 
 
-def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
-    """Softmax output (2as^2b), its dropout mask (as^2b) and dropout output (2as^2b): 5as^2b/t at
-    16 bits. Selective recompute drops exactly these (Korthikanti Sec. 5)."""
-    a, s, e = cfg.num_heads, cfg.seq_length, _element_bytes(cfg)
-    return (2 * e + 1) * a * s**2 * microbatch_size / tensor_parallel
+ATTENTION_KINDS = ("flash", "unfused")
+_LSE_BYTES = 4  # FlashAttention's softmax statistics are fp32
+
+
+def check_attention(attention: str) -> None:
+    """Raises InvalidProblemError unless ``attention`` is one of ``ATTENTION_KINDS``."""
+    if attention not in ATTENTION_KINDS:
+        raise InvalidProblemError(f"attention={attention!r} must be 'flash' or 'unfused'")
+
+
+def attention_core_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1,
+                                    attention: str = "flash") -> float:
+    """What the attention core itself saves for its backward, per layer and device.
+
+    ``unfused``: softmax output (2as^2b), its dropout mask (as^2b) and dropout output (2as^2b):
+    5as^2b/t at 16 bits (Korthikanti et al. Eq. 1-2); selective recompute drops exactly these
+    (Sec. 5). ``flash``: the fused kernel never materialises the s x s scores (Dao et al.,
+    FlashAttention, NeurIPS 2022, Sec. 3.1) and keeps only the softmax log-sum-exp, one fp32 value
+    per head and query token since FlashAttention-2 (Dao, ICLR 2024, Sec. 3.1): 4asb/t. Its
+    output O is the projection input, counted already; the dropout RNG seed and offset are a few
+    bytes."""
+    check_attention(attention)
+    a, s, b, e = cfg.num_heads, cfg.seq_length, microbatch_size, _element_bytes(cfg)
+    if attention == "flash":
+        return _LSE_BYTES * a * s * b / tensor_parallel
+    return (2 * e + 1) * a * s**2 * b / tensor_parallel
 
 
 def decoder_activation_bytes(
     cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1, recompute: str = "none",
-    sequence_parallel: bool = True, layer_index: int = 0,
+    sequence_parallel: bool = True, layer_index: int = 0, attention: str = "flash",
 ) -> float:
     """Bytes one decoder layer keeps for its backward, per microbatch and device.
 
@@ -217,27 +239,34 @@ def decoder_activation_bytes(
     ``cost_models.moe_memory.moe_mlp_activation_bytes`` (router scores, routed token copies, the
     experts' activations over T k rows, combine inputs, shared experts).
 
+    ``attention`` is the attention core's kernel (``attention_core_activation_bytes``): with
+    ``unfused`` (Megatron-LM as in 2021-2022, the papers' tables) ``none`` adds the 5as^2b/t of
+    the scores; with ``flash`` (the default, as in the time model) it adds only the 4asb/t
+    log-sum-exp statistics, so ``selective`` (which re-runs the core and keeps none of its outputs)
+    saves only those (docs/cost-model.md, "Activation memory").
+
     Raises:
-        InvalidProblemError: unknown strategy.
+        InvalidProblemError: unknown strategy or attention kind.
     """
     b, s, f, e, t = microbatch_size, cfg.seq_length, cfg.ffn_size, _element_bytes(cfg), tensor_parallel
     sbh = s * b * cfg.hidden_size
     t_sp = t if sequence_parallel else 1  # norm inputs, dropout masks, residuals: split only with SP
+    check_attention(attention)
     if recompute == "full":
         return e * sbh / t_sp
     if recompute not in ("none", "selective"):
         raise InvalidProblemError(
             f"unknown recompute strategy {recompute!r}; choose from ['none', 'selective', 'full']"
         )
-    attention = e * (2 * sbh + 2 * s * b * _kv_dim(cfg)) / t + (e * sbh + sbh) / t_sp
+    attn_block = e * (2 * sbh + 2 * s * b * _kv_dim(cfg)) / t + (e * sbh + sbh) / t_sp
     mlp = e * (3 if cfg.mlp == "swiglu" else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
     if cfg.is_moe and moe.is_moe_layer(cfg, layer_index):
         mlp = moe_memory.moe_mlp_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
                                                   sequence_parallel=sequence_parallel)
-    kept = attention + mlp + 2 * e * sbh / t_sp
+    kept = attn_block + mlp + 2 * e * sbh / t_sp
     if recompute == "selective":
         return kept
-    return kept + attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t)
+    return kept + attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t, attention=attention)
 
 
 def static_bytes(num_params: float, *, tensor_parallel: int = 1) -> float:
@@ -332,8 +361,11 @@ def transformer_profile(
         selective_recompute_fraction: selective recompute time as a fraction of the forward
             (e.g. ``BPIPE_SELECTIVE_RECOMPUTE_FRACTION``); None times the attention core.
         sequence_parallel: norms/dropouts split over t (Korthikanti et al.); None = on when t > 1.
-        attention: ``flash`` (fused, no score traffic) or ``unfused`` (softmax and dropout over
-            the b a s^2 scores, as Megatron-LM ran in 2021).
+        attention: ``flash`` (fused, no score traffic, no saved scores) or ``unfused`` (softmax
+            and dropout over the b a s^2 scores, saved for the backward, as Megatron-LM ran in
+            2021-2022). It sets the activation bytes in both models (``decoder_activation_bytes``)
+            and the attention core's kernels in the per-operation model; with ``flash``,
+            ``selective`` recompute still re-runs the core but saves only its 4asb/t statistics.
         overlap_tp_backward: hide the backward tensor-parallel collectives behind the
             weight-gradient GEMMs (Megatron-LM since 2022; ``layer_ops.decoder_op_times``);
             per-operation model only.
@@ -348,8 +380,7 @@ def transformer_profile(
     """
     b, t = microbatch_size, tensor_parallel
     _check_profile_args(cfg, b, t, 0.5 if efficiency is None else efficiency)
-    if attention not in ("flash", "unfused"):
-        raise InvalidProblemError(f"attention={attention!r} must be 'flash' or 'unfused'")
+    check_attention(attention)
     if t > 1 and intra_node_bytes_per_s is None:
         logger.info("no intra-node bandwidth given: tensor-parallel all-reduces are not timed for %s", cfg.name)
     sp = t > 1 if sequence_parallel is None else sequence_parallel
@@ -362,7 +393,7 @@ def transformer_profile(
                                             selective_recompute_fraction, overlap_tp_backward=overlap_tp_backward)
     else:
         block = lp._decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
-                               selective_recompute_fraction)
+                               selective_recompute_fraction, attention)
         embedding = lp._embedding_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather)
         head = lp._head_layer(cfg, device, b, t, efficiency, intra_node_bytes_per_s)
     decoders = [block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
@@ -373,7 +404,8 @@ def transformer_profile(
                                       overlap_tp_backward=overlap_tp_backward)[1]
         else:
             moe_block = lp._decoder_layer(cfg, cfg.first_dense_layers, device, b, t, efficiency,
-                                          intra_node_bytes_per_s, scatter_gather, selective_recompute_fraction)
+                                          intra_node_bytes_per_s, scatter_gather, selective_recompute_fraction,
+                                          attention)
         decoders = decoders[:cfg.first_dense_layers] + [
             moe_block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.first_dense_layers, cfg.num_layers)]
     return ModelProfile(

@@ -139,12 +139,15 @@ def make_problem(
     efficiency: float | None = None,
     seq_length: int | None = None,
     memory_headroom: str | float | None = None,
+    attention: str | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
     A transformer config is turned into a layer profile for the cluster's device at the given
     microbatch size and tensor-parallel degree (defaults 1). A layer profile already fixes both:
-    asking for other values is an error (profile again at those values instead).
+    asking for other values is an error (profile again at those values instead). ``attention``
+    (``flash``, the default, or ``unfused``: the s x s scores are materialised and saved, as in
+    2021-2022 Megatron-LM) sets the attention core's kernels and activation bytes.
 
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
@@ -163,6 +166,8 @@ def make_problem(
         kwargs: dict[str, Any] = {}
         if efficiency is not None:
             kwargs["efficiency"] = efficiency
+        if attention is not None:
+            kwargs["attention"] = attention
         profile = _cost_model("transformer").transformer_profile(
             config,
             device=cluster_obj.device,
@@ -182,8 +187,9 @@ def make_problem(
                     f"{name}={asked} but the layer profile {profile.name!r} was measured at {name}={fixed}; "
                     f"profile the model again at {name}={asked} or use a transformer config"
                 )
-        if efficiency is not None:
-            raise InvalidProblemError("efficiency applies to transformer configs only, not to measured profiles")
+        if efficiency is not None or attention is not None:
+            raise InvalidProblemError("efficiency and attention apply to transformer configs only, not to measured "
+                                      "profiles")
     return PipelineProblem.from_dict(
         {
             "model": profile.model_dump(),

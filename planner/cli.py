@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-headroom", metavar="FRACTION|AMOUNT",
                    help="device memory no plan may use: a fraction (0.1) or an amount (6GiB); default "
                         "min(1 GiB, 5%%) + 5%% (docs/cost-model.md, Memory headroom)")
+    p.add_argument("--attention", choices=("flash", "unfused"),
+                   help="attention kernel of transformer configs (default flash; unfused: the s x s scores are "
+                        "computed and kept for the backward, as Megatron-LM ran in 2021-2022)")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=T.positive_float(), help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -189,16 +192,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         efficiency=args.efficiency,
         seq_length=args.seq_length,
         memory_headroom=args.memory_headroom,
+        attention=args.attention,
     )
     print(report.expansion_line(args.cluster, problem.cluster), file=sys.stderr)
     solver = args.solver or api.default_solver(problem)
     if args.solver is None:
         print(f"solver {solver} (the default for this problem; --solver to choose another)", file=sys.stderr)
+    options = _parse_options(args.option)
+    if solver == "ptdp" and args.attention:  # ptdp profiles every (t, b) itself, with its own option
+        options.setdefault("attention", args.attention)
     began = time.perf_counter()
     from solvers.budget import listening
 
     with progress(f"planning with {solver}") as ticker, listening(ticker.update):
-        plan = api.plan(problem, solver=solver, options=_parse_options(args.option),
+        plan = api.plan(problem, solver=solver, options=options,
                         offload_fallback=not args.no_offload, timings=args.timings)
     solve_time_s = time.perf_counter() - began
     if args.output:

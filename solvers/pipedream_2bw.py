@@ -33,7 +33,7 @@ from typing import Any
 
 from cost_models.memory import usable_memory_bytes
 from cost_models.schedules import build_actions
-from cost_models.transformer import decoder_backward_weight_flops, transformer_profile
+from cost_models.transformer import ATTENTION_KINDS, decoder_backward_weight_flops, transformer_profile
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import ModelProfile, PipelineProblem, Plan
 from solvers.budget import Budget, out_of_time, untried_note
@@ -326,7 +326,7 @@ def _profile_source(problem: PipelineProblem) -> tuple[Callable[[int], ModelProf
     decoder = next((layer for layer in model.layers if layer.kind == "decoder" and layer.backward_weight_s), None)
     if decoder is None or decoder.backward_weight_s is None:
         return None, "profile without a decoder layer: microbatch size fixed"
-    kwargs: dict[str, float] = {}
+    kwargs: dict[str, float | str] = {}
     how = "per-operation compute model"
     if model.source.startswith("analytic:efficiency="):
         kwargs["efficiency"] = float(model.source.split("=", 1)[1])
@@ -343,11 +343,13 @@ def _profile_source(problem: PipelineProblem) -> tuple[Callable[[int], ModelProf
         return transformer_profile(cfg, device=device, microbatch_size=b, tensor_parallel=t,
                                    intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s, **kwargs)
 
-    again = transformer_profile(cfg, device=device, microbatch_size=b0, tensor_parallel=t,
-                                intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s, **kwargs)
-    if not _same_profile(again, model):
-        return None, (f"the layer profile differs from {cfg.name}'s analytic one: microbatch size fixed at {b0}")
-    return derive, f"layer profile re-derived from {cfg.name} per microbatch size ({how})"
+    for attention in ATTENTION_KINDS:  # the kind the profile was built with (it sets activation bytes)
+        again = transformer_profile(cfg, device=device, microbatch_size=b0, tensor_parallel=t, attention=attention,
+                                    intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s, **kwargs)
+        if _same_profile(again, model):
+            kwargs["attention"] = attention
+            return derive, f"layer profile re-derived from {cfg.name} per microbatch size ({how}, {attention} attention)"
+    return None, (f"the layer profile differs from {cfg.name}'s analytic one: microbatch size fixed at {b0}")
 
 
 def _same_profile(a: ModelProfile, b: ModelProfile) -> bool:

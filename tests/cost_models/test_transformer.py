@@ -128,7 +128,7 @@ def test_eq_4_4_examples_gpt3_34_days_and_1t_84_days() -> None:
 def test_korthikanti_activation_bytes_for_gpt(t: int) -> None:
     cfg = _gpt(h=512, a=8, s=256)
     b, s, h, a = 2, cfg.seq_length, cfg.hidden_size, cfg.num_heads
-    kw = {"microbatch_size": b, "tensor_parallel": t}
+    kw = {"microbatch_size": b, "tensor_parallel": t, "attention": "unfused"}  # the paper's 2022 kernels
     assert tr.decoder_activation_bytes(cfg, **kw) == pytest.approx(s * b * h * (34 + 5 * a * s / h) / t, rel=1e-12)
     assert tr.decoder_activation_bytes(cfg, **kw, recompute="selective") == pytest.approx(34 * s * b * h / t, rel=1e-12)
     assert tr.decoder_activation_bytes(cfg, **kw, recompute="full") == pytest.approx(2 * s * b * h / t, rel=1e-12)
@@ -138,7 +138,7 @@ def test_bpipe_appendix_b_gpt3_96b_transfer_sizes_and_bandwidths() -> None:
     # seed 004 L431: t=4, p=8, b=2, attention scope: 3.48 GB, 24.25 GB/s at f = 143.37 ms; none: 100.31 GB/s.
     cfg = models.model_preset("gpt3-96b")
     layers_per_stage = cfg.num_layers // 8
-    kw = {"microbatch_size": 2, "tensor_parallel": 4}
+    kw = {"microbatch_size": 2, "tensor_parallel": 4, "attention": "unfused"}  # Megatron-LM 22.09
     selective = layers_per_stage * tr.decoder_activation_bytes(cfg, **kw, recompute="selective")
     none = layers_per_stage * tr.decoder_activation_bytes(cfg, **kw, recompute="none")
     assert selective == 3_476_029_440

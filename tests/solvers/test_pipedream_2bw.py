@@ -29,6 +29,8 @@ SIM_TOLERANCE = 0.05
 """Closed form vs simulator, relative, on the chosen plans of GPT presets: the closed form charges
 both transfers of a boundary to every microbatch of the receiving stage and the flush's fill and
 drain at the slowest stage's pace, so it is at most a few percent pessimistic (measured <= 3%)."""
+KERNELS_2020 = "unfused"
+"""The chapter's runs (2020 Megatron-LM kernels) saved the s x s attention scores for the backward."""
 
 
 def _cluster(num_devices: int, *, memory_bytes: float = 1e18, bandwidth: float = 1e18, per_node: int | None = None,
@@ -291,13 +293,13 @@ def test_memory_without_recompute_equals_the_simulated_peak() -> None:
 
 
 def test_recompute_wins_when_memory_is_tight() -> None:
-    roomy = solve(api.make_problem("gpt-1.7b", "v100:1x8", global_batch_size=512))
+    roomy = solve(api.make_problem("gpt-1.7b", "v100:1x8", global_batch_size=512, attention=KERNELS_2020))
     assert roomy.candidates[0]["recompute"] == "none"
     cluster = api.load_cluster("v100:1x8")
     # 14 GiB: at 16 GiB a memory-balanced 8-deep split (fewer blocks on the first stages, which
     # hold the most in-flight microbatches) still fits b = 1 without recompute
     tight = cluster.model_copy(update={"device": cluster.device.model_copy(update={"memory_bytes": 14 * GIB})})
-    plan = solve(api.make_problem("gpt-1.7b", tight, global_batch_size=512))
+    plan = solve(api.make_problem("gpt-1.7b", tight, global_batch_size=512, attention=KERNELS_2020))
     assert plan.candidates[0]["recompute"] == "full"
     assert any(r["recompute"] == "none" and not r["fits"] for r in plan.candidates)
 
@@ -307,7 +309,8 @@ def test_deeper_pipelines_fit_larger_microbatches() -> None:
     # (without it the activations of a 2048-token sample cap b at 1 everywhere)
     cluster = api.load_cluster("v100:1x8")
     small = cluster.model_copy(update={"device": cluster.device.model_copy(update={"memory_bytes": 16 * GIB})})
-    plan = solve(api.make_problem("gpt-1.7b", small, global_batch_size=512), options={"recompute": "full"})
+    plan = solve(api.make_problem("gpt-1.7b", small, global_batch_size=512, attention=KERNELS_2020),
+                 options={"recompute": "full"})
 
     def largest_b(p: int) -> int:
         return max((r["b"] for r in plan.candidates if r["p"] == p and r["fits"]), default=0)
@@ -320,7 +323,7 @@ def test_deeper_pipelines_fit_larger_microbatches() -> None:
 def test_larger_batch_amortizes_the_cross_node_allreduce() -> None:
     # 32 V100s on 4 nodes, p = 2, d = 16: stage replicas span nodes (w > 8, p < 8, L3043-3049), so
     # more gradient accumulation raises throughput; 2BW hides the all-reduce once m t exceeds it
-    problem = api.make_problem("gpt-1.7b", "v100:4x8", global_batch_size=256)
+    problem = api.make_problem("gpt-1.7b", "v100:4x8", global_batch_size=256, attention=KERNELS_2020)
 
     def rate(schedule: str, m: int) -> float:
         return evaluate(problem, problem.model, schedule=schedule, num_stages=2, data_parallel=16,
@@ -524,19 +527,20 @@ def _best_per_depth(plan) -> dict[int, float]:  # type: ignore[no-untyped-def]
 def test_chapter_picks_8_deep_for_gpt_2_2b(cluster: str) -> None:
     # GPT 2.2B (h 1920, 48 layers, s 512, fp16) on 16-GB V100s, batch 512 (the chapter's GPT batch):
     # without recompute a 4-deep pipeline holds b = 2 (its first stage keeps 4 microbatches of 12
-    # blocks), an 8-deep one b = 4; the larger microbatch's GEMMs are 5-7 % faster (L3059-3065)
-    plan = solve(api.make_problem("gpt2bw-2.2b", cluster, global_batch_size=512))
+    # blocks), an 8-deep one b = 4; the larger microbatch's GEMMs make the layer 3-5 % faster (L3059-3065;
+    # the unfused softmax and dropout over the scores grow with b and dilute the GEMMs' gain)
+    plan = solve(api.make_problem("gpt2bw-2.2b", cluster, global_batch_size=512, attention=KERNELS_2020))
     top = plan.candidates[0]
     assert (top["p"], top["b"], top["recompute"]) == (8, 4, "none")
     rates = _best_per_depth(plan)
-    assert rates[4] < rates[8] / 1.04
+    assert rates[4] < rates[8] / 1.03
 
 
 def test_chapter_16_deep_for_gpt_3_8b_is_a_known_gap() -> None:
     # GPT 3.8B (h 2560, 48 layers) on 64 16-GB V100s: the chapter's planner picked 16 deep; ours picks
     # 8 deep with b = 1 and no recompute, because a 16-deep split of 48 blocks plus the head puts 4
     # blocks on some stage (3 on the others), while b = 1 just fits at 8 deep (docs/solver-pipedream-2bw.md)
-    plan = solve(api.make_problem("gpt2bw-3.8b", "v100-16gb:8x8", global_batch_size=512))
+    plan = solve(api.make_problem("gpt2bw-3.8b", "v100-16gb:8x8", global_batch_size=512, attention=KERNELS_2020))
     rates = _best_per_depth(plan)
     assert plan.candidates[0]["p"] == 8
-    assert rates[16] / rates[8] == pytest.approx(0.896, abs=0.01)
+    assert rates[16] / rates[8] == pytest.approx(0.901, abs=0.01)

@@ -147,3 +147,16 @@ def test_offloaded_plans_are_not_exported() -> None:
     for fmt in ("torch-csv", "megatron"):
         with pytest.raises(InvalidProblemError, match="offloaded pipeline .* run it with runtime_bridge.offload"):
             api.export(plan, fmt)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_profiles_at_other_microbatch_sizes_keep_the_attention_kind(attention: str) -> None:
+    from cost_models.transformer import transformer_profile
+    from solvers._spipe_common import profile_for
+
+    problem = api.make_problem("gpt-1.7b", "v100:1x4", attention=attention)
+    derived = profile_for(problem, 4)
+    assert derived is not None and derived.microbatch_size == 4
+    expected = transformer_profile(problem.transformer, device=problem.cluster.device, microbatch_size=4,
+                                   attention=attention, intra_node_bytes_per_s=problem.cluster.intra_node_bytes_per_s)
+    assert derived == expected
