@@ -109,7 +109,8 @@ def enumerate_configs(search: Search, opts: Options, units: Units | None = None,
     capacity = usable_memory_bytes(problem.cluster.device) if prune else float("inf")  # type: ignore[arg-type]
     fixed_d = opts.data_parallel or problem.data_parallel
     for t in tensor_degrees(search, opts):
-        for c in dims_mod.context_degrees(cfg, n // t if n % t == 0 else 1, opts.context_parallel, opts.attention,
+        for c in dims_mod.context_degrees(cfg, n // t if n % t == 0 else 1, opts.context_parallel,
+                                          search.settings.attention,
                                           opts.min_tokens_per_context_rank):
             if n % (t * c):
                 continue

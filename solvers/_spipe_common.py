@@ -21,6 +21,7 @@ from cost_models.sim.offload import OffloadResult, simulate_offload
 from planner.errors import InfeasibleError
 from planner.schema import Chunk, Degrees, ModelProfile, OffloadHost, OffloadSpec, PipelineProblem, Plan, Predicted, Stage
 from solvers.budget import Budget, out_of_time, report_phase, untried_note
+from solvers.common import profile_attention
 from solvers.common import reject_fixed_shape
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -54,22 +55,8 @@ def profile_for(problem: PipelineProblem, microbatch_size: int) -> ModelProfile 
         return None
     cluster = problem.cluster
     return transformer.transformer_profile(problem.transformer, device=cluster.device,  # type: ignore[arg-type]
-                                           microbatch_size=microbatch_size, attention=_attention_of(problem),
+                                           microbatch_size=microbatch_size, attention=profile_attention(problem),
                                            intra_node_bytes_per_s=cluster.intra_node_bytes_per_s)
-
-
-def _attention_of(problem: PipelineProblem) -> str:
-    """The attention kind the problem's profile was built with: its decoder layers' ``none`` keeps
-    the core's own bytes more than ``selective`` (5as^2b/t unfused, 4asb/t flash)."""
-    model, cfg = problem.model, problem.transformer
-    layer = next((la for la in model.layers if la.kind == "decoder" and la.recompute), None)
-    if cfg is None or layer is None or not {"none", "selective"} <= set(layer.strategies()):
-        return "flash"
-    options = layer.strategies()
-    gap = options["none"].activation_bytes - options["selective"].activation_bytes
-    scores = transformer.attention_core_activation_bytes(cfg, microbatch_size=model.microbatch_size,
-                                                         tensor_parallel=model.tensor_parallel, attention="unfused")
-    return "unfused" if abs(gap - scores) <= 1e-9 * scores else "flash"
 
 
 def microbatch_choices(problem: PipelineProblem, sizes: Iterable[int], *, replicas: int = 1) -> list[tuple[int, int]]:

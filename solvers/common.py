@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from cost_models import simulate as sim
 from cost_models.memory import usable_memory_bytes
+from cost_models.transformer import attention_core_activation_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Chunk, Degrees, PipelineProblem, Plan, SimResult, Stage, virtual_stage_home
 
@@ -269,3 +270,17 @@ def format_bytes(num_bytes: float) -> str:
             return f"{value:.1f} {unit}" if unit != "B" else f"{value:.0f} B"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def profile_attention(problem: PipelineProblem) -> str:
+    """The attention kind the problem's profile was built with: its decoder layers' ``none`` keeps
+    the core's own bytes more than ``selective`` (5as^2b/t unfused, 4asb/t flash)."""
+    model, cfg = problem.model, problem.transformer
+    layer = next((la for la in model.layers if la.kind == "decoder" and la.recompute), None)
+    if cfg is None or layer is None or not {"none", "selective"} <= set(layer.strategies()):
+        return "flash"
+    options = layer.strategies()
+    gap = options["none"].activation_bytes - options["selective"].activation_bytes
+    scores = attention_core_activation_bytes(cfg, microbatch_size=model.microbatch_size,
+                                                         tensor_parallel=model.tensor_parallel, attention="unfused")
+    return "unfused" if abs(gap - scores) <= 1e-9 * scores else "flash"

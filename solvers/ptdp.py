@@ -38,7 +38,7 @@ from solvers import _ptdp_model as model
 from solvers._ptdp_enum import check_degree_options, divisors as _divisors, enumerate_configs
 from solvers import _ptdp_v as v_model
 from solvers.budget import Budget
-from solvers.common import Layout, build_plan, memory_shortfall_message, with_prediction
+from solvers.common import Layout, build_plan, memory_shortfall_message, profile_attention, with_prediction
 from solvers.even import even_bounds
 from solvers.options import parse_options
 
@@ -65,8 +65,9 @@ class Options:
     efficiency: float | None = None
     """A flat achieved fraction of peak FLOP/s instead of the per-operation model (default: the
     per-operation model, or the flat efficiency the problem's profile was derived at)."""
-    attention: str = "flash"
-    """Attention core: 'flash' (fused) or 'unfused' (softmax/dropout over the scores, Megatron-LM 2021)."""
+    attention: str | None = None
+    """Attention core: 'flash' (fused) or 'unfused' (softmax/dropout over the scores, Megatron-LM 2021);
+    default: the kind the problem's profile was built with (``make_problem(attention=...)``), else flash."""
     sequence_parallel: bool | None = None
     """Split norms/dropouts over t (default: on when t > 1); off reproduces the 2021 runs."""
     overlap_tp_comm: bool = False
@@ -234,10 +235,11 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
             f"{cfg.num_layers} layers of {cfg.name!r} and option uneven_stages is false; use num_stages "
             f"in {valid}, or uneven_stages=true (lighter end stages)")
     efficiencies = _parse_efficiencies(opts.efficiency_by_microbatch)
-    if opts.attention not in ("flash", "unfused"):
+    attention = opts.attention or profile_attention(problem)
+    if attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
-                                     attention=opts.attention, overlap_tp_comm=opts.overlap_tp_comm)
+                                     attention=attention, overlap_tp_comm=opts.overlap_tp_comm)
     search = Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
                     efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
     check_degree_options(opts, search)

@@ -459,3 +459,14 @@ def test_v_closed_form_agrees_with_the_simulator(schedule: str) -> None:
     assert len(rows) >= 4 and all(r["schedule"] == schedule for r in rows)
     for r in rows:
         assert r["closed_form_s"] == pytest.approx(r["iteration_s"], rel=0.03)
+
+
+def test_ptdp_takes_the_attention_kind_the_problem_was_built_with() -> None:
+    # make_problem(attention="unfused") builds a profile that keeps the s x s scores; ptdp re-derives
+    # every (t, b) and must keep that kind unless its own option says otherwise
+    unfused = api.make_problem("gpt-1.7b", "a100-80gb:8", global_batch_size=32, attention="unfused")
+    flash = api.make_problem("gpt-1.7b", "a100-80gb:8", global_batch_size=32)
+    assert any("(unfused attention)" in note for note in api.plan(unfused, solver="ptdp").notes)
+    assert any("(flash attention)" in note for note in api.plan(flash, solver="ptdp").notes)
+    overridden = api.plan(unfused, solver="ptdp", options={"attention": "flash"})
+    assert any("(flash attention)" in note for note in overridden.notes)
