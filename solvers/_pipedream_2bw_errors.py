@@ -35,6 +35,10 @@ def check_problem(problem: PipelineProblem, opts: Options) -> tuple[list[str], l
         InvalidProblemError: a bad option or a problem field the planner cannot honour.
         InfeasibleError: the tensor-parallel degree exceeds the cluster.
     """
+    if problem.schedule in ("zb-v", "dualpipe-v"):
+        raise InvalidProblemError(
+            f"schedule={problem.schedule!r}: solver {_SOLVER!r} plans PipeDream-2BW and PipeDream-Flush "
+            "(one chunk per stage); use --schedule 2bw or flush, or solver 'ptdp' or 'even' for V schedules")
     if problem.num_chunks != 1 or problem.bpipe:
         name, value = ("num_chunks", problem.num_chunks) if problem.num_chunks != 1 else ("bpipe", True)
         raise InvalidProblemError(

@@ -185,8 +185,9 @@ def build_model(problem: PipelineProblem, layout: Layout, *, strategies: Sequenc
     """
     if problem.schedule not in SUPPORTED_SCHEDULES:
         raise InvalidProblemError(
-            f"schedule={problem.schedule!r}: solver 'stage-ilp' models {list(SUPPORTED_SCHEDULES)}; "
-            "use one of them (2bw and custom action lists have no modelled bubble terms)"
+            f"schedule={problem.schedule!r}: the stage ILP (solvers 'stage-ilp', 'merak', 'adapipe') models "
+            f"{list(SUPPORTED_SCHEDULES)}; use one of them (2bw and custom action lists have no modelled bubble "
+            "terms; V schedules place chunks outside its loop placement: use solver 'ptdp' or 'even' for them)"
         )
     p, v, m = layout.num_stages, layout.num_chunks, layout.num_microbatches
     if 2 * p * v * m > MAX_MODEL_ACTIONS:

@@ -544,3 +544,13 @@ def test_chapter_16_deep_for_gpt_3_8b_is_a_known_gap() -> None:
     rates = _best_per_depth(plan)
     assert plan.candidates[0]["p"] == 8
     assert rates[16] / rates[8] == pytest.approx(0.901, abs=0.01)
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipe-v"])
+def test_v_schedules_are_refused_naming_the_schedule_and_the_solvers_that_plan_them(schedule) -> None:
+    problem = api.make_problem("gpt-1.7b", "a100-80gb:8", schedule=schedule, num_stages=4)
+    with pytest.raises(InvalidProblemError, match=rf"schedule='{schedule}': solver 'pipedream-2bw' .* solver 'ptdp' or 'even'"):
+        api.plan(problem, solver="pipedream-2bw")
+    for solver in ("stage-ilp", "merak", "adapipe"):
+        with pytest.raises(InvalidProblemError, match=rf"schedule='{schedule}': the stage ILP .*'{solver}'"):
+            api.plan(problem, solver=solver)
