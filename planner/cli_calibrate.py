@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
+
+from planner import cli_types as T
 
 __all__ = ["add_parsers"]
 
@@ -60,10 +61,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"{device.compute.memory_bandwidth_fraction:.3f}", file=sys.stderr)
     for s, err in zip(gemms, calibration.prediction_errors(gemms, device)):
         print(f"  {s.m}x{s.n}x{s.k}: measured {s.seconds * 1e3:.3f} ms, predicted {100 * err:+.1f}%", file=sys.stderr)
-    text = cluster.model_copy(update={"device": device}).model_dump_json(indent=2)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
-        print(f"wrote {args.output} (use it as --cluster {args.output})", file=sys.stderr)
-    else:
-        print(text)
+    T.write_or_print(cluster.model_copy(update={"device": device}).model_dump_json(indent=2), args.output,
+                     hint=f" (use it as --cluster {args.output})")
     return 0

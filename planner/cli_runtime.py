@@ -144,8 +144,6 @@ def _fill_line(fill: dict[str, Any]) -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from planner import api
     from planner.errors import InvalidProblemError
     from planner.schema import TransformerConfig
@@ -163,10 +161,5 @@ def cmd_profile(args: argparse.Namespace) -> int:
         profile = profile_model(cfg, device=args.device, microbatch_size=args.microbatch_size, repeats=args.repeats,
                                 optimizer_bytes_per_param=args.optimizer_bytes_per_param,
                                 num_microbatches=args.num_microbatches, clock=args.clock)
-    text = profile.model_dump_json(indent=2)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        print(text)
+    T.write_or_print(profile.model_dump_json(indent=2), args.output)
     return 0

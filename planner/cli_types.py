@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from planner import schema_io
 
-__all__ = ["count", "fraction", "non_negative_float", "non_negative_int", "positive_float"]
+__all__ = ["count", "fraction", "non_negative_float", "non_negative_int", "positive_float", "write_or_print"]
 
 
 def count(limit: int | None = None, why: str = "") -> Callable[[str], int]:
@@ -117,3 +117,16 @@ _seed.__name__ = "seed"
 SEED = _seed
 SEQ_LENGTH = count(schema_io.MAX_TOKENS, "16M tokens, far above the 1M-token contexts of today's models")
 JOBS = count(schema_io.MAX_JOBS, "ten times Gavel's largest simulated trace")
+
+
+def write_or_print(text: str, output: str | None, *, hint: str = "") -> None:
+    """A command's one document: to ``-o`` (with a newline, and ``wrote PATH`` plus ``hint`` on
+    stderr) or to stdout."""
+    import sys
+    from pathlib import Path
+
+    if output:
+        Path(output).write_text(text + "\n")
+        print(f"wrote {output}{hint}", file=sys.stderr)
+    else:
+        print(text)
