@@ -66,6 +66,10 @@ class Options:
     makespan: str = "lp"
     """min_total_duration(_perf) only: 'lp' (the exact optimum) or 'bisection' (Gavel's code:
     within 5%, an interior point; the ``gavel`` simulation mechanism's default)."""
+    lp_solver: str = "highs"
+    """'highs' (default) or 'ecos': the LAS, finish-time-fairness and makespan policies written
+    as Gavel's code writes them and solved with ECOS, the solver its simulator uses, to pick the
+    same one of several optimal allocations (``ecos_lp``; needs the ``ecos`` extra)."""
 
 
 # The solve functions import their module (and cvxpy) on the first call: ``import solvers.gavel`` stays cheap.
@@ -139,6 +143,24 @@ _GAVEL_CODE: dict[tuple[str, str, str], PolicyFn] = {
     **{("fifo_perf", "greedy", m): _fifo_greedy_perf for m in ("lp", "bisection")},
     **{("min_total_duration", f, "bisection"): _makespan_bisection for f in ("lp", "greedy")},
     **{("min_total_duration_perf", f, "bisection"): _makespan_bisection_perf for f in ("lp", "greedy")},
+}
+
+
+def _ecos(name: str) -> PolicyFn:
+    def fn(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
+        from solvers.gavel import ecos_lp
+        return getattr(ecos_lp, name)(f, policy=policy)
+    return fn
+
+
+# lp_solver="ecos": Gavel's code's formulations (its makespan policy is the bisection; it has no
+# agnostic makespan policy, so min_total_duration keeps HiGHS).
+_ECOS: dict[str, PolicyFn] = {
+    "max_min_fairness": _ecos("las_agnostic"),
+    "max_min_fairness_perf": _ecos("las_perf"),
+    "finish_time_fairness": _ecos("ftf_agnostic"),
+    "finish_time_fairness_perf": _ecos("ftf_perf"),
+    "min_total_duration_perf": _ecos("makespan_bisection"),
 }
 
 
@@ -258,7 +280,7 @@ def solve(
         problem: jobs (with throughputs) and accelerator counts by type.
         policy: a name of ``POLICIES``.
         options: ``num_partitions``, ``seed``, ``backend``, ``las_normalizer``, ``fifo``,
-            ``makespan`` (see ``Options``).
+            ``makespan``, ``lp_solver`` (see ``Options``).
 
     Returns:
         The allocation: time fraction per job and type, effective throughputs, objective.
@@ -294,11 +316,22 @@ def solve_matrix(
         raise InvalidProblemError(f"makespan={opts.makespan!r}: choose 'lp' or 'bisection'")
     f = common.build(problem, packed=spec.packed).with_las_normalizer(opts.las_normalizer)
     solve_fn = _GAVEL_CODE.get((spec.name, opts.fifo, opts.makespan), spec.solve)
+    notes = [f"objective: {spec.objective}"]
+    if opts.lp_solver not in ("highs", "ecos"):
+        raise InvalidProblemError(f"lp_solver={opts.lp_solver!r}: choose 'highs' (default) or 'ecos'")
+    if opts.lp_solver == "ecos":
+        from solvers.gavel.ecos_lp import require_ecos
+
+        require_ecos()
+        if spec.name in _ECOS:
+            solve_fn = _ECOS[spec.name]
+            notes.append("lp_solver=ecos: Gavel's code's formulation solved with ECOS")
+        else:
+            notes.append(f"lp_solver=ecos: no Gavel ECOS formulation for {spec.name!r}; solved as without it")
 
     def fn(sub: common.Formulation, *, policy: str) -> tuple[np.ndarray, float]:
         return solve_fn(sub, policy=policy, backend=opts.backend)
 
-    notes = [f"objective: {spec.objective}"]
     if opts.num_partitions == 1:
         x, value = fn(f, policy=policy)
         return f, x, float(value), notes

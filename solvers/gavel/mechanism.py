@@ -143,19 +143,25 @@ TIE_REL, TIE_ABS = 1e-6, 1e-9
 ties: solver round-off must not decide them (Gavel's own ties fall to job order, as here)."""
 
 
-def gavel_priorities(allocation: np.ndarray, time_s: np.ndarray, runnable: np.ndarray) -> np.ndarray:
-    """X / (t_kj / sum_k' t_k'j), X x 1e9 where that share is 0 (X = ZERO_X where X = 0), 0 where not runnable."""
+def gavel_priorities(
+    allocation: np.ndarray, time_s: np.ndarray, runnable: np.ndarray, *, exact: bool = False
+) -> np.ndarray:
+    """X / (t_kj / sum_k' t_k'j), X x 1e9 where that share is 0 (X = ZERO_X where X = 0), 0 where not runnable.
+
+    ``exact``: the allocation is ECOS's own point (``lp_solver="ecos"``), whose near-zero
+    entries already order the cells as in Gavel's runs; X is used as it is.
+    """
     total = time_s.sum(axis=0, keepdims=True)
     share = np.divide(time_s, total, out=np.zeros_like(time_s), where=total > 0)
-    x = np.where(allocation > 0, allocation, ZERO_X)
+    x = allocation if exact else np.where(allocation > 0, allocation, ZERO_X)
     ratio = np.divide(x, share, out=x * NEVER_RUN_BOOST, where=share > 0)
     return np.where(runnable, ratio, 0.0)
 
 
-def _queue_order(a: tuple[float, ...], b: tuple[float, ...]) -> int:
-    """Decreasing (priority, deficit, X) with ties within ``TIE_REL``; 0 keeps job order."""
+def _queue_order(a: tuple[float, ...], b: tuple[float, ...], rel: float = TIE_REL, tie_abs: float = TIE_ABS) -> int:
+    """Decreasing (priority, deficit, X) with ties within ``rel``; 0 keeps job order."""
     for u, v in zip(a, b):
-        if abs(u - v) > TIE_REL * max(abs(u), abs(v)) + TIE_ABS:
+        if abs(u - v) > rel * max(abs(u), abs(v)) + tie_abs:
             return -1 if u > v else 1
     return 0
 
@@ -171,17 +177,20 @@ def select_per_type(
     type_order: list[int],
     runnable: np.ndarray,
     skip_zero_priority: bool,
+    exact: bool = False,
 ) -> list[tuple[int, int]]:
     """Gavel's selection: per-type queues in ``type_order``, work-conserving (see above).
 
     ``skip_zero_priority`` (FIFO) skips the cells with X = 0 instead of filling with them.
+    ``exact``: only equal keys are ties, as in Gavel's sort (for ECOS's own allocations).
     """
+    tol = (0.0, 0.0) if exact else (TIE_REL, TIE_ABS)
     free = capacity.astype(int).copy()
     busy: set[int] = set()
     chosen: list[tuple[int, int]] = []
     for j in type_order:
         keys = {k: (priority[k, j], deficit_s[k, j], allocation[k, j]) for k in range(len(combos)) if runnable[k, j]}
-        queue = sorted(keys, key=functools.cmp_to_key(lambda p, q: _queue_order(keys[p], keys[q])))
+        queue = sorted(keys, key=functools.cmp_to_key(lambda p, q: _queue_order(keys[p], keys[q], *tol)))
         for k in queue:
             scale = int(combo_scale[k])
             if free[j] == 0:

@@ -293,10 +293,11 @@ class RoundLoop:
         order = list(self.type_order)
         if self.shuffle:
             self.rng.shuffle(order)
-        prio = mechanism_mod.gavel_priorities(current.x, current.received_s, runnable)
+        exact = _option(self.options, "lp_solver") == "ecos"  # ECOS's own point: Gavel's exact ties
+        prio = mechanism_mod.gavel_priorities(current.x, current.received_s, runnable, exact=exact)
         return mechanism_mod.select_per_type(
             current.x, prio, current.deficit_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity,
-            type_order=order, runnable=runnable, skip_zero_priority=self.policy.startswith("fifo"))
+            type_order=order, runnable=runnable, skip_zero_priority=self.policy.startswith("fifo"), exact=exact)
 
     def _advance(self, m: int, thr: float, finished: set[int]) -> float:
         """Run job m for a round at ``thr`` steps/s; returns the seconds it was busy.
@@ -351,6 +352,11 @@ class RoundLoop:
             ftf=jct / _isolated_time_s(job.num_steps, job.throughputs or {}, job.scale_factor, self.worker_types, contention),
             num_rounds=st.num_rounds, cost_usd=st.cost_usd,
         )
+
+
+def _option(options: Any, name: str) -> Any:
+    """An option's value from a dict or an ``Options`` (None when absent)."""
+    return options.get(name) if isinstance(options, dict) else getattr(options, name, None)
 
 
 def round_steps(thr: float, round_s: float) -> float:
