@@ -164,6 +164,12 @@ _ECOS: dict[str, PolicyFn] = {
 }
 
 
+def solved_by_ecos(policy: str, options: Mapping[str, Any] | Options | None) -> bool:
+    """Whether ``solve`` hands this policy to ECOS (option lp_solver="ecos" and a Gavel formulation)."""
+    opts = parse_options(Options, options, solver=policy)
+    return opts.lp_solver == "ecos" and get_policy(policy).name in _ECOS
+
+
 def _sjf(f: common.Formulation, *, policy: str, backend: str) -> tuple[np.ndarray, float]:
     from solvers.gavel import fifo
     return fifo.shortest_job_first(f, policy=policy)

@@ -28,6 +28,7 @@ The module imports cvxpy (and needs ``ecos``) only when a policy runs.
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 
@@ -61,25 +62,33 @@ def _unsort(f: Formulation, x_sorted: np.ndarray, perm: np.ndarray) -> np.ndarra
     return x
 
 
-def _base(x, scale: np.ndarray, capacity: np.ndarray) -> list:  # type: ignore[no-untyped-def]
-    """X >= 0, sum_m s_m X_mj <= N_j, sum_j X_mj <= 1, in Gavel's order."""
+def _base(x, scale: np.ndarray, capacity: np.ndarray, f: Formulation) -> list:  # type: ignore[no-untyped-def]
+    """X >= 0, sum_m s_m X_mj <= N_j, sum_j X_mj <= 1, in Gavel's order; plus X = 0 where a job
+    cannot run (never the case in Gavel's traces, whose jobs run on every type: its code has no such row)."""
     import cvxpy as cp
 
-    return [x >= 0, cp.sum(cp.multiply(scale, x), axis=0) <= list(capacity), cp.sum(x, axis=1) <= 1]
+    constraints = [x >= 0, cp.sum(cp.multiply(scale, x), axis=0) <= list(capacity), cp.sum(x, axis=1) <= 1]
+    unusable = f.throughput[:, _sorted_types(f)] <= 0
+    if unusable.any():
+        constraints.append(cp.multiply(unusable.astype(float), x) == 0)
+    return constraints
 
 
-def _solve(objective, constraints, x, *, policy: str) -> np.ndarray:  # type: ignore[no-untyped-def]
-    """Solve with ECOS; Gavel warns and keeps the point when the status is not optimal."""
+def _solve(objective, constraints, x, *, policy: str) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
+    """Solve with ECOS; returns (X clipped to [0, 1], objective). Gavel warns and keeps the
+    point when the status is not optimal; so does this (logged)."""
     import cvxpy as cp
 
     require_ecos()
     problem = cp.Problem(objective, constraints)
-    problem.solve(solver="ECOS")
+    with warnings.catch_warnings():  # an inaccurate optimum is logged below, not warned on stderr
+        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+        problem.solve(solver="ECOS")
     if x.value is None:
         raise InvalidProblemError(f"policy {policy!r}: ECOS returned no point (status {problem.status!r})")
     if problem.status != cp.OPTIMAL:
         log.info("policy %s: ECOS status %s; its point is used, as Gavel's code does", policy, problem.status)
-    return np.asarray(x.value).clip(min=0.0).clip(max=1.0)
+    return np.asarray(x.value).clip(min=0.0).clip(max=1.0), float(problem.value)
 
 
 def _data(f: Formulation, throughput: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -95,11 +104,13 @@ def _data(f: Formulation, throughput: np.ndarray | None) -> tuple[np.ndarray, np
 
 def las_agnostic(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     """Agnostic LAS: equal weighted, scaled time shares, every type alike."""
-    x = _las(f, None, np.ones(f.num_jobs), policy=policy)
-    return _unsort(f, x, _sorted_types(f)), float("nan")
+    x, value = _las(f, None, np.ones(f.num_jobs), policy=policy)
+    return _unsort(f, x, _sorted_types(f)), value
 
 
-def _las(f: Formulation, throughput: np.ndarray | None, iso_thr: np.ndarray, *, policy: str) -> np.ndarray:
+def _las(
+    f: Formulation, throughput: np.ndarray | None, iso_thr: np.ndarray, *, policy: str
+) -> tuple[np.ndarray, float]:
     import cvxpy as cp
 
     thr, scale, inv_w, capacity = _data(f, throughput)
@@ -107,23 +118,25 @@ def _las(f: Formulation, throughput: np.ndarray | None, iso_thr: np.ndarray, *, 
     x = cp.Variable(thr.shape)
     coefficient = np.multiply(thr * weights.reshape((-1, 1)), scale)
     objective = cp.Maximize(cp.min(cp.sum(cp.multiply(coefficient, x), axis=1)))
-    return _solve(objective, _base(x, scale, capacity), x, policy=policy)
+    return _solve(objective, _base(x, scale, capacity, f), x, policy=policy)
 
 
 def _isolated_thr(f: Formulation, *, policy: str) -> np.ndarray:
     """thr_m(X^iso) with X^iso the agnostic LAS point, on the real throughputs."""
     thr, *_ = _data(f, f.throughput)
-    x_iso = _las(f, None, np.ones(f.num_jobs), policy=policy)
+    x_iso, _ = _las(f, None, np.ones(f.num_jobs), policy=policy)
     return np.sum(np.multiply(thr, x_iso), axis=1)
 
 
 def las_perf(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     """Heterogeneity-aware LAS normalized by thr(X^iso) (Gavel's ``MaxMinFairnessPolicyWithPerf``)."""
-    x = _las(f, f.throughput, _isolated_thr(f, policy=policy), policy=policy)
-    return _unsort(f, x, _sorted_types(f)), float("nan")
+    x, value = _las(f, f.throughput, _isolated_thr(f, policy=policy), policy=policy)
+    return _unsort(f, x, _sorted_types(f)), value
 
 
-def _ftf(f: Formulation, throughput: np.ndarray | None, iso_thr: np.ndarray, *, policy: str) -> np.ndarray:
+def _ftf(
+    f: Formulation, throughput: np.ndarray | None, iso_thr: np.ndarray, *, policy: str
+) -> tuple[np.ndarray, float]:
     import cvxpy as cp
 
     thr, scale, _, capacity = _data(f, throughput)
@@ -135,20 +148,20 @@ def _ftf(f: Formulation, throughput: np.ndarray | None, iso_thr: np.ndarray, *, 
         allocated_s = f.elapsed_s[m] + f.num_steps[m] * cp.inv_pos(alloc_thr)
         fractions.append(allocated_s / isolated_s)
     objective = cp.Minimize(fractions[0] if len(fractions) == 1 else cp.maximum(*fractions))
-    return _solve(objective, _base(x, scale, capacity), x, policy=policy)
+    return _solve(objective, _base(x, scale, capacity, f), x, policy=policy)
 
 
 def ftf_perf(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     """Heterogeneity-aware finish-time fairness (Gavel's ``FinishTimeFairnessPolicyWithPerf``)."""
-    x = _ftf(f, f.throughput, _isolated_thr(f, policy=policy), policy=policy)
-    return _unsort(f, x, _sorted_types(f)), float("nan")
+    x, value = _ftf(f, f.throughput, _isolated_thr(f, policy=policy), policy=policy)
+    return _unsort(f, x, _sorted_types(f)), value
 
 
 def ftf_agnostic(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     """Agnostic finish-time fairness: every throughput 1 (steps counted at one step per second)."""
-    x_iso = _las(f, None, np.ones(f.num_jobs), policy=policy)
-    x = _ftf(f, None, x_iso.sum(axis=1), policy=policy)
-    return _unsort(f, x, _sorted_types(f)), float("nan")
+    x_iso, _ = _las(f, None, np.ones(f.num_jobs), policy=policy)
+    x, value = _ftf(f, None, x_iso.sum(axis=1), policy=policy)
+    return _unsort(f, x, _sorted_types(f)), value
 
 
 def _feasible(f: Formulation, target_s: float, *, policy: str) -> np.ndarray | None:
@@ -159,8 +172,10 @@ def _feasible(f: Formulation, target_s: float, *, policy: str) -> np.ndarray | N
     thr, scale, _, capacity = _data(f, f.throughput)
     x = cp.Variable(thr.shape)
     finish = cp.sum(cp.multiply(thr, x), axis=1) >= f.num_steps / target_s
-    problem = cp.Problem(cp.Maximize(1), _base(x, scale, capacity) + [finish])
-    problem.solve(solver="ECOS")
+    problem = cp.Problem(cp.Maximize(1), _base(x, scale, capacity, f) + [finish])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+        problem.solve(solver="ECOS")
     if problem.status != cp.OPTIMAL:
         return None
     return np.asarray(x.value).clip(min=0.0).clip(max=1.0)

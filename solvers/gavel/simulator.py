@@ -33,7 +33,7 @@ import numpy as np
 
 from planner.errors import InvalidProblemError
 from planner.schema_gavel import ClusterSimResult, JobResult, JobsFile
-from solvers.gavel import common, get_policy, solve_matrix
+from solvers.gavel import common, get_policy, solve_matrix, solved_by_ecos
 from solvers.gavel import mechanism as mechanism_mod
 from solvers.gavel.mechanism import Placer, select
 
@@ -164,6 +164,7 @@ class RoundLoop:
         self.last_reset_s = 0.0
         self.deficit_by_job: dict[int, np.ndarray] = {}
         self.shuffle = not get_policy(self.policy).heterogeneity_aware  # Gavel: agnostic policies (aliases resolved)
+        self.ecos = solved_by_ecos(self.policy, self.options)
         self.rng = random.Random((seed or 0) + 5)
         known = [self.types.index(t) for t in mechanism_mod.GAVEL_TYPE_ORDER if t in self.types]
         self.type_order = known + [j for j in range(len(self.types)) if j not in known]
@@ -293,7 +294,7 @@ class RoundLoop:
         order = list(self.type_order)
         if self.shuffle:
             self.rng.shuffle(order)
-        exact = _option(self.options, "lp_solver") == "ecos"  # ECOS's own point: Gavel's exact ties
+        exact = self.ecos  # ECOS's own point: Gavel's exact ties
         prio = mechanism_mod.gavel_priorities(current.x, current.received_s, runnable, exact=exact)
         return mechanism_mod.select_per_type(
             current.x, prio, current.deficit_s, combos=f.combos, combo_scale=f.combo_scale, capacity=self.capacity,
@@ -352,11 +353,6 @@ class RoundLoop:
             ftf=jct / _isolated_time_s(job.num_steps, job.throughputs or {}, job.scale_factor, self.worker_types, contention),
             num_rounds=st.num_rounds, cost_usd=st.cost_usd,
         )
-
-
-def _option(options: Any, name: str) -> Any:
-    """An option's value from a dict or an ``Options`` (None when absent)."""
-    return options.get(name) if isinstance(options, dict) else getattr(options, name, None)
 
 
 def round_steps(thr: float, round_s: float) -> float:
