@@ -68,8 +68,9 @@ class Options:
     within 5%, an interior point; the ``gavel`` simulation mechanism's default)."""
     lp_solver: str = "highs"
     """'highs' (default) or 'ecos': the LAS, finish-time-fairness and makespan policies written
-    as Gavel's code writes them and solved with ECOS, the solver its simulator uses, to pick the
-    same one of several optimal allocations (``ecos_lp``; needs the ``ecos`` extra)."""
+    as Gavel's code writes them (LAS normalized by thr(X^iso), the makespan by its bisection,
+    whatever ``las_normalizer``/``makespan`` say) and solved with ECOS, the solver its simulator
+    uses, to pick the same one of several optimal allocations (``ecos_lp``; the ``ecos`` extra)."""
 
 
 # The solve functions import their module (and cvxpy) on the first call: ``import solvers.gavel`` stays cheap.
