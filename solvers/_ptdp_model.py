@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from cost_models.collectives import exposed_dp_allreduce_s
+from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
@@ -350,9 +350,8 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int
     total = 0.0
     for num_bytes, ranks, stride in ((params - expert, dims.dp_ranks, c.tensor),
                                      (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
-        if ranks > 1 and num_bytes > 0:
-            bandwidth, latency = dp_link(cluster, c, ranks, stride)
-            total += allreduce_time_s(num_bytes, ranks, bandwidth, latency)
+        if ranks > 1 and num_bytes > 0:  # stage 0's group in Megatron's order, the simulator's collective
+            total += ranks_allreduce_s(cluster, num_bytes, [j * stride for j in range(ranks)])
     backward = _ranges_sum(u, ranges, lambda lay: lay.backward_s) + u.embedding.backward_s
     if c.zero_stage == 0:
         return exposed_dp_allreduce_s(total, backward) if overlap_grad_reduce else total

@@ -42,6 +42,7 @@ from cost_models.collectives import (
     allreduce_s,
     exposed_dp_allreduce_s,
     hierarchical_allreduce_s,
+    ranks_allreduce_s,
     ring_allgather_s,
 )
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
@@ -361,6 +362,14 @@ class RankTerms:
     """Exposed gradient synchronisation (and ZeRO-1/2's weight all-gather) after the last backward."""
     optimizer_static_bytes: float
     """The model-state bytes whose optimizer step the rank runs (its shard under ZeRO >= 1)."""
+    reduce_s: float = 0.0
+    """The whole gradient reduction (all-reduce, or reduce-scatter under ZeRO >= 1), nothing hidden."""
+    gather_s: float = 0.0
+    """ZeRO-1/2's weight all-gather after the step, as exposed (``overlap_param_gather``)."""
+    overlap_reduce: bool = False
+    """The reduction runs bucket by bucket under the backward (``overlap_grad_reduce``, ZeRO-3)."""
+    nic: int | None = None
+    """The rank's node when its groups span nodes (``sim.sync``), else None."""
 
 
 def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_s: float,
@@ -381,21 +390,33 @@ def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_
         static += 2 * max(layers[i].param_bytes * (1 - f + f * held) for i, f in zip(indices, shares))
     dense = make_group(plan, data_context_ranks(plan, stage_index))
     experts = make_group(plan, expert_data_ranks(plan, stage_index))
-    sync = _sync_s(plan, dense, experts, dense_params, expert_params, forward_s, backward_s)
+    reduce, gather, overlap = _sync_parts(plan, dense, experts, dense_params, expert_params, forward_s)
+    sync = (exposed_dp_allreduce_s(reduce, backward_s) if overlap else reduce) + gather
     optimizer = dense_static / (dc if z else 1) + expert_static / (edp if z else 1)
-    return RankTerms(static_bytes=static, sync_s=sync, optimizer_static_bytes=optimizer)
+    crosses = dense.num_nodes > 1 or (experts.num_nodes > 1 and expert_params > 0)
+    return RankTerms(static_bytes=static, sync_s=sync, optimizer_static_bytes=optimizer, reduce_s=reduce,
+                     gather_s=gather, overlap_reduce=overlap,
+                     nic=plan.cluster.node_of(dense.ranks[0]) if crosses and reduce > 0 else None)
 
 
-def _sync_s(plan: Plan, dense: Group, experts: Group, dense_bytes: float, expert_bytes: float,
-            forward_s: float, backward_s: float) -> float:
-    options = plan.options
-    if plan.zero_stage == 0:
+def _sync_parts(plan: Plan, dense: Group, experts: Group, dense_bytes: float, expert_bytes: float,
+                forward_s: float) -> tuple[float, float, bool]:
+    """(whole reduction, exposed weight all-gather, whether the reduction overlaps the backward).
+
+    The default (``ring``) model charges the gradient all-reduce as ``collectives.ranks_allreduce_s``
+    (the ptdp closed form's); ZeRO-1/2 split it into a reduce-scatter and an all-gather of half
+    each (ZeRO Sec. 7.2), ZeRO-3 keeps only the reduce-scatter."""
+    options, z = plan.options, plan.zero_stage
+    if dense.model == "ring":
+        total = ranks_allreduce_s(plan.cluster, dense_bytes, dense.ranks) + ranks_allreduce_s(
+            plan.cluster, expert_bytes, experts.ranks)
+        half = total / 2
+    else:
         total = dense.allreduce_s(dense_bytes) + experts.allreduce_s(expert_bytes)
-        return exposed_dp_allreduce_s(total, backward_s) if options.get("overlap_grad_reduce") else total
-    reduce = dense.allgather_s(dense_bytes) + experts.allgather_s(expert_bytes)  # reduce-scatter
-    gather = reduce if plan.zero_stage < 3 else 0.0  # ZeRO-3 gathers per layer (stage_extras)
-    if plan.zero_stage == 3 or options.get("overlap_grad_reduce"):
-        reduce = exposed_dp_allreduce_s(reduce, backward_s)
+        half = dense.allgather_s(dense_bytes) + experts.allgather_s(expert_bytes)
+    if z == 0:
+        return total, 0.0, bool(options.get("overlap_grad_reduce"))
+    gather = half if z < 3 else 0.0  # ZeRO-3 gathers per layer (stage_extras)
     if options.get("overlap_param_gather"):
         gather = exposed_dp_allreduce_s(gather, forward_s)
-    return reduce + gather
+    return half, gather, z == 3 or bool(options.get("overlap_grad_reduce"))
