@@ -30,8 +30,7 @@ from typing import Any
 from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes
-from cost_models.simulate import allreduce_link
-from cost_models.transformer import ADAM_BYTES_PER_PARAM, allreduce_time_s, transformer_profile
+from cost_models.transformer import ADAM_BYTES_PER_PARAM, transformer_profile
 from planner.schema import Cluster, LayerProfile, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_v as v_model
@@ -201,18 +200,6 @@ def p2p_link(cluster: Cluster, c: Config) -> tuple[float, float]:
     if c.num_devices <= cluster.devices_per_node:
         return float(cluster.intra_node_bytes_per_s or 0.0), cluster.intra_node_latency_s
     return float(cluster.inter_node_bytes_per_s or 0.0), cluster.inter_node_latency_s
-
-
-def dp_link(cluster: Cluster, c: Config, num_ranks: int | None = None, stride: int | None = None) -> tuple[float, float]:
-    """(bandwidth, latency) of the data-parallel ring of one stage. Its d x c ranks are t apart: the
-    ring stays in a node while d c t fits in it; otherwise each node holds
-    k = devices_per_node / t members of the ring, whose traffic leaves over their k network
-    cards (one per GPU on Selene, L4081-4086), so the ring runs at min(intra, k x inter)."""
-    n = c.data * c.context if num_ranks is None else num_ranks
-    step = c.tensor if stride is None else stride
-    # Stage 0's replicas in Megatron's order (rank = replica x t); the simulator's ring. Members past
-    # the first one outside rank 0's node change nothing (``allreduce_link``), so the list stops there.
-    return allreduce_link(cluster, [j * step for j in range(min(n, cluster.devices_per_node // max(1, step) + 1))])
 
 
 def inflight_chunks(c: Config, rank: int) -> int:
