@@ -7,13 +7,15 @@ dense weights is its d x c replicas and context ranks, tensor rank 0 of each ``t
 expert-parallel group is e consecutive members of that group and the expert-data-parallel group
 every e-th member (d x c / e ranks); the context group is c ranks ``t`` apart.
 
-Every term is charged per rank or per virtual stage, not as engine events on shared links:
+Gradient synchronisation runs on the engine (``cost_models.sim.sync``); this module gives its
+durations. The other terms are charged per virtual stage, not as engine events on shared links:
 
-- gradient synchronisation after the rank's last backward (``rank_terms``): ZeRO-0 all-reduces
-  the gradients, ZeRO-1/2 reduce-scatter them and all-gather the updated weights (the same
-  2 (n-1)/n volume, ZeRO Sec. 7.2), ZeRO-3 only reduce-scatters (weights are gathered per layer);
-  ``overlap_grad_reduce`` hides the reduction under the backward and ``overlap_param_gather`` the
-  all-gather under the forward, bucket by bucket (``collectives.exposed_dp_allreduce_s``);
+- gradient synchronisation (``rank_terms``): ZeRO-0 all-reduces the gradients, ZeRO-1/2
+  reduce-scatter them and all-gather the updated weights (the same 2 (n-1)/n volume, ZeRO Sec.
+  7.2), ZeRO-3 only reduce-scatters (weights are gathered per layer); ``overlap_grad_reduce`` (and
+  ZeRO-3) run the reduction bucket by bucket under the backward, ``overlap_param_gather`` hides the
+  all-gather under the next forward (``collectives.exposed_dp_allreduce_s``; ``sync_s`` is the
+  closed-form tail);
 - FSDP (ZeRO-3): each layer's weights all-gathered before its forward and again before its
   backward, one layer of prefetch (``parallelism.fsdp_exposed_comm_s``), added to the virtual
   stage's forward and backward per microbatch; two gathered layers stay resident;
@@ -25,9 +27,11 @@ Every term is charged per rank or per virtual stage, not as engine events on sha
   ``overlap_moe_alltoall`` a forward's all-to-alls hide under another microbatch's backward of the
   layer and vice versa (Megatron's 1F1B all-to-all overlap, DualPipe's pairing).
 
-Collective model: ``ring`` (default) uses ``costs.allreduce_link``'s ring, the model the solvers'
-closed forms share; ``plan.options["collectives"] = "hierarchical"`` uses NCCL's hierarchical
-collectives of ``cost_models.collectives`` with the device's bus-bandwidth fraction.
+Collective model: ``ring`` (default) charges the gradient all-reduce as
+``collectives.ranks_allreduce_s`` (the solvers' closed forms do too) and the FSDP gathers, context
+ring and all-to-alls on ``costs.allreduce_link``'s ring; ``plan.options["collectives"] =
+"hierarchical"`` uses NCCL's hierarchical collectives of ``cost_models.collectives`` with the
+device's bus-bandwidth fraction for all of them.
 """
 
 from __future__ import annotations
