@@ -185,8 +185,10 @@ def megatron_v100_tflops(cfg: TransformerConfig, gpus: int, t: int, batch: int) 
     """Predicted TFLOP/s per GPU (hardware FLOPs: activation checkpointing was on) of a Megatron-LM
     2019/2020 run: b = 8 per model replica, full recompute, unfused attention, no pipeline."""
     problem = api.make_problem(cfg, dgx2h(gpus), global_batch_size=batch, num_stages=1, data_parallel=gpus // t)
+    # PyTorch DDP buckets (the data-parallel all-reduce overlapped with the backward): simulated as
+    # bucket collectives on the engine (docs/simulator.md, "Collectives on the engine").
     plan = ptdp.solve(problem, options={**OPTIONS_2021, "tensor_parallel": t, "microbatch_size": 8,
-                                        "schedules": "1f1b"})
+                                        "schedules": "1f1b", "overlap_grad_reduce": True})
     return float(plan.candidates[0]["hardware_tflops_per_gpu"])
 
 

@@ -20,14 +20,16 @@ one ring each drive their own NIC (one 200 Gb/s HCA per GPU on DGX A100).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from planner.schema import Cluster
 
 
 def _fraction(cluster: Cluster) -> float:
-    from cost_models.compute import compute_constants  # lazy: keeps this module light
+    from cost_models.compute import compute_constants, has_constants  # lazy: keeps this module light
 
-    return compute_constants(cluster.device).collective_bandwidth_fraction if cluster.device else 1.0
+    device = cluster.device
+    return compute_constants(device).collective_bandwidth_fraction if device and has_constants(device) else 1.0
 
 
 def ring_allgather_s(num_bytes: float, num_ranks: int, bytes_per_s: float, latency_s: float = 0.0) -> float:
@@ -94,6 +96,25 @@ def group_allreduce_s(cluster: Cluster, num_bytes: float, num_ranks: int, stride
         return allreduce_s(num_bytes, num_ranks, intra, cluster.intra_node_latency_s)
     return hierarchical_allreduce_s(num_bytes, per_node, nodes, intra, inter, cluster.intra_node_latency_s,
                                     cluster.inter_node_latency_s)
+
+
+def ranks_allreduce_s(cluster: Cluster, num_bytes: float, ranks: Sequence[int]) -> float:
+    """All-reduce among the given global ranks (one per member): ``group_allreduce_s`` with the
+    members per node and the nodes counted from the ranks themselves (the first rank's node sets
+    the members per node), so any placement works. This is the data-parallel gradient all-reduce
+    of the simulator and of the ptdp closed form (docs/cost-model.md, section 10)."""
+    n = len(ranks)
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    nodes = [cluster.node_of(r) for r in ranks]
+    fraction = _fraction(cluster)
+    intra = float(cluster.intra_node_bytes_per_s or 0.0) * fraction
+    inter = float(cluster.inter_node_bytes_per_s or 0.0) * fraction
+    num_nodes = len(set(nodes))
+    if num_nodes == 1:
+        return allreduce_s(num_bytes, n, intra or inter, cluster.intra_node_latency_s)
+    return hierarchical_allreduce_s(num_bytes, nodes.count(nodes[0]), num_nodes, intra or inter, inter or intra,
+                                    cluster.intra_node_latency_s, cluster.inter_node_latency_s)
 
 
 def group_allgather_s(cluster: Cluster, num_bytes: float, num_ranks: int, stride: int = 1) -> float:

@@ -31,7 +31,7 @@ from cost_models import extrapolate
 from cost_models.sim import bpipe as bpipe_sim
 from cost_models.sim import engine as sim_engine
 from cost_models.sim import pipeline as engine
-from cost_models.sim import overlap, report, rr
+from cost_models.sim import overlap, report, rr, sync
 from cost_models.sim.costs import PipelineCosts, allreduce_link, bottleneck_s, durations, pipeline_costs
 from cost_models.schedules import build_actions, overlapped_blocks, validate_actions
 from planner.errors import InvalidProblemError
@@ -205,12 +205,13 @@ def simulate_costs(
         InvalidProblemError: malformed lists, I/W without weight-gradient times, or a deadlock.
     """
     with sim_engine.gc_paused():
-        trace = _run(costs, actions, num_microbatches, validate=validate, overlapped=overlapped)
+        trace, tail = _run(costs, actions, num_microbatches, validate=validate, overlapped=overlapped,
+                           with_sync=True)
         return report.flush_result(
             trace,
             recompute_s=costs.recompute_s,
             static_bytes=costs.static_bytes,
-            allreduce_s=costs.allreduce_s,
+            allreduce_s=tail,
             capacity_bytes=costs.memory_capacity_bytes,
             samples_per_iteration=float(num_microbatches if samples_per_iteration is None else samples_per_iteration),
             include_events=include_events,
@@ -243,7 +244,7 @@ def simulate_2bw(
     total = (2 * fill + 1) * m
     with sim_engine.gc_paused():
         actions = _built_in("1f1b", costs.num_ranks, 1, total)
-        trace = _run(costs, actions, total, validate=False)
+        trace, _ = _run(costs, actions, total, validate=False)
         return report.steady_result(
             trace,
             num_microbatches=m,
@@ -259,7 +260,10 @@ def simulate_2bw(
 
 
 def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, validate: bool,
-         overlapped: Sequence[Sequence[int]] | None = None) -> engine.Trace:
+         overlapped: Sequence[Sequence[int]] | None = None,
+         with_sync: bool = False) -> tuple[engine.Trace, Sequence[float]]:
+    """The timed trace and, per rank, the synchronisation time after its last action: the
+    collectives of ``costs.sync`` run on the engine (``with_sync``), else ``costs.allreduce_s``."""
     num_ranks, num_stages = costs.num_ranks, costs.num_virtual_stages
     if len(actions) != num_ranks:
         raise InvalidProblemError(f"{len(actions)} action lists for {num_ranks} pipeline ranks; give one per rank")
@@ -271,13 +275,37 @@ def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, v
         assert 2 * num_stages * m <= sum(len(rank) for rank in actions) <= 3 * num_stages * m
     durs = durations(costs, actions)
     ops = _compiled(actions, costs.ranks())
-    built = engine.build(ops, num_microbatches=m, durations=durs, shared=True, trusted=not validate)
-    if not overlapped or not any(overlapped):
-        return engine.finish(built, sim_engine.run(built.graph))
-    overlap.fuse_blocks(built, overlapped, forward_comm_s=costs.forward_comm_s, backward_comm_s=costs.backward_comm_s)
-    trace = engine.finish(built, sim_engine.run(built.graph))
-    overlap.split_fused_trace(trace, built, overlapped)
-    return trace
+    spec = costs.sync if with_sync else None
+    fused = bool(overlapped and any(overlapped))
+    if spec is None:
+        built = engine.build(ops, num_microbatches=m, durations=durs, shared=True, trusted=not validate)
+    else:  # collectives extend the graph: a private copy of the structure
+        built = engine.build(ops, num_microbatches=m, durations=durs, trusted=not validate,
+                             sends_as_ops=sync.needs_nic_sends(spec) and not fused)
+    if fused:
+        overlap.fuse_blocks(built, overlapped, forward_comm_s=costs.forward_comm_s,
+                            backward_comm_s=costs.backward_comm_s)
+    last_sync = sync.add_sync(built, spec, costs.recompute_s) if spec is not None else None
+    schedule = sim_engine.run(built.graph)
+    trace = engine.finish(built, schedule)
+    if fused:
+        overlap.split_fused_trace(trace, built, overlapped)
+    if last_sync is None:
+        return trace, costs.allreduce_s
+    return trace, _sync_tails(trace, schedule, last_sync, costs.allreduce_s)
+
+
+def _sync_tails(trace: engine.Trace, schedule: sim_engine.Schedule, last_sync: Sequence[int],
+                closed_form: Sequence[float]) -> list[float]:
+    """Per rank, how long its synchronisation runs past its last action. A tail equal to the closed
+    form's (no overlap, no contention) up to float rounding is reported as that value, so plans
+    without contention keep their values to the last digit."""
+    tails = []
+    for op, ends, expected in zip(last_sync, trace.ends, closed_form):
+        last = ends[-1] if ends else 0.0
+        tail = max(0.0, schedule.end_s[op] - last) if op >= 0 else 0.0
+        tails.append(expected if abs(tail - expected) <= 1e-12 * max(1.0, schedule.end_s[op]) else tail)
+    return tails
 
 
 _COMPILED: dict[int, tuple[object, list[list[tuple[int, int, int]]]]] = {}

@@ -52,8 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.compute import profile_optimizer_step_s
-from cost_models.simulate import allreduce_link
-from cost_models.transformer import allreduce_time_s
+from cost_models.collectives import ranks_allreduce_s
 from planner.schema import Cluster, ModelProfile
 from solvers._partition import parametric_partition
 
@@ -124,10 +123,9 @@ def stage_terms(
             bandwidth, latency = cluster.link(base - d * t, base)
             comm.append(2 * (latency + model.layers[bounds[x] - 1].output_bytes / bandwidth))
         if d > 1 and params > 0:
-            # bwdth_cross-pipeline(d) (L2769-2781): intra-node while the d replicas share a node;
-            # across nodes the simulator's ring (one NIC per replica on a node, allreduce_link)
-            bandwidth, latency = allreduce_link(cluster, [base + j * t for j in range(d)])
-            allreduce.append(allreduce_time_s(params, d, bandwidth, latency) + optimizer)
+            # bwdth_cross-pipeline(d) (L2769-2781): the simulator's collective over the d replicas
+            # (collectives.ranks_allreduce_s: NCCL ring/tree in a node, hierarchical across nodes)
+            allreduce.append(ranks_allreduce_s(cluster, params, [base + j * t for j in range(d)]) + optimizer)
         else:
             allreduce.append(optimizer)
     return StageTerms(

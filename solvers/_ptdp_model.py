@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from cost_models.collectives import exposed_dp_allreduce_s
+from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes
-from cost_models.simulate import allreduce_link
-from cost_models.transformer import ADAM_BYTES_PER_PARAM, allreduce_time_s, transformer_profile
+from cost_models.transformer import ADAM_BYTES_PER_PARAM, transformer_profile
 from planner.schema import Cluster, LayerProfile, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_v as v_model
@@ -203,18 +202,6 @@ def p2p_link(cluster: Cluster, c: Config) -> tuple[float, float]:
     return float(cluster.inter_node_bytes_per_s or 0.0), cluster.inter_node_latency_s
 
 
-def dp_link(cluster: Cluster, c: Config, num_ranks: int | None = None, stride: int | None = None) -> tuple[float, float]:
-    """(bandwidth, latency) of the data-parallel ring of one stage. Its d x c ranks are t apart: the
-    ring stays in a node while d c t fits in it; otherwise each node holds
-    k = devices_per_node / t members of the ring, whose traffic leaves over their k network
-    cards (one per GPU on Selene, L4081-4086), so the ring runs at min(intra, k x inter)."""
-    n = c.data * c.context if num_ranks is None else num_ranks
-    step = c.tensor if stride is None else stride
-    # Stage 0's replicas in Megatron's order (rank = replica x t); the simulator's ring. Members past
-    # the first one outside rank 0's node change nothing (``allreduce_link``), so the list stops there.
-    return allreduce_link(cluster, [j * step for j in range(min(n, cluster.devices_per_node // max(1, step) + 1))])
-
-
 def inflight_chunks(c: Config, rank: int) -> int:
     """Peak chunk activations held by a rank: 1F1B min(p - r, m); interleaved Megatron's warm-up
     (p - r - 1) 2 + (v - 1) p plus the steady-state forward, capped at m v."""
@@ -350,9 +337,8 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int
     total = 0.0
     for num_bytes, ranks, stride in ((params - expert, dims.dp_ranks, c.tensor),
                                      (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
-        if ranks > 1 and num_bytes > 0:
-            bandwidth, latency = dp_link(cluster, c, ranks, stride)
-            total += allreduce_time_s(num_bytes, ranks, bandwidth, latency)
+        if ranks > 1 and num_bytes > 0:  # stage 0's group in Megatron's order, the simulator's collective
+            total += ranks_allreduce_s(cluster, num_bytes, [j * stride for j in range(ranks)])
     backward = _ranges_sum(u, ranges, lambda lay: lay.backward_s) + u.embedding.backward_s
     if c.zero_stage == 0:
         return exposed_dp_allreduce_s(total, backward) if overlap_grad_reduce else total

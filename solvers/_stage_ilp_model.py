@@ -31,7 +31,7 @@ from cost_models.memory import usable_memory_bytes
 from cost_models import bpipe
 from cost_models.schedules import build_actions
 from cost_models.simulate import PipelineCosts
-from cost_models.transformer import allreduce_time_s
+from cost_models.collectives import ranks_allreduce_s
 from planner.errors import InvalidProblemError
 from planner.schema import LayerProfile, PipelineProblem
 from solvers.common import Layout, stage_ranks
@@ -368,8 +368,8 @@ def candidate_costs(model: StageModel, counts: Counts) -> PipelineCosts:
     allreduce = []
     for x in range(p):
         if d > 1 and params[x] > 0:
-            bandwidth, latency = problem.cluster.link(first[x], first[x] + tp)
-            allreduce.append(allreduce_time_s(params[x], d, bandwidth, latency))
+            # the simulator's collective over the d replicas (tensor rank 0 of each, tp apart)
+            allreduce.append(ranks_allreduce_s(problem.cluster, params[x], [first[x] + j * tp for j in range(d)]))
         else:
             allreduce.append(0.0)
     has_weight = all(layer.backward_weight_s is not None for layer in problem.model.layers)

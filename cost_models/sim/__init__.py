@@ -8,6 +8,8 @@
 - ``bpipe``: BPipe's activation evictions and loads on the pair links;
 - ``offload``: SPipe / Mobius / ZeRO-Offload: host-link prefetch and gradient offload, CPU
   optimizer steps, collectives;
+- ``sync``: each rank's data-parallel gradient synchronisation as collectives on its
+  communication stream, holding the NICs they cross (shared with the pipeline's sends);
 - ``fill``: PipeFill's fill pieces on each GPU's compute stream in the main job's bubbles;
 - ``dispatch``: the engine's dispatch mode: released jobs list-scheduled onto servers by a
   policy (PipeFill's fill-job scheduler);

@@ -12,12 +12,11 @@ profile and cluster:
   strategy;
 - transfer k -> k+1 (and the gradient back): latency + output bytes of k's last layer /
   bandwidth of the link between the two stages' first ranks; zero on the same rank;
-- all-reduce of rank x with d replicas (``transformer.allreduce_time_s``): a ring,
-  2 (d-1)/d x gradient bytes / bandwidth + 2 (d-1) latencies; inside a node over the
-  intra-node link, across nodes over min(intra, k x inter) with k replicas per node (one ring
-  per NIC, ``_ring_link``); zero without gradient bytes (PipeDream sends and receives
-  (d-1)/d |w| per worker, dissertation L1168-1180; each of the 2 (d-1) ring steps pays one
-  latency);
+- gradient all-reduce of rank x with d replicas (``collectives.ranks_allreduce_s``, the ptdp
+  closed form's too): NCCL's ring or tree, whichever is faster, inside a node; hierarchical across
+  nodes (reduce-scatter in the node, all-reduce of 1/g on each of the g rails, all-gather), at the
+  device's bus-bandwidth fraction; zero without gradient bytes. ``allreduce_s`` is its tail
+  without contention; ``sync`` the same collectives as engine operations (``sim.sync``);
 - PipeDream-2BW keeps two weight versions (dissertation L2794-2807): its static bytes add one
   more copy of the rank's weights, taken as the layers' ``param_bytes``.
 """
@@ -28,12 +27,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cost_models.collectives import exposed_dp_allreduce_s
+from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes, zero_static_scale
 from cost_models.sim import dims
 from cost_models.sim.pipeline import Durations
-from cost_models.transformer import allreduce_time_s
+from cost_models.sim.sync import RankSync, SyncSpec
 from planner.errors import InvalidProblemError
 from planner.schema import V_SCHEDULES, Action, Chunk, Cluster, LayerProfile, Plan
 
@@ -60,6 +59,9 @@ class PipelineCosts:
     """Per rank: weights, gradients and optimizer state resident on it."""
     allreduce_s: Sequence[float]
     """Per rank: data-parallel gradient all-reduce after its last compute."""
+    sync: SyncSpec | None = None
+    """Per rank, the synchronisation the engine runs as collectives on shared NICs (``sim.sync``);
+    when given it replaces ``allreduce_s`` in ``simulate_costs`` (which equals its no-contention tail)."""
     memory_capacity_bytes: float = math.inf
     stage_rank: Sequence[int] | None = None
     """Rank of each virtual stage; None: k % num_ranks (Megatron). V schedules: ``Plan.stage_ranks``."""
@@ -205,7 +207,9 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
             continue
         bandwidth, latency = cluster.link(a, b)
         send.append(latency + scale * layers[chunks[k].layers[1] - 1].output_bytes / bandwidth)
-    static, allreduce = _per_rank_dims(plan, fwd, bwd, home) if new_dims else _per_rank(plan)
+    share = _gradient_share(plan, chunks, home)
+    static, allreduce, syncs = _per_rank_dims(plan, fwd, bwd, home, share) if new_dims else _per_rank(plan, share)
+    sync = SyncSpec(ranks=tuple(syncs), node=tuple(cluster.node_of(r) for r in first_rank))
     return PipelineCosts(
         forward_s=tuple(fwd),
         backward_s=tuple(bwd),
@@ -218,8 +222,20 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         allreduce_s=tuple(allreduce),
         memory_capacity_bytes=usable_memory_bytes(cluster.device),
         stage_rank=home if plan.schedule in V_SCHEDULES else None,
+        sync=sync if any(r.reduce_s > 0 for r in syncs) else None,
         **_comm_split(plan, chunks, extra_f, extra_b),
     )
+
+
+def _gradient_share(plan: Plan, chunks: Sequence[Chunk], home: Sequence[int]) -> list[tuple[float, ...]]:
+    """Per pipeline rank, each of its virtual stages' share of its weight bytes (virtual-stage order)."""
+    params = [math.fsum(layer.param_bytes for layer in plan.model.layers[c.layers[0]:c.layers[1]]) for c in chunks]
+    out = []
+    for x in range(plan.degrees.pipeline):
+        mine = [params[k] for k, rank in enumerate(home) if rank == x]
+        total = math.fsum(mine)
+        out.append(tuple(v / total if total > 0 else 1.0 / len(mine) for v in mine))
+    return out
 
 
 def _comm_split(plan: Plan, chunks: Sequence[Chunk], extra_f: Sequence[float] | None = None,
@@ -241,10 +257,12 @@ def _comm_split(plan: Plan, chunks: Sequence[Chunk], extra_f: Sequence[float] | 
     return out
 
 
-def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
-    """Static bytes and all-reduce time of each pipeline rank."""
+def _per_rank(plan: Plan, share: Sequence[tuple[float, ...]]) -> tuple[list[float], list[float], list[RankSync]]:
+    """Static bytes, closed-form synchronisation tail and engine synchronisation of each pipeline
+    rank; ``share``: per rank, each of its virtual stages' share of its gradient bytes."""
     layers = plan.model.layers
-    static, allreduce = [], []
+    overlap = bool(plan.options.get("overlap_grad_reduce"))
+    static, allreduce, syncs = [], [], []
     for x, stage in enumerate(plan.stages):
         own = [layers[i] for chunk in stage.chunks for i in range(*chunk.layers)]
         params = math.fsum(layer.param_bytes for layer in own)
@@ -252,23 +270,32 @@ def _per_rank(plan: Plan) -> tuple[list[float], list[float]]:
         d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (cost_models.sim.rr)
         zero = zero_static_scale(plan.zero_stage, d) if plan.zero_stage else 1.0  # ZeRO sharding over d
         static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra)
+        optimizer = _optimizer_s(plan, own, d)
+        reduce, nic = 0.0, None
         if d > 1 and params > 0:
-            bandwidth, latency = _ring_link(plan, x, d)
-            ring_s = allreduce_time_s(params, d, bandwidth, latency)
-            if plan.options.get("overlap_grad_reduce"):  # buckets hide under the last backward
-                ring_s = exposed_dp_allreduce_s(ring_s, math.fsum(layer.backward_s for layer in own))
-            allreduce.append(ring_s + _optimizer_s(plan, own, d))
-        else:
-            allreduce.append(_optimizer_s(plan, own, d))
-    return static, allreduce
+            ranks = [_replica_rank(plan, x, j) for j in range(d)]
+            reduce = ranks_allreduce_s(plan.cluster, params, ranks)
+            nic = _nic(plan.cluster, ranks)
+        tail = exposed_dp_allreduce_s(reduce, math.fsum(layer.backward_s for layer in own)) if overlap else reduce
+        allreduce.append(tail + optimizer)
+        syncs.append(RankSync(reduce_s=reduce, optimizer_s=optimizer, stage_share=share[x], overlap=overlap, nic=nic))
+    return static, allreduce, syncs
+
+
+def _nic(cluster: Cluster, ranks: Sequence[int]) -> int | None:
+    """The first member's node when the group spans nodes (its traffic then crosses that node's NICs)."""
+    nodes = {cluster.node_of(r) for r in ranks}
+    return cluster.node_of(ranks[0]) if len(nodes) > 1 else None
 
 
 def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[float],
-                   home: Sequence[int]) -> tuple[list[float], list[float]]:
+                   home: Sequence[int], share: Sequence[tuple[float, ...]]
+                   ) -> tuple[list[float], list[float], list[RankSync]]:
     """``_per_rank`` for plans with ZeRO, context or expert parallelism (``cost_models.sim.dims``);
     ``home``: the rank of each virtual stage."""
     static: list[float] = []
     sync: list[float] = []
+    syncs: list[RankSync] = []
     for x, stage in enumerate(plan.stages):
         indices = [i for chunk in stage.chunks for i in range(*chunk.layers)]
         mine = [k for k, rank in enumerate(home) if rank == x]
@@ -280,7 +307,9 @@ def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[
         optimizer = 0.0 if device is None else profile_optimizer_step_s(plan.model.source, terms.optimizer_static_bytes,
                                                                         device)
         sync.append(terms.sync_s + optimizer)
-    return static, sync
+        syncs.append(RankSync(reduce_s=terms.reduce_s, optimizer_s=optimizer, gather_s=terms.gather_s,
+                              stage_share=share[x], overlap=terms.overlap_reduce, nic=terms.nic))
+    return static, sync, syncs
 
 
 def _optimizer_s(plan: Plan, own: Sequence[LayerProfile], num_replicas: int) -> float:
@@ -290,10 +319,6 @@ def _optimizer_s(plan: Plan, own: Sequence[LayerProfile], num_replicas: int) -> 
         return 0.0
     return profile_optimizer_step_s(plan.model.source, math.fsum(layer.static_bytes for layer in own), device,
                                     shard=num_replicas if plan.zero_stage >= 1 else 1)
-
-
-def _ring_link(plan: Plan, stage_index: int, num_replicas: int) -> tuple[float, float]:
-    return allreduce_link(plan.cluster, [_replica_rank(plan, stage_index, j) for j in range(num_replicas)])
 
 
 def allreduce_link(cluster: Cluster, ranks: Sequence[int]) -> tuple[float, float]:

@@ -7,13 +7,15 @@ dense weights is its d x c replicas and context ranks, tensor rank 0 of each ``t
 expert-parallel group is e consecutive members of that group and the expert-data-parallel group
 every e-th member (d x c / e ranks); the context group is c ranks ``t`` apart.
 
-Every term is charged per rank or per virtual stage, not as engine events on shared links:
+Gradient synchronisation runs on the engine (``cost_models.sim.sync``); this module gives its
+durations. The other terms are charged per virtual stage, not as engine events on shared links:
 
-- gradient synchronisation after the rank's last backward (``rank_terms``): ZeRO-0 all-reduces
-  the gradients, ZeRO-1/2 reduce-scatter them and all-gather the updated weights (the same
-  2 (n-1)/n volume, ZeRO Sec. 7.2), ZeRO-3 only reduce-scatters (weights are gathered per layer);
-  ``overlap_grad_reduce`` hides the reduction under the backward and ``overlap_param_gather`` the
-  all-gather under the forward, bucket by bucket (``collectives.exposed_dp_allreduce_s``);
+- gradient synchronisation (``rank_terms``): ZeRO-0 all-reduces the gradients, ZeRO-1/2
+  reduce-scatter them and all-gather the updated weights (the same 2 (n-1)/n volume, ZeRO Sec.
+  7.2), ZeRO-3 only reduce-scatters (weights are gathered per layer); ``overlap_grad_reduce`` (and
+  ZeRO-3) run the reduction bucket by bucket under the backward, ``overlap_param_gather`` hides the
+  all-gather under the next forward (``collectives.exposed_dp_allreduce_s``; ``sync_s`` is the
+  closed-form tail);
 - FSDP (ZeRO-3): each layer's weights all-gathered before its forward and again before its
   backward, one layer of prefetch (``parallelism.fsdp_exposed_comm_s``), added to the virtual
   stage's forward and backward per microbatch; two gathered layers stay resident;
@@ -25,9 +27,11 @@ Every term is charged per rank or per virtual stage, not as engine events on sha
   ``overlap_moe_alltoall`` a forward's all-to-alls hide under another microbatch's backward of the
   layer and vice versa (Megatron's 1F1B all-to-all overlap, DualPipe's pairing).
 
-Collective model: ``ring`` (default) uses ``costs.allreduce_link``'s ring, the model the solvers'
-closed forms share; ``plan.options["collectives"] = "hierarchical"`` uses NCCL's hierarchical
-collectives of ``cost_models.collectives`` with the device's bus-bandwidth fraction.
+Collective model: ``ring`` (default) charges the gradient all-reduce as
+``collectives.ranks_allreduce_s`` (the solvers' closed forms do too) and the FSDP gathers, context
+ring and all-to-alls on ``costs.allreduce_link``'s ring; ``plan.options["collectives"] =
+"hierarchical"`` uses NCCL's hierarchical collectives of ``cost_models.collectives`` with the
+device's bus-bandwidth fraction for all of them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from cost_models.collectives import (
     allreduce_s,
     exposed_dp_allreduce_s,
     hierarchical_allreduce_s,
+    ranks_allreduce_s,
     ring_allgather_s,
 )
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
@@ -361,6 +366,14 @@ class RankTerms:
     """Exposed gradient synchronisation (and ZeRO-1/2's weight all-gather) after the last backward."""
     optimizer_static_bytes: float
     """The model-state bytes whose optimizer step the rank runs (its shard under ZeRO >= 1)."""
+    reduce_s: float = 0.0
+    """The whole gradient reduction (all-reduce, or reduce-scatter under ZeRO >= 1), nothing hidden."""
+    gather_s: float = 0.0
+    """ZeRO-1/2's weight all-gather after the step, as exposed (``overlap_param_gather``)."""
+    overlap_reduce: bool = False
+    """The reduction runs bucket by bucket under the backward (``overlap_grad_reduce``, ZeRO-3)."""
+    nic: int | None = None
+    """The rank's node when its groups span nodes (``sim.sync``), else None."""
 
 
 def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_s: float,
@@ -381,21 +394,33 @@ def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_
         static += 2 * max(layers[i].param_bytes * (1 - f + f * held) for i, f in zip(indices, shares))
     dense = make_group(plan, data_context_ranks(plan, stage_index))
     experts = make_group(plan, expert_data_ranks(plan, stage_index))
-    sync = _sync_s(plan, dense, experts, dense_params, expert_params, forward_s, backward_s)
+    reduce, gather, overlap = _sync_parts(plan, dense, experts, dense_params, expert_params, forward_s)
+    sync = (exposed_dp_allreduce_s(reduce, backward_s) if overlap else reduce) + gather
     optimizer = dense_static / (dc if z else 1) + expert_static / (edp if z else 1)
-    return RankTerms(static_bytes=static, sync_s=sync, optimizer_static_bytes=optimizer)
+    crosses = dense.num_nodes > 1 or (experts.num_nodes > 1 and expert_params > 0)
+    return RankTerms(static_bytes=static, sync_s=sync, optimizer_static_bytes=optimizer, reduce_s=reduce,
+                     gather_s=gather, overlap_reduce=overlap,
+                     nic=plan.cluster.node_of(dense.ranks[0]) if crosses and reduce > 0 else None)
 
 
-def _sync_s(plan: Plan, dense: Group, experts: Group, dense_bytes: float, expert_bytes: float,
-            forward_s: float, backward_s: float) -> float:
-    options = plan.options
-    if plan.zero_stage == 0:
+def _sync_parts(plan: Plan, dense: Group, experts: Group, dense_bytes: float, expert_bytes: float,
+                forward_s: float) -> tuple[float, float, bool]:
+    """(whole reduction, exposed weight all-gather, whether the reduction overlaps the backward).
+
+    The default (``ring``) model charges the gradient all-reduce as ``collectives.ranks_allreduce_s``
+    (the ptdp closed form's); ZeRO-1/2 split it into a reduce-scatter and an all-gather of half
+    each (ZeRO Sec. 7.2), ZeRO-3 keeps only the reduce-scatter."""
+    options, z = plan.options, plan.zero_stage
+    if dense.model == "ring":
+        total = ranks_allreduce_s(plan.cluster, dense_bytes, dense.ranks) + ranks_allreduce_s(
+            plan.cluster, expert_bytes, experts.ranks)
+        half = total / 2
+    else:
         total = dense.allreduce_s(dense_bytes) + experts.allreduce_s(expert_bytes)
-        return exposed_dp_allreduce_s(total, backward_s) if options.get("overlap_grad_reduce") else total
-    reduce = dense.allgather_s(dense_bytes) + experts.allgather_s(expert_bytes)  # reduce-scatter
-    gather = reduce if plan.zero_stage < 3 else 0.0  # ZeRO-3 gathers per layer (stage_extras)
-    if plan.zero_stage == 3 or options.get("overlap_grad_reduce"):
-        reduce = exposed_dp_allreduce_s(reduce, backward_s)
+        half = dense.allgather_s(dense_bytes) + experts.allgather_s(expert_bytes)
+    if z == 0:
+        return total, 0.0, bool(options.get("overlap_grad_reduce"))
+    gather = half if z < 3 else 0.0  # ZeRO-3 gathers per layer (stage_extras)
     if options.get("overlap_param_gather"):
         gather = exposed_dp_allreduce_s(gather, forward_s)
-    return reduce + gather
+    return half, gather, z == 3 or bool(options.get("overlap_grad_reduce"))

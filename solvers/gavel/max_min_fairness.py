@@ -62,14 +62,7 @@ def solve_direct(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     """
     num_k, num_j, n = f.num_combos, len(f.types), f.num_jobs
     num_x = num_k * num_j
-    job_time = sp.hstack([f.membership()] * num_j)  # (5.2), vec index k + j*K
-    capacity = sp.kron(sp.eye(num_j), sp.csr_matrix(f.combo_scale[None, :]))  # (5.3)
-    fair = -sp.diags(las_coefficients(f)) @ f.throughput_matrix()  # z - coef thr <= 0
-    a_ub = sp.vstack([
-        sp.hstack([job_time, sp.csr_matrix((n, 1))]),
-        sp.hstack([capacity, sp.csr_matrix((num_j, 1))]),
-        sp.hstack([fair, sp.csr_matrix(np.ones((n, 1)))]),
-    ]).tocsc()
+    a_ub = _constraint_matrix(f, las_coefficients(f))
     b_ub = np.concatenate([np.ones(n), f.capacity, np.zeros(n)])
     upper = np.append(f.mask.reshape(-1, order="F"), np.inf)  # (5.1)
     cost = np.zeros(num_x + 1)
@@ -77,6 +70,29 @@ def solve_direct(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     values = _highs_ipm(cost, a_ub, b_ub, upper, policy=policy)
     x = values[:num_x].reshape((num_k, num_j), order="F")
     return repair(f, x), float(values[-1])
+
+
+def _constraint_matrix(f: Formulation, coefficients: np.ndarray) -> sp.csc_matrix:
+    """The rows of ``solve_direct``'s LP over columns vec(X) (index k + j K) and z, assembled in one
+    coordinate list (no block stacking):
+
+    - job m's time, (5.2): sum over the combinations k holding m and every type j of X_kj <= 1;
+    - type j's capacity, (5.3): sum_k scale_k X_kj <= capacity_j;
+    - job m's level: z - coefficient_m thr_m(X) <= 0.
+    """
+    num_k, num_j, n = f.num_combos, len(f.types), f.num_jobs
+    member, thr = f.membership().tocoo(), f.throughput_matrix().tocoo()
+    shift = num_k * np.arange(num_j)
+    scaled = np.nonzero(f.combo_scale)[0]
+    rows = np.concatenate([np.tile(member.row, num_j), n + np.repeat(np.arange(num_j), len(scaled)),
+                           n + num_j + thr.row, n + num_j + np.arange(n)])
+    cols = np.concatenate([(member.col[None, :] + shift[:, None]).ravel(), (scaled[None, :] + shift[:, None]).ravel(),
+                           thr.col, np.full(n, num_k * num_j)])
+    values = np.concatenate([np.ones(len(member.row) * num_j), np.tile(f.combo_scale[scaled], num_j),
+                             -coefficients[thr.row] * thr.data, np.ones(n)])
+    a_ub = sp.csc_matrix((values, (rows, cols)), shape=(2 * n + num_j, num_k * num_j + 1))
+    a_ub.sort_indices()
+    return a_ub
 
 
 def _highs_ipm(cost: np.ndarray, a_ub: sp.csc_matrix, b_ub: np.ndarray, upper: np.ndarray, *, policy: str) -> np.ndarray:

@@ -32,12 +32,19 @@ def _ring_gather_s(num_bytes: float, n: int, bandwidth: float) -> float:
     return (n - 1) / n * num_bytes / bandwidth
 
 
+def _bus(plan: Plan, bandwidth: float) -> float:
+    """The link at the device's bus-bandwidth fraction: what the gradient collectives run at
+    (``collectives.ranks_allreduce_s``, shared with the ptdp closed form)."""
+    assert plan.cluster.device is not None
+    return bandwidth * compute_constants(plan.cluster.device).collective_bandwidth_fraction
+
+
 def test_zero_1_without_overlap_costs_what_the_ddp_allreduce_costs() -> None:
     """ZeRO Sec. 7.2: reduce-scatter + all-gather move what one all-reduce moves."""
     ddp = _with_weights(preset_plan(DENSE, data=4), 1e9)
     zero1 = ddp.model_copy(update={"zero_stage": 1})
     assert not dims.applies(ddp) and dims.applies(zero1)
-    ring = 2 * _ring_gather_s(6e9, 4, INTRA)  # 6 layers x 1 GB, 4 replicas in one node
+    ring = 2 * _ring_gather_s(6e9, 4, _bus(ddp, INTRA))  # 6 layers x 1 GB, 4 replicas in one node
     assert pipeline_costs(ddp).allreduce_s[0] == pytest.approx(ring, rel=1e-12)
     assert pipeline_costs(zero1).allreduce_s[0] == pytest.approx(ring, rel=1e-12)
     # states: (2 + 2 + 12 / 4) of 16 bytes per parameter stay
@@ -47,7 +54,7 @@ def test_zero_1_without_overlap_costs_what_the_ddp_allreduce_costs() -> None:
 def test_distributed_optimizer_overlaps_the_reduce_scatter_and_the_gather_bucket_by_bucket() -> None:
     plan = _with_weights(preset_plan(DENSE, data=4, zero_stage=1), 1e9,
                          options={"overlap_grad_reduce": True, "overlap_param_gather": True})
-    half = _ring_gather_s(6e9, 4, INTRA)  # 0.01 s each
+    half = _ring_gather_s(6e9, 4, _bus(plan, INTRA))  # 0.0125 s each
     forward, backward = 0.1 + 4 * 1.0 + 0.5, 0.2 + 4 * 2.0 + 1.0  # toy profile: one stage holds all
     exposed = half / 4 + max(0.0, 3 * half / 4 - backward) + half / 4 + max(0.0, 3 * half / 4 - forward)
     assert pipeline_costs(plan).allreduce_s[0] == pytest.approx(exposed, rel=1e-12)
@@ -69,7 +76,8 @@ def test_fsdp_gathers_each_layer_before_forward_and_backward_with_one_layer_pref
     assert costs.forward_s[0] == pytest.approx(sum(fwd) + exposed_f, rel=1e-12)
     assert costs.backward_s[0] == pytest.approx(sum(bwd) + exposed_b, rel=1e-12)
     # after the backward only the reduce-scatter remains, hidden under it but its last bucket
-    reduce = _ring_gather_s(6 * 8e11, 16, bandwidth)
+    # (NCCL's hierarchical reduce-scatter: half of collectives.ranks_allreduce_s over 8 ranks x 2 nodes)
+    reduce = _ring_gather_s(6 * 8e11, 8, _bus(plan, INTRA)) + _ring_gather_s(6 * 8e11 / 8, 2, _bus(plan, INTER))
     assert costs.allreduce_s[0] == pytest.approx(reduce / 4 + max(0.0, 3 * reduce / 4 - costs.backward_s[0]))
     # states sharded 16 ways, plus the layer computed and the one prefetched, unsharded
     assert costs.static_bytes[0] == pytest.approx(6 * 8 * 8e11 / 16 + 2 * 8e11)
@@ -123,7 +131,8 @@ def test_expert_weights_are_split_over_the_expert_ranks_and_synchronised_over_th
     expert_bytes = sum(1e9 * dims.expert_fraction(plan, i) for i in range(len(layers)))
     dense_bytes = 6e9 - expert_bytes
     # dense over the 8 replicas; experts: E/4 per rank, all-reduced over 8 / 4 = 2 ranks
-    expected = 2 * _ring_gather_s(dense_bytes, 8, INTRA) + 2 * _ring_gather_s(expert_bytes / 4, 2, INTRA)
+    expected = 2 * _ring_gather_s(dense_bytes, 8, _bus(plan, INTRA)) + 2 * _ring_gather_s(expert_bytes / 4, 2,
+                                                                                        _bus(plan, INTRA))
     assert pipeline_costs(plan).allreduce_s[0] == pytest.approx(expected, rel=1e-12)
     assert pipeline_costs(plan).static_bytes[0] == pytest.approx(8 * dense_bytes + 8 * expert_bytes / 4)
 

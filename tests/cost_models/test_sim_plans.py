@@ -223,10 +223,13 @@ def test_allreduce_ring_across_nodes_uses_one_nic_per_replica_on_a_node() -> Non
 
     layers = uniform_layers(2, 1.0, 2.0, param_bytes=1e9)
     nodes = make_cluster(num_nodes=2, devices_per_node=4, intra_bytes_per_s=100e9, inter_bytes_per_s=10e9)
-    # stage 0 on ranks 0, 1 | 4, 5 (2 replicas per node): ring over min(100, 2 x 10) GB/s
+    # stage 0 on ranks 0, 1 | 4, 5 (2 replicas per node): NCCL's hierarchical all-reduce
+    # (collectives.ranks_allreduce_s; this device has no bus-bandwidth fraction, 1.0): reduce-scatter
+    # and all-gather in the node, then 1e9 / 2 bytes all-reduced across the 2 nodes on each rail.
+    # The flat ring over min(100, 2 x 10) GB/s it replaces charged 2 x 3/4 x 1e9 / 20e9 = 0.075 s.
     costs = pipeline_costs(make_plan(layers, num_stages=2, num_microbatches=2, data_parallel=4, the_cluster=nodes,
                                      ranks=[(0, 1, 4, 5), (2, 3, 6, 7)]))
-    assert costs.allreduce_s[0] == pytest.approx(2 * 3 / 4 * 1e9 / 20e9)
+    assert costs.allreduce_s[0] == pytest.approx(2 * 1 / 2 * 1e9 / 100e9 + 2 * 1 / 2 * 0.5e9 / 10e9)
     # inside one node: the intra-node link
     costs = pipeline_costs(make_plan(layers, num_stages=2, num_microbatches=2, data_parallel=2, the_cluster=nodes,
                                      ranks=[(0, 1), (2, 3)]))

@@ -179,12 +179,36 @@ def check_json_trace_format(doc: dict) -> None:
             stack.append((start, end, name))
 
 
-@pytest.mark.parametrize("kind", ["plain", "interleaved", "bpipe", "spipe"])
+def check_one_at_a_time(doc: dict) -> None:
+    """Every track is one engine stream or resource (a compute or data-parallel stream, a link, a
+    host link, a CPU), which runs one operation at a time: its slices never overlap, not even
+    nested (whole nanoseconds, as Perfetto reads them)."""
+    per_thread: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            start = round(e["ts"] * 1000)
+            per_thread.setdefault((e["pid"], e["tid"]), []).append((start, start + round(e["dur"] * 1000)))
+    for track, slices in per_thread.items():
+        ordered = sorted(slices)
+        for (_, end), (start, _) in zip(ordered, ordered[1:]):
+            assert start >= end, f"track {track}: a slice starts at {start} ns before the previous ends at {end} ns"
+
+
+def _overlapped_dp_plan():  # type: ignore[no-untyped-def]
+    """2 stages x 8 replicas on 4 nodes of 4: gradient buckets under the backward share the NICs with
+    the pipeline's sends between nodes (docs/simulator.md, "Collectives on the engine")."""
+    plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:4x4", num_stages=2, global_batch_size=32))
+    return plan.model_copy(update={"options": {**plan.options, "overlap_grad_reduce": True}})
+
+
+@pytest.mark.parametrize("kind", ["plain", "interleaved", "bpipe", "spipe", "dp-overlap"])
 def test_trace_follows_the_json_trace_event_format(kind: str, plain, tmp_path: Path) -> None:
     from planner.trace import write_trace
 
     if kind == "plain":
         plan = plain
+    elif kind == "dp-overlap":
+        plan = _overlapped_dp_plan()
     elif kind == "interleaved":
         plan = api.plan(api.make_problem("gpt-1.7b", "a100-80gb:1x8", num_stages=4, global_batch_size=32,
                                          schedule="interleaved-1f1b", num_chunks=2))
@@ -194,6 +218,7 @@ def test_trace_follows_the_json_trace_event_format(kind: str, plain, tmp_path: P
         plan = api.plan(api.make_problem("spipe-10b", "v100:1x2", global_batch_size=8), solver="spipe")
     doc = api.trace(plan)
     check_json_trace_format(doc)
+    check_one_at_a_time(doc)
     assert json.loads(write_trace(doc, tmp_path / "t.json").read_text()) == doc
 
 
@@ -208,3 +233,6 @@ def test_the_format_check_catches_overlapping_slices() -> None:
     check_json_trace_format(doc((0, 2), (2, 3), (0.5, 1)))  # adjacent and nested: fine
     with pytest.raises(AssertionError, match="without nesting"):
         check_json_trace_format(doc((0, 2), (1.999, 3)))
+    check_one_at_a_time(doc((0, 2), (2, 3)))  # adjacent: one at a time
+    with pytest.raises(AssertionError, match="before the previous ends"):
+        check_one_at_a_time(doc((0, 2), (2, 3), (0.5, 1)))  # nested: two at once on one stream
