@@ -47,7 +47,8 @@ def check_problem(problem: PipelineProblem, opts: Options) -> tuple[list[str], l
     schedules = _schedules(problem, opts)
     if opts.runtime_memory not in cm.RUNTIME_MEMORY:
         raise InvalidProblemError(
-            f"option runtime_memory={opts.runtime_memory!r} of solver {_SOLVER!r}; choose from {list(cm.RUNTIME_MEMORY)}")
+            f"option runtime_memory={opts.runtime_memory!r} of solver {_SOLVER!r}; "
+            f"choose from {list(cm.RUNTIME_MEMORY)}")
     if opts.recompute not in _RECOMPUTE:
         raise InvalidProblemError(
             f"option recompute={opts.recompute!r} of solver {_SOLVER!r}; choose from {list(_RECOMPUTE)}")

@@ -161,8 +161,9 @@ def runtime_profile(model: ModelProfile, schedule: str, *, bytes_per_element: in
     if runtime_memory == "profile" or bytes_per_element >= 4:
         return model
     assert runtime_memory == "pipedream-2bw", runtime_memory
-    extra = MAIN_GRAD_BYTES_PER_PARAM + (STASHED_VERSION_BYTES_PER_PARAM - bytes_per_element if schedule == "2bw" else 0.0)
-    layers = tuple(layer.model_copy(update={"static_bytes": layer.static_bytes + extra * layer.param_bytes / bytes_per_element})
+    version = STASHED_VERSION_BYTES_PER_PARAM - bytes_per_element if schedule == "2bw" else 0.0
+    per_byte = (MAIN_GRAD_BYTES_PER_PARAM + version) / bytes_per_element  # extra bytes per byte of 16-bit weights
+    layers = tuple(layer.model_copy(update={"static_bytes": layer.static_bytes + per_byte * layer.param_bytes})
                    for layer in model.layers)
     return model.model_copy(update={"layers": layers, "source": model.source})
 

@@ -19,13 +19,15 @@ def _core_fwd(device: Device) -> float:
 
 
 def _with_kernel(device: Device, kernel: str) -> Device:
-    return device.model_copy(update={"compute": compute_constants(device).model_copy(update={"attention_kernel": kernel})})
+    compute = compute_constants(device).model_copy(update={"attention_kernel": kernel})
+    return device.model_copy(update={"compute": compute})
 
 
 def _core_tiles_s(device: Device) -> float:
     """Half (causal) of the two score GEMMs' tile time at the GEMM fraction, b = 1, t = 1."""
     s, d = CFG.seq_length, CFG.hidden_size // CFG.num_heads
-    return 0.5 * (gemm_compute_s(s, s, d, device, batch=CFG.num_heads) + gemm_compute_s(s, d, s, device, batch=CFG.num_heads))
+    heads = CFG.num_heads
+    return 0.5 * (gemm_compute_s(s, s, d, device, batch=heads) + gemm_compute_s(s, d, s, device, batch=heads))
 
 
 def test_h100_kernel_families() -> None:
@@ -48,5 +50,5 @@ def test_a100_keeps_the_rate_its_rows_were_checked_with() -> None:
 def test_unknown_family_falls_back_to_the_gemm_relative_rate() -> None:
     v100 = device_preset("v100")  # no flash kernel family listed (FlashAttention-2 needs Ampere)
     fwd = _core_fwd(v100)
-    assert fwd == pytest.approx(_core_tiles_s(v100) / layer_ops.FLASH_FORWARD_RATE
-                                + compute_constants(v100).kernel_launch_s, rel=1e-12)
+    launch = compute_constants(v100).kernel_launch_s
+    assert fwd == pytest.approx(_core_tiles_s(v100) / layer_ops.FLASH_FORWARD_RATE + launch, rel=1e-12)
