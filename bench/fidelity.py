@@ -23,13 +23,17 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   "Supercharged V1.0" post, 2020); the weak scaling of Shoeybi et al. (arXiv:1909.08053, Sec. 5.1):
   the 8.3B model with 8-way tensor parallelism runs at 77 % of the 1.2B baseline per GPU, and at
   76 % on 512 GPUs (8-way tensor x 64-way data, batch 512);
-- torchtitan's published FSDP2 runs (docs/performance.md of pytorch/torchtitan): Llama 3 8B
-  (selective-op checkpointing) and 70B (full) on 64 A100 80 GB, local batch 1, s = 8192: 2,973 and
-  323 tokens/s/GPU; Llama 3.1 8B on 8 H100 (96 GB HBM2e, 500 W), local batch 2, selective
-  checkpointing, no torch.compile: 5,762 tokens/s/GPU. Predicted from the per-operation compute
-  alone (layers + optimizer step; FSDP's gathers are assumed hidden), so these bound from above;
+- torchtitan's published FSDP2 runs (docs/performance.md of pytorch/torchtitan, two versions):
+  Llama 3 8B (selective-op checkpointing) and 70B (full) on 64 A100 80 GB, local batch 1,
+  s = 8192: 2,973 and 323 tokens/s/GPU; Llama 2 13B (b = 2, none / selective op) and 70B (b = 1
+  selective op, b = 2 full) on 64 A100, s = 4096: 2,162 / 1,904 / 355 / 353; Llama 3.1 8B on 8 and
+  on 128 H100 (Grand Teton: 96 GB HBM2e at 2.4 TB/s, 500 W, a peak "between SXM and NVL"), local
+  batch 2, selective checkpointing, no torch.compile: 5,762 and 5,605 tokens/s/GPU. Predicted from
+  the per-operation layer times, torchtitan's op-level checkpointing policy, FSDP2's exposed
+  gathers and reduce-scatters and the optimizer step;
 - PipeDream-2BW's planner (dissertation ch. 3, Sec. 3.4.2): 8-deep for GPT 2.2B, 16-deep for GPT
-  3.8B on 8 and 64 16-GB V100s (shapes: docs/solver-pipedream-2bw.md).
+  3.8B on 8 and 64 16-GB V100s (shapes and the runtime's 24 B per parameter:
+  docs/solver-pipedream-2bw.md).
 
 Each row is predicted by the ``ptdp`` solver with the published configuration fixed, and its
 simulated iteration time is converted to TFLOP/s per GPU in the paper's accounting (Eq. 4.2,
@@ -48,7 +52,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from planner import api
-from planner.schema import Cluster, TransformerConfig
+from planner.schema import Cluster, Device, TransformerConfig
 from solvers import ptdp
 
 
@@ -206,32 +210,97 @@ def v100_rows() -> list[dict[str, object]]:
 
 # ---- torchtitan FSDP2 runs (compute-only prediction) ------------------------------------------
 
-TORCHTITAN = [  # (model, device preset, local batch, recompute, GPUs, published tokens/s/GPU)
-    ("llama3-8b", "a100-80gb", 1, "selective", 64, 2973.0),
-    ("llama3-70b", "a100-80gb", 1, "full", 64, 323.0),
-    ("llama3-8b", "h100", 2, "selective", 8, 5762.0),
+TORCHTITAN = [  # (model, device, local batch, recompute, GPUs, sequence, published tokens/s/GPU)
+    ("llama3-8b", "a100-80gb", 1, "selective", 64, 8192, 2973.0),
+    ("llama3-70b", "a100-80gb", 1, "full", 64, 8192, 323.0),
+    ("llama2-13b", "a100-80gb", 2, "none", 64, 4096, 2162.0),
+    ("llama2-13b", "a100-80gb", 2, "selective", 64, 4096, 1904.0),
+    ("llama2-70b", "a100-80gb", 1, "selective", 64, 4096, 355.0),
+    ("llama2-70b", "a100-80gb", 2, "full", 64, 4096, 353.0),
+    ("llama3-8b", "grand-teton-h100", 2, "selective", 8, 8192, 5762.0),
+    ("llama3-8b", "grand-teton-h100", 2, "selective", 128, 8192, 5605.0),
 ]
+GRAND_TETON_PEAKS = (835e12, 989.4e12)
+"""torchtitan's H100s (Grand Teton: 96 GB HBM2e at 2.4 TB/s, 500 W) have a dense BF16 peak
+"between SXM and NVL" (its docs/performance.md): NVL 835 TF/s, SXM 989 TF/s."""
+
+
+def grand_teton_h100(peak_flops: float) -> Device:
+    """The H100 of torchtitan's H100 rows: 2.4 TB/s HBM2e, the given peak, and PyTorch SDPA's
+    FlashAttention-2 kernels (35 % of H100 peak, [fa3] Sec. 1)."""
+    from cost_models.hardware import device_preset, preset_compute
+
+    h100, compute = device_preset("h100"), preset_compute("h100")
+    assert compute is not None
+    return h100.model_copy(update={"name": "grand-teton-h100", "peak_flops": peak_flops, "memory_bytes": 96 * 2**30,
+                                   "memory_bandwidth_bytes_per_s": 2.4e12,
+                                   "compute": compute.model_copy(update={"attention_kernel": "fa2"})})
 
 
 def torchtitan_rows() -> list[dict[str, object]]:
-    """Tokens/s/GPU from the per-operation layer times plus the sharded optimizer step (s = 8192,
-    flash attention, no tensor parallelism); FSDP's all-gathers/reduce-scatters are not charged."""
+    """Tokens/s/GPU from the per-operation layer times, FSDP2's exposed all-gathers and
+    reduce-scatters and the sharded optimizer step (flash attention, no tensor parallelism). The
+    Grand Teton H100 rows are predicted at both ends of its peak range (``predicted``: the NVL end,
+    ``predicted_high``: the SXM end)."""
+    out = []
+    for name, device, b, recompute, gpus, seq, published in TORCHTITAN:
+        if device == "grand-teton-h100":  # its hosts: 8 GPUs on NVLink, 400 Gb/s RDMA per GPU (the h100 node)
+            low, high = (_torchtitan_rate(name, _with_device(f"h100:{gpus}", grand_teton_h100(peak)), b, recompute, seq)
+                         for peak in GRAND_TETON_PEAKS)
+        else:
+            low = high = _torchtitan_rate(name, api.load_cluster(f"{device}:{gpus}"), b, recompute, seq)
+        out.append({"row": f"{name}, {gpus} {device}, s={seq}, b={b}, {recompute} recompute", "published": published,
+                    "predicted": low, "predicted_high": high, "error": low / published - 1,
+                    "error_high": high / published - 1})
+    return out
+
+
+def _with_device(spec: str, device: Device) -> Cluster:
+    return api.load_cluster(spec).model_copy(update={"device": device})
+
+
+def _torchtitan_rate(name: str, cluster: Cluster, b: int, recompute: str, seq: int) -> float:
+    """``selective`` is torchtitan's op-level policy (``op_sac_extra_s``), ``full`` its full
+    per-block checkpointing. FSDP2 (one unit per block, the embedding and the head; bf16
+    parameters all-gathered before the forward and again before the backward, fp32 gradients
+    reduce-scattered, [torchtitan]) exposes what a unit's gathers do not hide behind the previous
+    unit's compute (``parallelism.fsdp_exposed_comm_s``, [fsdp] Sec. 3.3-3.4)."""
+    from cost_models.collectives import group_allgather_s
     from cost_models.compute import optimizer_step_s
     from cost_models.moe import num_parameters
+    from cost_models.parallelism import fsdp_exposed_comm_s
     from cost_models.transformer import transformer_profile
 
-    out = []
-    for name, device, b, recompute, gpus, published in TORCHTITAN:
-        cfg = api.load_model(name, seq_length=8192)
-        dev = api.load_cluster(f"{device}:1").device
-        assert dev is not None
-        prof = transformer_profile(cfg, device=dev, microbatch_size=b, attention="flash", sequence_parallel=False)
-        step_s = sum(la.forward_s + la.backward_s + la.strategies().get(recompute, la.strategies()["none"]).extra_s
-                     for la in prof.layers) + optimizer_step_s(num_parameters(cfg) / gpus, dev)
-        predicted = b * cfg.seq_length / step_s
-        out.append({"row": f"{name}, {gpus} {device}, b={b}, {recompute} recompute", "published": published,
-                    "predicted": predicted, "error": predicted / published - 1})
-    return out
+    device, gpus = cluster.device, cluster.num_devices
+    assert device is not None
+    cfg = api.load_model(name, seq_length=seq)
+    prof = transformer_profile(cfg, device=device, microbatch_size=b, attention="flash", sequence_parallel=False)
+    op_sac = op_sac_extra_s(cfg, device, b) if recompute == "selective" else 0.0
+    forward = [la.forward_s for la in prof.layers]
+    backward = [la.backward_s + (op_sac if la.kind == "decoder" else 0.0)
+                + (la.strategies().get(recompute, la.strategies()["none"]).extra_s if recompute == "full" else 0.0)
+                for la in prof.layers]
+    params = [la.param_bytes / 2 for la in prof.layers]  # profile param_bytes are 16-bit
+    gather = [group_allgather_s(cluster, 2 * n, gpus) for n in params]
+    scatter = [group_allgather_s(cluster, 4 * n, gpus) for n in params]  # reduce-scatter of fp32 gradients
+    exposed = (fsdp_exposed_comm_s(gather, forward)
+               + fsdp_exposed_comm_s([g + r for g, r in zip(gather[::-1], scatter[::-1])], backward[::-1]))
+    step_s = sum(forward) + sum(backward) + exposed + optimizer_step_s(num_parameters(cfg) / gpus, device)
+    return b * cfg.seq_length / step_s
+
+
+def op_sac_extra_s(cfg: TransformerConfig, device: Device, b: int) -> float:
+    """Recompute time per decoder layer of torchtitan's op-level selective checkpointing: it saves
+    the outputs of the matmuls and of SDPA "except every second mm" and recomputes everything else
+    (norms, rotary, SiLU and products). Its block runs wq, wk, wv, wo, w1, w3, w2, so wk, wo and w3
+    are recomputed: that share of the layer's GEMM time plus all its memory-bound kernels."""
+    from cost_models.layer_ops import decoder_op_times
+
+    h, f = cfg.hidden_size, cfg.ffn_size
+    kv = cfg.kv_heads * (h // cfg.num_heads)
+    share = (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)
+    ops = decoder_op_times(cfg, device, microbatch_size=b, sequence_parallel=False, attention="flash")
+    return share * (ops.forward_gemm_s - ops.selective_s) + ops.forward_memory_s
 
 
 # ---- PipeDream-2BW's planner (ch. 3) ----------------------------------------------------------
@@ -241,23 +310,35 @@ TWO_BW_DEPTHS = [("gpt2bw-2.2b", "v100-16gb:1x8", 8), ("gpt2bw-2.2b", "v100-16gb
 
 
 def two_bw_rows(batch: int = 512) -> list[dict[str, object]]:
-    """The planner's depth against the chapter's, and the published depth's closed-form throughput
-    relative to the chosen one."""
+    """The planner's depth against the chapter's: Algorithm 1 plans 2BW (``predicted_depth``); with
+    Flush swept too (``predicted_depth_any``). ``published_depth_relative_rate``: the best 2BW rate
+    at the chapter's depth over the chosen one; ``runner_up_relative_rate``: the best other depth's
+    rate (any schedule) over the best rate of all."""
     from solvers import pipedream_2bw
 
     out = []
     for model, cluster, published in TWO_BW_DEPTHS:
         # 2020 Megatron-LM kernels: unfused attention (the scores are saved for the backward)
-        plan = pipedream_2bw.solve(api.make_problem(model, cluster, global_batch_size=batch, attention="unfused"))
-        best: dict[int, float] = {}
-        for r in plan.candidates:
-            if r["fits"]:
-                best.setdefault(int(r["p"]), float(r["samples_per_s"]))
-        top = plan.candidates[0]
+        plan = pipedream_2bw.solve(api.make_problem(model, cluster, global_batch_size=batch, attention="unfused",
+                                                    schedule="2bw"))
+        both = pipedream_2bw.solve(api.make_problem(model, cluster, global_batch_size=batch, attention="unfused"))
+        best = _best_per_depth(plan.candidates)
+        top, top_any = plan.candidates[0], both.candidates[0]
+        others = [rate for p, rate in _best_per_depth(both.candidates).items() if p != top_any["p"]]
         out.append({"model": model, "cluster": cluster, "published_depth": published, "predicted_depth": top["p"],
-                    "b": top["b"], "recompute": top["recompute"],
-                    "published_depth_relative_rate": best.get(published, 0.0) / float(top["samples_per_s"])})
+                    "b": top["b"], "recompute": top["recompute"], "predicted_depth_any": top_any["p"],
+                    "schedule_any": top_any["schedule"],
+                    "published_depth_relative_rate": best.get(published, 0.0) / float(top["samples_per_s"]),
+                    "runner_up_relative_rate": max(others) / float(top_any["samples_per_s"])})
     return out
+
+
+def _best_per_depth(rows: tuple[dict[str, object], ...]) -> dict[int, float]:
+    best: dict[int, float] = {}
+    for r in rows:
+        if r["fits"]:
+            best.setdefault(int(r["p"]), float(r["samples_per_s"]))  # type: ignore[arg-type]
+    return best
 
 
 def table() -> list[dict[str, object]]:
@@ -305,12 +386,16 @@ def main(as_json: bool = False) -> None:
         print(f"V100 {r['row']}: published {r['published']:.3g}, predicted {r['predicted']:.3g} "
               f"({100 * float(r['error']):+.1f}%)")
     for r in torchtitan_rows():
+        high = "" if r["predicted_high"] == r["predicted"] else (
+            f" to {r['predicted_high']:.0f} ({100 * float(r['error_high']):+.1f}%)")
         print(f"torchtitan {r['row']}: published {r['published']:.0f} tokens/s/GPU, predicted "
-              f"{r['predicted']:.0f} ({100 * float(r['error']):+.1f}%)")
+              f"{r['predicted']:.0f} ({100 * float(r['error']):+.1f}%){high}")
     for r in two_bw_rows():
         print(f"2BW {r['model']} on {r['cluster']}: chapter {r['published_depth']}-deep, ours "
               f"{r['predicted_depth']}-deep (b={r['b']}, recompute {r['recompute']}); the chapter's depth runs at "
-              f"{100 * float(r['published_depth_relative_rate']):.1f}% of ours")
+              f"{100 * float(r['published_depth_relative_rate']):.1f}% of ours; with Flush swept "
+              f"{r['predicted_depth_any']}-deep {r['schedule_any']}, the next depth at "
+              f"{100 * float(r['runner_up_relative_rate']):.1f}%")
     first, diff = bpipe_fig3_memory_gib()
     print(f"BPipe Fig. 3 (gpt3-13b, p=8, b=1, no recompute): first-stage peak {first:.1f} GiB; first - last "
           f"{diff:.1f} GiB vs published {BPIPE_FIG3_DIFF_GIB:.0f} ({100 * (diff / BPIPE_FIG3_DIFF_GIB - 1):+.1f}%)")

@@ -24,8 +24,9 @@ from planner.schema import Device, TransformerConfig
 
 _BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 FLASH_FORWARD_RATE = 0.85
-"""Flash attention's rate relative to a GEMM of the same tiles (FlashAttention-2, Dao 2023,
-reaches 70-73 % of A100 peak forward against ~85 % for large GEMMs)."""
+"""Flash attention's rate relative to a GEMM of the same tiles when the device's constants give no
+rate for its kernel family (``ComputeModel.attention_fractions``): FlashAttention-2 (Dao 2023)
+reaches 70-73 % of A100 peak forward against ~85 % for large GEMMs."""
 FLASH_BACKWARD_FACTOR = 2.5
 """Flash backward / forward time: 5 GEMMs of the score size against 2 (FlashAttention-2, Sec. 3)."""
 CROSS_ENTROPY_FWD_BYTES = 16
@@ -80,8 +81,11 @@ def _attention_core(cfg: TransformerConfig, device: Device, b: int, t: int, atte
         dh, dv = moe.qk_head_dim(cfg), moe.v_head_dim(cfg)
     batch = b * a
     if attention == "flash":
+        c = compute_constants(device)
+        fraction = c.attention_fractions.get(c.attention_kernel)  # the kernel family's share of peak
+        rate = c.gemm_max_fraction / fraction if fraction else 1.0 / FLASH_FORWARD_RATE
         fwd = 0.5 * (gemm_compute_s(s, s, dh, device, batch=batch) + gemm_compute_s(s, dv, s, device, batch=batch))
-        fwd = fwd / FLASH_FORWARD_RATE + compute_constants(device).kernel_launch_s
+        fwd = fwd * rate + c.kernel_launch_s
         return fwd, FLASH_BACKWARD_FACTOR * fwd
     scores = batch * s * s
     fwd = gemm_time_s(s, s, dh, device, batch=batch) + gemm_time_s(s, dv, s, device, batch=batch)

@@ -389,6 +389,12 @@ class ComputeModel(_Frozen):
     """Fraction of the link bandwidth NCCL collectives reach (bus bandwidth / link bandwidth)."""
     peak_flops_by_dtype: dict[str, PositiveFloat] = Field(default_factory=dict)
     """Dense peaks by precision (``fp32``, ``tf32``, ``fp8``); 16-bit is ``Device.peak_flops``."""
+    attention_kernel: str = "fa2"
+    """Flash-attention kernel family the training stack runs (``fa2``, ``fa3``...): the key of
+    ``attention_fractions`` used for ``attention="flash"`` layers."""
+    attention_fractions: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    """Fraction of the 16-bit peak each flash-attention kernel family sustains on full waves
+    (forward); a family not listed runs at 0.85 of the GEMM rate."""
 
 
 class Device(_Frozen):

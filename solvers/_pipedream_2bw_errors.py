@@ -45,6 +45,10 @@ def check_problem(problem: PipelineProblem, opts: Options) -> tuple[list[str], l
             f"solver {_SOLVER!r} plans one chunk per stage without BPipe; remove {name}={value} "
             "(use solver 'ptdp' or 'even' for interleaved schedules)")
     schedules = _schedules(problem, opts)
+    if opts.runtime_memory not in cm.RUNTIME_MEMORY:
+        raise InvalidProblemError(
+            f"option runtime_memory={opts.runtime_memory!r} of solver {_SOLVER!r}; "
+            f"choose from {list(cm.RUNTIME_MEMORY)}")
     if opts.recompute not in _RECOMPUTE:
         raise InvalidProblemError(
             f"option recompute={opts.recompute!r} of solver {_SOLVER!r}; choose from {list(_RECOMPUTE)}")
@@ -119,14 +123,14 @@ def batch_message(
 
 
 def memory_message(
-    problem: PipelineProblem, get_profile: Callable[[int], ModelProfile], candidates: Sequence[Candidate]
+    problem: PipelineProblem, get_profile: Callable[[int, str], ModelProfile], candidates: Sequence[Candidate]
 ) -> str:
     """Nothing fits: the least memory any configuration needs, and the deeper pipeline (more
     workers) or the smaller model (fewer blocks) that would fit."""
     least = min(candidates, key=lambda c: c.peak_memory_bytes)
     what = f"every swept configuration of {problem.model.name} ({len(candidates)} of them)"
     parts = [memory_shortfall_message(problem, least.peak_memory_bytes, what)]
-    model = get_profile(least.microbatch_size)
+    model = get_profile(least.microbatch_size, least.schedule)
     deeper = _fitting_depth(problem, model, least)
     if deeper is not None:
         t = model.tensor_parallel

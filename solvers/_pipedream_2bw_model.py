@@ -33,7 +33,11 @@ The chapter checkpoints only the stage input and re-materializes the whole stage
 checkpointing, as Megatron-LM), so the backward re-materializes one layer at a time.
 
 The chapter's MEMORY(.) counts weights only (2|W|/p); it omits gradients and optimizer state,
-which are real for Adam (L3197-3201), so ``static_bytes`` of the profile is used instead.
+which are real for Adam (L3197-3201), so ``static_bytes`` of the profile is used instead, plus
+what the chapter's runtime keeps on top of it (``runtime_profile``): its Megatron-LM-based FP16
+optimizer keeps fp32 main gradients next to the fp16 ones, and 2BW's second weight version is a
+copy of the fp32 main weights (msr-fiddle/pipedream, ``megatron/optimizer``): 24 bytes per
+parameter with 2BW, 20 with Flush, against the profile's 16 (+ 2 for a 16-bit second version).
 
 Placement (``balanced_bounds``): the chapter gives every stage B/p blocks (L2729-2737), which
 ignores the embedding and, above all, the LM head on the last stage (the logits GEMM and the
@@ -57,6 +61,13 @@ from planner.schema import Cluster, ModelProfile
 from solvers._partition import parametric_partition
 
 SCHEDULES = ("2bw", "flush")
+RUNTIME_MEMORY = ("pipedream-2bw", "profile")
+MAIN_GRAD_BYTES_PER_PARAM = 4.0
+"""fp32 main gradients of the chapter's runtime (Megatron-LM's FP16 optimizer allocates an fp32
+``grad`` for every fp32 main weight once and keeps it)."""
+STASHED_VERSION_BYTES_PER_PARAM = 4.0
+"""2BW's second weight version: a copy of the fp32 main weights, from which the fp16 model
+weights are refreshed when a microbatch needs the other version."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,6 +144,26 @@ def stage_terms(
         static_bytes=tuple(static), weight_bytes=tuple(weights), activation_bytes=tuple(act),
         working_bytes=tuple(work),
     )
+
+
+def runtime_profile(model: ModelProfile, schedule: str, *, bytes_per_element: int,
+                    runtime_memory: str = "pipedream-2bw") -> ModelProfile:
+    """The layer profile with the resident bytes of the runtime the plan runs on.
+
+    ``pipedream-2bw`` (the chapter's runtime, mixed precision: ``bytes_per_element`` < 4): every
+    layer's ``static_bytes`` gains the fp32 main gradients (4 B per parameter) and, for 2BW, what
+    its fp32 second version holds beyond the 16-bit one that ``stage_memory_bytes`` and the
+    simulator count (4 - e bytes): 16 + 4 + 4 = 24 B per parameter with 2BW, 20 with Flush.
+    fp32 training (``bytes_per_element`` 4) and ``profile`` keep the profile as it is.
+    """
+    if runtime_memory == "profile" or bytes_per_element >= 4:
+        return model
+    assert runtime_memory == "pipedream-2bw", runtime_memory
+    version = STASHED_VERSION_BYTES_PER_PARAM - bytes_per_element if schedule == "2bw" else 0.0
+    per_byte = (MAIN_GRAD_BYTES_PER_PARAM + version) / bytes_per_element  # extra bytes per byte of 16-bit weights
+    layers = tuple(layer.model_copy(update={"static_bytes": layer.static_bytes + per_byte * layer.param_bytes})
+                   for layer in model.layers)
+    return model.model_copy(update={"layers": layers, "source": model.source})
 
 
 def balanced_bounds(model: ModelProfile, num_stages: int, *, recompute: str, schedule: str, num_microbatches: int,

@@ -61,6 +61,10 @@ class Options:
     """Comma-separated microbatch sizes to try (default: powers of two up to max_microbatch_size)."""
     max_microbatch_size: int = 64
     """Largest microbatch size of the default list."""
+    runtime_memory: str = "pipedream-2bw"
+    """Resident bytes per parameter: ``pipedream-2bw`` (the chapter's runtime: fp32 main gradients
+    and, for 2BW, an fp32 second version; 24 B with 2BW, 20 with Flush in mixed precision) or
+    ``profile`` (the profile's static bytes, 16 B, plus a 16-bit second version)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +171,13 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     batch = problem.global_batch_size
     if batch is None and problem.num_microbatches is None:
         batch = DEFAULT_GLOBAL_BATCH_SIZE
-    get_profile = profiles or (lambda b: problem.model)
+    derive = profiles or (lambda b: problem.model)
+    element = _bytes_per_element(problem)
+
+    @lru_cache(maxsize=None)
+    def get_profile(b: int, schedule: str) -> ModelProfile:
+        return cm.runtime_profile(derive(b), schedule, bytes_per_element=element, runtime_memory=opts.runtime_memory)
+
     budget = Budget.of(problem)
     candidates, skipped = _sweep(problem, get_profile, sizes, schedules, recomputes, batch, budget)
     pairs = len(depth_width_pairs(problem))
@@ -179,7 +189,7 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     best = candidates[0]
     if not best.fits:
         raise InfeasibleError(memory_message(problem, get_profile, candidates) + untried)
-    plan = _build(problem, get_profile(best.microbatch_size), best, opts)
+    plan = _build(problem, get_profile(best.microbatch_size, best.schedule), best, opts)
     plan, _ = with_prediction(plan)
     notes = _notes(best, len(candidates), batch, profile_note, problem)
     plan = plan.model_copy(update={
@@ -253,7 +263,7 @@ def placements(model: ModelProfile, num_stages: int, *, recompute: str, schedule
 
 
 def _sweep(
-    problem: PipelineProblem, get_profile: Callable[[int], ModelProfile], sizes: list[int],
+    problem: PipelineProblem, get_profile: Callable[[int, str], ModelProfile], sizes: list[int],
     schedules: list[str], recomputes: list[str], batch: int | None, budget: Budget,
 ) -> tuple[list[Candidate], dict[str, int]]:
     """Every valid configuration; ``skipped`` counts why others were left out (and
@@ -275,12 +285,12 @@ def _sweep(
                 continue
             else:
                 m = batch // (b * d)
-            model = get_profile(b)
-            offered = {name for layer in model.layers for name in layer.strategies()}
+            offered = {name for layer in get_profile(b, schedules[0]).layers for name in layer.strategies()}
             for schedule in schedules:
                 if schedule == "2bw" and m < p:
                     skipped["m<p"] += 1
                     continue
+                model = get_profile(b, schedule)
                 for r in (r for r in recomputes if r in offered):
                     out.append(evaluate(problem, model, schedule=schedule, num_stages=p, data_parallel=d,
                                         num_microbatches=m, recompute=r))
@@ -310,6 +320,14 @@ def _microbatch_sizes(problem: PipelineProblem, opts: Options, *, fixed: bool) -
             f"option max_microbatch_size={opts.max_microbatch_size} of solver {SOLVER!r} must be at least 1")
     sizes = {2**i for i in range(opts.max_microbatch_size.bit_length()) if 2**i <= opts.max_microbatch_size}
     return sorted(sizes | ({own} if own <= opts.max_microbatch_size else set()))
+
+
+def _bytes_per_element(problem: PipelineProblem) -> int:
+    """Bytes of one weight in the profile's ``param_bytes``: the transformer's dtype; measured
+    profiles (PipeDream's are fp32) count as fp32, i.e. without mixed-precision extras."""
+    if problem.transformer is None:
+        return 4
+    return 4 if problem.transformer.dtype == "fp32" else 2
 
 
 def _profile_source(problem: PipelineProblem) -> tuple[Callable[[int], ModelProfile] | None, str]:
@@ -371,7 +389,8 @@ def _build(problem: PipelineProblem, model: ModelProfile, best: Candidate, opts:
                     tensor_parallel=model.tensor_parallel, microbatch_size=best.microbatch_size,
                     num_microbatches=best.num_microbatches)
     chosen = problem.model_copy(update={"model": model, "schedule": best.schedule})
-    options = {k: getattr(opts, k) for k in ("schedules", "recompute", "microbatch_sizes", "max_microbatch_size")}
+    options = {k: getattr(opts, k) for k in ("schedules", "recompute", "microbatch_sizes", "max_microbatch_size",
+                                             "runtime_memory")}
     return build_plan(chosen, layout, bounds=list(best.bounds), strategies=strategies,
                       solver=SOLVER, options={k: v for k, v in options.items() if v is not None})
 

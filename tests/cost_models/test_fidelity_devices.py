@@ -53,22 +53,31 @@ def test_megatron_512_gpus_with_the_all_reduce_under_the_backward(v100: list[dic
 
 
 def test_two_bw_depth_rows() -> None:
+    """The chapter's planner picks 8 deep for GPT 2.2B (8 and 64 V100s) and 16 deep for 3.8B: so
+    does ours on the chapter's runtime memory (24 B per parameter with 2BW). Among 2BW
+    configurations the chapter's depth wins; with Flush swept too the 3.8B margin is 1 %."""
     rows = FIDELITY.two_bw_rows()
-    assert [r["predicted_depth"] for r in rows] == [8, 8, 8]
     assert [r["published_depth"] for r in rows] == [8, 8, 16]
-    assert float(rows[2]["published_depth_relative_rate"]) == pytest.approx(0.896, abs=0.01)
+    assert [r["predicted_depth"] for r in rows] == [8, 8, 16]
+    assert [r["predicted_depth_any"] for r in rows] == [8, 8, 16]
+    assert all(float(r["published_depth_relative_rate"]) == 1.0 for r in rows)
+    assert [float(r["runner_up_relative_rate"]) for r in rows] == pytest.approx([0.958, 0.906, 0.990], abs=0.005)
 
 
-def test_torchtitan_rows_bound_from_above() -> None:
-    """torchtitan's FSDP2 runs, predicted from compute alone (FSDP traffic not charged): Llama 3 8B
-    on 64 A100s +11.7 % (its 47 GB per step of FSDP traffic over 25 GB/s per GPU is not fully hidden),
-    70B +4.7 %, tested within 13 % and 6 %; Llama 3.1 8B on 8 H100s at 500 W without torch.compile
-    +68 %, a known gap (docs/cost-model.md): every prediction is at or above the measurement."""
+def test_torchtitan_rows() -> None:
+    """torchtitan's FSDP2 runs (layer times, op-level selective checkpointing, FSDP2's exposed
+    collectives, optimizer step): the six A100 rows +3.1 to +18.5 % (mean 9.5 %), tested within
+    20 %; every prediction is at or above the measurement (eager PyTorch's unfused elementwise
+    kernels are not modelled). The Grand Teton H100 rows (peak between 835 and 989 TF/s, 2.4 TB/s,
+    PyTorch SDPA's FlashAttention-2 at 35 % of peak): +19 to +44 % over that range, a known gap
+    (docs/cost-model.md), tested at the accuracy reached."""
     rows = FIDELITY.torchtitan_rows()
-    assert float(rows[0]["predicted"]) == pytest.approx(float(rows[0]["published"]), rel=0.13)
-    assert float(rows[1]["predicted"]) == pytest.approx(float(rows[1]["published"]), rel=0.06)
-    assert all(float(r["predicted"]) >= float(r["published"]) for r in rows)
-    assert float(rows[2]["error"]) == pytest.approx(0.684, abs=0.02)
+    a100 = [r for r in rows if "a100" in str(r["row"])]
+    assert len(a100) == 6 and all(0 <= float(r["error"]) < 0.20 for r in a100)
+    assert sum(float(r["error"]) for r in a100) / len(a100) == pytest.approx(0.095, abs=0.01)
+    h100 = [r for r in rows if "h100" in str(r["row"])]
+    assert [round(float(r["error"]), 2) for r in h100] == pytest.approx([0.19, 0.23], abs=0.015)
+    assert [round(float(r["error_high"]), 2) for r in h100] == pytest.approx([0.39, 0.44], abs=0.015)
 
 
 def test_korthikanti_table_5_iteration_times() -> None:
