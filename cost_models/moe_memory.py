@@ -72,3 +72,28 @@ def dense_mlp_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, 
     tokens = cfg.seq_length * microbatch_size
     acts = 3 if cfg.mlp == "swiglu" else 2
     return e * acts * tokens * cfg.ffn_size / t + (e + 1) * tokens * cfg.hidden_size / t_sp
+
+
+def attention_block_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1,
+                                     sequence_parallel: bool = True) -> float:
+    """Bytes the attention block keeps besides the core's own (no recompute), per microbatch and device:
+    the norm output (QKV input) and the dropout mask, ``(e + 1) T h / t_sp``; Q, K, V (the core's
+    inputs) and the core output (the projection's input), each its own width over t: ``e T (n_h d_qk
+    + 2 n_kv d + n_h d) / t``, which is ``e T (2h + 2 n_kv d) / t`` for ``n_h d = h`` (Korthikanti
+    et al. Eq. 1). MLA (DeepSeek-V2 Sec. 2.1.2-2.1.3; Megatron-Core's MLA) keeps the up-projected
+    ``Q, K`` of width ``n_h (d_nope + d_rope)``, ``V`` and the output of width ``n_h d_v`` (all over
+    t), and, replicated over t, the latents: the query latent before and after its norm
+    (``2 d_c'`` when it has one), the key-value latent before and after its norm (``2 d_c``) and
+    the shared rotary key (``d_rope``)."""
+    e, h, t = _BYTES[cfg.dtype], cfg.hidden_size, tensor_parallel
+    t_sp = t if sequence_parallel else 1
+    tokens = cfg.seq_length * microbatch_size
+    a = cfg.num_heads
+    if cfg.is_mla:
+        qk = int(cfg.qk_nope_head_dim or 0) + int(cfg.qk_rope_head_dim or 0)
+        v = int(cfg.v_head_dim or 0)
+        heads = a * (2 * qk + 2 * v) / t
+        latents = 2 * int(cfg.q_lora_rank or 0) + 2 * int(cfg.kv_lora_rank or 0) + int(cfg.qk_rope_head_dim or 0)
+        return e * tokens * (heads + latents) + (e + 1) * tokens * h / t_sp
+    d = cfg.head_size
+    return e * tokens * (2 * a * d + 2 * cfg.kv_heads * d) / t + (e + 1) * tokens * h / t_sp

@@ -149,7 +149,26 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                 if _states_overflow(u, cfg, c, capacity):
                     continue
                 for r in recompute:
-                    yield _replace(c, recompute=r)
+                    if r == "modules":
+                        picked = _cheapest_fitting_modules(u, cfg, c, capacity)
+                        if picked is not None:
+                            yield _replace(c, recompute=picked)
+                    else:
+                        yield _replace(c, recompute=r)
+
+
+def _cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,
+                              capacity: float) -> str | None:
+    """The per-module recompute set with the least recompute time whose closed-form peak fits the device
+    (the one freeing the most when none fits, for the memory message); None when nothing needs
+    recomputing or without module options (the flat-efficiency model)."""
+    if model.config_peak_memory_bytes(u, cfg, _replace(c, recompute="none")) <= capacity:
+        return None  # the empty set fits: nothing to recompute (``none`` is its own choice)
+    names = model.module_frontier(u, cfg)
+    for name in names:
+        if model.config_peak_memory_bytes(u, cfg, _replace(c, recompute=name)) <= capacity:
+            return name
+    return names[-1] if names else None
 
 
 def _states_overflow(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config, capacity: float) -> bool:

@@ -29,10 +29,11 @@ from typing import Any
 
 from cost_models.collectives import exposed_dp_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
+from cost_models.recompute import frontier
 from cost_models.memory import usable_memory_bytes
 from cost_models.simulate import allreduce_link
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, allreduce_time_s, transformer_profile
-from planner.schema import Cluster, LayerProfile, TransformerConfig
+from planner.schema import KNOWN_RECOMPUTE, Cluster, LayerProfile, RecomputeOption, TransformerConfig, recompute_modules_of
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_v as v_model
 from solvers._ptdp_rows import recompute_flops_per_sample, throughput_row  # noqa: F401 (this module's API)
@@ -144,6 +145,8 @@ class ProfileSettings:
     sequence_parallel: bool | None = None
     attention: str = "flash"
     overlap_tp_comm: bool = False
+    recompute_modules: bool = False
+    """Offer Megatron-Core's per-module recompute sets (per-operation model only)."""
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
@@ -184,8 +187,9 @@ def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
                               "sequence_parallel": settings.sequence_parallel, "attention": settings.attention}
     if settings.efficiency is not None:
         kwargs["efficiency"] = settings.efficiency
-    elif settings.overlap_tp_comm:
-        kwargs["overlap_tp_backward"] = True
+    else:
+        kwargs["overlap_tp_backward"] = settings.overlap_tp_comm
+        kwargs["recompute_modules"] = settings.recompute_modules
     return kwargs
 
 
@@ -376,6 +380,24 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
 
 
+def config_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
+    """The closed form's peak bytes of a configuration (rank 0 of a V schedule, else the busiest end)."""
+    return _v_peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
+
+
+def module_frontier(u: UnitCosts, cfg: TransformerConfig) -> list[str]:
+    """The per-module recompute strategies worth searching (``cost_models.recompute.frontier``), costed
+    over the whole model: each dense and MoE block weighted by its count."""
+    dense, moe_count = u.counts(0, cfg.num_layers)
+    layers = [(u.decoder, dense), (u.moe_decoder, moe_count)]
+    names = [name for name in u.decoder.strategies() if name not in KNOWN_RECOMPUTE
+             and recompute_modules_of(name) is not None]
+    total = {name: RecomputeOption(
+        activation_bytes=math.fsum(n * lay.strategies()[name].activation_bytes for lay, n in layers if lay and n),
+        extra_s=math.fsum(n * lay.strategies()[name].extra_s for lay, n in layers if lay and n)) for name in names}
+    return frontier(total)
+
+
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
@@ -397,7 +419,7 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     if c.num_devices > c.tensor * p:
         allreduce = _dp_sync_s(u, cluster, c, rank0, overlap_grad_reduce=overlap_grad_reduce,
                                overlap_param_gather=overlap_param_gather)
-    peak = _v_peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
+    peak = config_peak_memory_bytes(u, cfg, c)
     expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
     dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
     if c.v_schedule:  # rank 0 also holds the head
