@@ -386,16 +386,22 @@ def config_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) ->
 
 
 def module_frontier(u: UnitCosts, cfg: TransformerConfig) -> list[str]:
-    """The per-module recompute strategies worth searching (``cost_models.recompute.frontier``), costed
-    over the whole model: each dense and MoE block weighted by its count."""
+    """The per-module recompute strategies worth searching, cheapest first: sorted by the whole model's
+    recompute time (each dense and MoE block weighted by its count), each kept only when it holds no more
+    bytes than the previous one in either kind of block and fewer in total (``cost_models.recompute.
+    frontier`` with the per-kind condition), so every rank's peak falls along the list."""
     dense, moe_count = u.counts(0, cfg.num_layers)
-    layers = [(u.decoder, dense), (u.moe_decoder, moe_count)]
-    names = [name for name in u.decoder.strategies() if name not in KNOWN_RECOMPUTE
-             and recompute_modules_of(name) is not None]
-    total = {name: RecomputeOption(
-        activation_bytes=math.fsum(n * lay.strategies()[name].activation_bytes for lay, n in layers if lay and n),
-        extra_s=math.fsum(n * lay.strategies()[name].extra_s for lay, n in layers if lay and n)) for name in names}
-    return frontier(total)
+    kinds = [(lay.strategies(), n) for lay, n in ((u.decoder, dense), (u.moe_decoder, moe_count)) if lay and n]
+    names = [name for name in kinds[0][0] if name not in KNOWN_RECOMPUTE and recompute_modules_of(name) is not None]
+    per_kind = {name: [options[name].activation_bytes for options, _ in kinds] for name in names}
+    total = {name: RecomputeOption(activation_bytes=math.fsum(n * options[name].activation_bytes for options, n in kinds),
+                                   extra_s=math.fsum(n * options[name].extra_s for options, n in kinds))
+             for name in names}
+    chain: list[str] = []
+    for name in frontier(total):
+        if not chain or all(a <= b for a, b in zip(per_kind[name], per_kind[chain[-1]])):
+            chain.append(name)
+    return chain
 
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,

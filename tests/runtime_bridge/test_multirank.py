@@ -25,6 +25,7 @@ from runtime_bridge.launch import RunJob, LaunchOptions, RunFailedError, launch,
 from runtime_bridge.validate import resolve_config  # noqa: E402
 from tests.runtime_bridge.plans import LLAMA_TINY, MIXTRAL_TINY, tiny_plan, torchtitan_custom_plan  # noqa: E402
 
+MIXTRAL_SHARED = MIXTRAL_TINY.model_copy(update={"name": "mixtral-shared-tiny", "num_shared_experts": 1})
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(240)]
 
 _TWO_RANK_PLANS = {
@@ -46,6 +47,14 @@ _TWO_RANK_PLANS = {
     # one ZeroRedundancyOptimizer over both replicas broadcast one rank's experts over the other's (5e-3)
     "mixtral EP2, ZeRO-1 (experts' optimizer apart)": tiny_plan(
         "1f1b", p=1, d=2, expert=2, zero_stage=1, model=MIXTRAL_TINY),
+    "llama, recompute modules core_attn+layernorm+mlp": tiny_plan(
+        "1f1b", model=LLAMA_TINY, module_strategy="core_attn+layernorm+mlp",
+        recompute={0: {"core_attn+layernorm+mlp": [1, 2]}, 1: {"core_attn+layernorm+mlp": [3]}}),
+    "mixtral + shared expert, recompute modules layernorm+moe_act+shared_experts": tiny_plan(
+        "1f1b", model=MIXTRAL_SHARED, module_strategy="moe_act+layernorm+shared_experts",
+        recompute={0: {"moe_act+layernorm+shared_experts": [1, 2]}, 1: {"moe_act+layernorm+shared_experts": [3, 4]}}),
+    "mixtral, recompute module moe": tiny_plan(
+        "1f1b", model=MIXTRAL_TINY, module_strategy="moe", recompute={0: {"moe": [1, 2]}}),
     "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
         "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
 }
