@@ -17,8 +17,12 @@ factor ``c``: every expert padded to ``c T k / E`` rows, Switch Transformer, Fed
   parallelism the tokens are all-gathered before routing);
 - routed experts: FC1's output(s) and the activation's output, as the dense MLP but over ``R``
   rows of width ``f_e / t``: ``e R f_e (2 or 3) / t``;
-- combine: the expert outputs (``e R h``, the gradient of the routing weights needs them) and the
-  top-k weights in fp32 (``4 T k``);
+- routing weights: Megatron-Core (0.16, ``experts.py``) multiplies each routed row by its weight
+  inside the experts' activation (``act(FC1 x) * p``, the weighted SwiGLU), which keeps the
+  permuted weights in fp32 (``4 R``) for its backward; the FC2 outputs are then only scattered
+  back and summed (unpermute), whose backward is a gather that keeps nothing. (Counting the
+  expert outputs ``e R h`` as well, as an older combine that weighted them after FC2 needed,
+  over-counts today's Megatron by ``e R h`` per MoE layer: 470 MB for DeepSeek-V3 at 4096 tokens.)
 - shared experts (DeepSeekMoE, Dai et al., ACL 2024, Sec. 3.2): a dense FFN of width
   ``n_shared f_e`` over all ``T`` tokens, reading the same block input: ``e T n_shared f_e (2 or 3) / t``.
 
@@ -51,7 +55,7 @@ def moe_mlp_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, te
     e, h, t = _BYTES[cfg.dtype], cfg.hidden_size, tensor_parallel
     t_sp = t if sequence_parallel else 1
     tokens = cfg.seq_length * microbatch_size
-    experts, k = int(cfg.num_experts or 0), int(cfg.experts_per_token or 0)
+    experts = int(cfg.num_experts or 0)
     width = cfg.moe_ffn_hidden_size or cfg.ffn_size
     acts = 3 if cfg.mlp == "swiglu" else 2
     rows = routed_rows(cfg, tokens)
@@ -59,7 +63,7 @@ def moe_mlp_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, te
     router = (ROUTER_SCORE_BYTES + 1) * tokens * experts
     dispatched = e * rows * h
     routed = e * rows * acts * width / t
-    combine = e * rows * h + ROUTER_SCORE_BYTES * tokens * k
+    combine = ROUTER_SCORE_BYTES * rows  # the permuted routing weights the weighted activation keeps
     shared = e * tokens * acts * cfg.num_shared_experts * width / t
     return block_input_and_mask + router + dispatched + routed + combine + shared
 
