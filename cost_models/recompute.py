@@ -28,6 +28,7 @@ tensor-parallel collective of its block; the expert all-to-alls are added at the
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import combinations
 
 from cost_models import moe, moe_memory, moe_ops
@@ -146,13 +147,17 @@ def effective_modules(modules: tuple[str, ...] | list[str]) -> tuple[str, ...]:
 def candidate_sets(cfg: TransformerConfig) -> list[tuple[str, ...]]:
     """Every non-empty set of the applicable modules without a redundant member (``moe`` with
     ``moe_act`` or ``shared_experts``), in canonical order."""
-    mods = applicable_modules(cfg)
+    return [modules for modules, _ in _named_sets(applicable_modules(cfg))]
+
+
+@lru_cache(maxsize=64)
+def _named_sets(mods: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], str], ...]:
     out = []
     for size in range(1, len(mods) + 1):
         for combo in combinations(mods, size):
             if effective_modules(combo) == combo:
-                out.append(combo)
-    return out
+                out.append((combo, module_strategy(combo)))
+    return tuple(out)
 
 
 def module_set_options(cfg: TransformerConfig, device: Device, dec: OpTimes, none_bytes: float, *,
@@ -166,9 +171,11 @@ def module_set_options(cfg: TransformerConfig, device: Device, dec: OpTimes, non
     freed = {m: module_bytes(cfg, m, **kw, attention=attention) for m in applicable_modules(cfg)}
     spent = {m: module_forward_s(cfg, device, m, dec, **kw) for m in applicable_modules(cfg)}
     out = {}
-    for modules in candidate_sets(cfg) if sets is None else sets:
+    named = _named_sets(applicable_modules(cfg)) if sets is None else [(m, module_strategy(m)) for m in sets]
+    for modules, name in named:
         mods = effective_modules(modules)
-        out[module_strategy(modules)] = RecomputeOption(
+        # built without validation (up to ~80 per layer in a search): both values are finite and >= 0
+        out[name] = RecomputeOption.model_construct(
             activation_bytes=max(0.0, none_bytes - sum(freed.get(m, 0.0) for m in mods)),
             extra_s=sum(spent.get(m, 0.0) for m in mods))
     return out

@@ -398,7 +398,7 @@ def transformer_profile(
         efficiency = DEFAULT_EFFICIENCY  # no compute constants (cpu, toy devices): the flat model
     from cost_models import _layer_profiles as lp  # the builders import this module's formulas
 
-    sets = recompute_mod.candidate_sets(cfg) if recompute_modules is True else (recompute_modules or None)
+    sets = recompute_modules or None  # True: every candidate set (``recompute.candidate_sets``)
     if efficiency is None:
         embedding, block, head = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
                                             selective_recompute_fraction, overlap_tp_backward=overlap_tp_backward,

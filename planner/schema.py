@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -77,6 +78,7 @@ documented order. A recompute strategy named by modules joined with ``+`` (``lay
 is Megatron's selective granularity with exactly those modules; ``selective`` is ``core_attn``."""
 
 
+@lru_cache(maxsize=1024)
 def recompute_modules_of(strategy: str) -> tuple[str, ...] | None:
     """The modules a strategy recomputes: () for ``none``, ("core_attn",) for ``selective``, the
     ``+``-joined names of a module strategy in canonical order; None for ``full`` and for strategy

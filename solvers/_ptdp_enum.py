@@ -142,7 +142,6 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
             continue
         probe = _replace(base, microbatch_size=b, num_microbatches=m)
         u = units(probe)
-        sets = model.module_frontier(u, cfg) if "modules" in recompute else []
         for v, vs in _chunk_counts(cfg.num_layers, base.pipeline, m, schedules, _fixed_chunks(search, opts),
                                    uneven=opts.uneven_stages):
             for ends in [(0, 0)] if vs else _layouts(search, opts, u, base.pipeline, v):
@@ -151,7 +150,7 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                     continue
                 for r in recompute:
                     if r == "modules":
-                        picked = _cheapest_fitting_modules(u, cfg, c, capacity, sets)
+                        picked = _cheapest_fitting_modules(u, cfg, c, capacity)
                         if picked is not None:
                             yield _replace(c, recompute=picked)
                     else:
@@ -159,19 +158,30 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
 
 
 def _cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,
-                              capacity: float, names: list[str]) -> str | None:
+                              capacity: float) -> str | None:
     """The per-module recompute set with the least recompute time whose closed-form peak fits the device
     (the one freeing the most when none fits, for the memory message); None when nothing needs
     recomputing or without module options (the flat-efficiency model)."""
-    if model.config_peak_memory_bytes(u, cfg, _replace(c, recompute="none")) <= capacity:
-        return None  # the empty set fits: nothing to recompute (``none`` is its own choice)
+    names = u.module_sets
     if not names:
         return None
+    if c.v_schedule:
+        def peak(name: str) -> float:
+            return model.config_peak_memory_bytes(u, cfg, _replace(c, recompute=name))
+    else:  # the model states and end layers do not change with the recompute set: cost them once
+        ranges = c.rank_ranges(cfg.num_layers)
+        fixed = model.rank_fixed_bytes(u, cfg, c, ranges)
+
+        def peak(name: str) -> float:
+            trial = _replace(c, recompute=name)
+            return max(f + model.chunk_activations(u, trial, ranges[r], r) for r, f in fixed)
+    if peak("none") <= capacity:
+        return None  # the empty set fits: nothing to recompute (``none`` is its own choice)
     # Along the frontier every layer kind keeps fewer bytes at each step, so the peak falls: bisect it.
     low, high = 0, len(names) - 1
     while low < high:
         mid = (low + high) // 2
-        if model.config_peak_memory_bytes(u, cfg, _replace(c, recompute=names[mid])) <= capacity:
+        if peak(names[mid]) <= capacity:
             high = mid
         else:
             low = mid + 1

@@ -23,7 +23,7 @@ them up per pipeline rank and applies the schedule:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -58,6 +58,8 @@ class UnitCosts:
     """Part of ``moe_decoder.static_bytes`` in routed-expert weights (sharded over the expert-DP ranks)."""
     expert_param_bytes: float = 0.0
     """Part of ``moe_decoder.param_bytes`` in routed-expert weights (reduced over the expert-DP ranks)."""
+    module_sets: tuple[str, ...] = ()
+    """The per-module recompute strategies worth searching, cheapest first (``module_frontier``)."""
 
     def counts(self, first: int, num: int) -> tuple[int, int]:
         """(dense, MoE) decoder layers among layers [first, first + num)."""
@@ -174,11 +176,12 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
                                                                      moe_layer=True, **kw)
         experts = dims_mod.expert_params_per_rank(cfg, dims)
     gather = layers[1].param_bytes
-    return UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
-                     decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
-                     decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
-                     expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
-                     expert_param_bytes=dims_mod.element_bytes(cfg) * experts)
+    units = UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
+                      decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
+                      decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
+                      expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
+                      expert_param_bytes=dims_mod.element_bytes(cfg) * experts)
+    return replace(units, module_sets=tuple(module_frontier(units, cfg))) if settings.recompute_modules else units
 
 
 def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
@@ -242,7 +245,7 @@ def _ranges_sum(u: UnitCosts, ranges: list[tuple[int, int]], value: Any) -> floa
 def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
     """Per-rank compute per microbatch: its decoder blocks (F + B + recompute), plus the
     embedding on rank 0 and the head on rank p - 1."""
-    work = [_ranges_sum(u, ranges, lambda lay: lay.forward_s + lay.backward_s + lay.strategies()[c.recompute].extra_s)
+    work = [_ranges_sum(u, ranges, lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
             for ranges in c.rank_ranges(cfg.num_layers)]
     work[0] += u.embedding.forward_s + u.embedding.backward_s
     work[-1] += u.head.forward_s + u.head.backward_s
@@ -294,10 +297,10 @@ def held_chunk_counts(p: int, v: int, m: int, rank: int) -> tuple[tuple[int, ...
     return tuple(set(states))
 
 
-def _chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], rank: int) -> float:
+def chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], rank: int) -> float:
     """Peak activation bytes of a rank's decoder chunks: in-flight count x chunk size when its chunks are
     equal, else the heaviest state of Megatron's interleaved order weighted by each chunk's size."""
-    sizes = [_block_sum(u, first, num, lambda lay: lay.strategies()[c.recompute].activation_bytes)
+    sizes = [_block_sum(u, first, num, lambda lay: option(lay, c.recompute).activation_bytes)
              for first, num in ranges]
     if c.virtual == 1 or len(set(sizes)) == 1:
         return inflight_chunks(c, rank) * max(sizes)
@@ -319,23 +322,40 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     head's chunk runs each forward right before its backward (1F1B, and Megatron's interleaved order
     once m >= p), so it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``.
     Both peaks are added to the rank's total, an upper bound within the embedding's share."""
+    ranges = c.rank_ranges(cfg.num_layers)
+    return max(fixed + chunk_activations(u, c, ranges[r], r) for r, fixed in rank_fixed_bytes(u, cfg, c, ranges))
+
+
+def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
+                     all_ranges: list[list[tuple[int, int]]] | None = None) -> list[tuple[int, float]]:
+    """(rank, bytes) of the ranks ``peak_memory_bytes`` costs: all but the decoder activations (model
+    states, the FSDP buffer, the embedding's and head's shares), which no recompute setting changes.
+    ``all_ranges``: ``c.rank_ranges(cfg.num_layers)`` when the caller has it."""
     dims = c.dims
-    all_ranges = c.rank_ranges(cfg.num_layers)
+    all_ranges = all_ranges or c.rank_ranges(cfg.num_layers)
     p = c.pipeline
     ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
     emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims)
     head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims)
     buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
-    peak = 0.0
+    out = []
     for r in ranks:
-        total = rank_static_bytes(u, all_ranges[r], dims) + buffer + _chunk_activations(u, c, all_ranges[r], r)
+        total = rank_static_bytes(u, all_ranges[r], dims) + buffer
         if r == 0:
             first = first_chunk_inflight(p, c.virtual, c.num_microbatches)
             total += emb_static + first * (u.embedding.activation_bytes or 0.0)
         if r == p - 1:
             total += head_static + (u.head.activation_bytes or 0.0)
-        peak = max(peak, total)
-    return peak
+        out.append((r, total))
+    return out
+
+
+def option(layer: LayerProfile, strategy: str) -> RecomputeOption:
+    """``layer.strategies()[strategy]`` without copying the options (profiles offer up to ~80 module sets)."""
+    options = layer.recompute
+    if options and strategy in options:
+        return options[strategy]
+    return layer.strategies()[strategy]
 
 
 def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int, int]], *, overlap_grad_reduce: bool,
