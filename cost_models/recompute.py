@@ -117,7 +117,8 @@ def module_forward_s(cfg: TransformerConfig, device: Device, module: str, dec: O
     if module == "mla_up_proj":
         if not cfg.is_mla:
             return 0.0
-        up = [g for g in moe_ops.attention_gemms(cfg, tokens, t) if g[2] in (cfg.q_lora_rank, cfg.kv_lora_rank)]
+        attn = moe_ops.attention_gemms(cfg, tokens, t)  # [q_down, q_up | q], kv_down, kv_up, out
+        up = [attn[-2]] + ([attn[1]] if cfg.q_lora_rank else [])
         q_rope, k_rope = moe_ops.rope_widths(cfg)
         return _gemms_forward_s(up, device) + memory_op_s(2 * e * tokens * (q_rope / t + k_rope), device)
     if not moe_layer:

@@ -86,6 +86,18 @@ def test_module_times_are_the_modules_own_kernels() -> None:
     assert whole < moe_dec.forward_s
 
 
+def test_mla_and_shared_expert_times_by_hand() -> None:
+    dec = decoder_op_times(MLA, H100, microbatch_size=1)
+    # the up projections: query d_c' = 6 -> a d_qk = 12, key-value d_c = 4 -> a (d_nope + d_v) = 16;
+    # rotary rewrites the a d_rope = 4 query and the shared d_rope = 2 key columns: 2 e T (4 + 2) bytes
+    up = gemm_fwd_bwd_s(4, 12, 6, H100)[0] + gemm_fwd_bwd_s(4, 16, 4, H100)[0] + memory_op_s(2 * 2 * 4 * 6, H100)
+    assert rc.module_forward_s(MLA, H100, "mla_up_proj", dec, microbatch_size=1) == pytest.approx(up)
+    moe_dec = decoder_op_times(MOE, H100, microbatch_size=1)
+    shared = (gemm_fwd_bwd_s(4, 32, 8, H100)[0] + gemm_fwd_bwd_s(4, 8, 16, H100)[0]  # FC1 (both halves), FC2
+              + memory_op_s(3 * 2 * 4 * 16, H100))
+    assert rc.module_forward_s(MOE, H100, "shared_experts", moe_dec, microbatch_size=1) == pytest.approx(shared)
+
+
 def test_candidate_sets_and_frontier() -> None:
     assert rc.applicable_modules(DENSE) == ("core_attn", "layernorm", "mlp")
     assert len(rc.candidate_sets(DENSE)) == 7  # every non-empty subset of three
