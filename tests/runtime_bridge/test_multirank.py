@@ -47,6 +47,12 @@ _TWO_RANK_PLANS = {
     # one ZeroRedundancyOptimizer over both replicas broadcast one rank's experts over the other's (5e-3)
     "mixtral EP2, ZeRO-1 (experts' optimizer apart)": tiny_plan(
         "1f1b", p=1, d=2, expert=2, zero_stage=1, model=MIXTRAL_TINY),
+    "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
+        "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
+}
+# Megatron-Core recompute modules (runtime_bridge.recompute), launched apart so that each launch stays
+# within the per-test timeout on a loaded machine
+_MODULE_PLANS = {
     "llama, recompute modules core_attn+layernorm+mlp": tiny_plan(
         "1f1b", model=LLAMA_TINY, module_strategy="core_attn+layernorm+mlp",
         recompute={0: {"core_attn+layernorm+mlp": [1, 2]}, 1: {"core_attn+layernorm+mlp": [3]}}),
@@ -55,8 +61,6 @@ _TWO_RANK_PLANS = {
         recompute={0: {"moe_act+layernorm+shared_experts": [1, 2]}, 1: {"moe_act+layernorm+shared_experts": [3, 4]}}),
     "mixtral, recompute module moe": tiny_plan(
         "1f1b", model=MIXTRAL_TINY, module_strategy="moe", recompute={0: {"moe": [1, 2]}}),
-    "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
-        "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
 }
 _EXECUTOR = {"1f1b through the plan's action list": "actions", "dualpipe-v through the plan's action list": "actions"}
 
@@ -81,6 +85,21 @@ def test_two_ranks_match_single_process(two_rank_reports: dict[str, dict], name:
     assert report["max_grad_diff"] <= TOLERANCE
     assert report["check_passed"]
     assert len(report["loss"]) == 2 and all(4.0 < x < 6.0 for x in report["loss"])  # ~ln(128) = 4.85
+
+
+@pytest.fixture(scope="module")
+def module_recompute_reports() -> dict[str, dict]:
+    jobs = _jobs(_MODULE_PLANS)
+    results = launch(jobs, LaunchOptions(timeout_s=30))
+    assert results is not None
+    return {name: summarize(job, recs) for name, job, recs in zip(_MODULE_PLANS, jobs, results)}
+
+
+@pytest.mark.parametrize("name", list(_MODULE_PLANS))
+def test_recompute_modules_match_single_process(module_recompute_reports: dict[str, dict], name: str) -> None:
+    report = module_recompute_reports[name]
+    assert report["max_loss_diff"] <= TOLERANCE and report["max_grad_diff"] <= TOLERANCE
+    assert report["check_passed"] and len(report["loss"]) == 2
 
 
 @pytest.mark.parametrize("name", ["zb-v (ScheduleZBVZeroBubble, V placement)",
