@@ -20,7 +20,7 @@ from cost_models.hardware import cluster_preset
 from cost_models.models import model_preset
 from cost_models.parallelism import balanced_end_stage_layers
 from cost_models.transformer import transformer_profile
-from planner.schema import V_SCHEDULES, Chunk, Degrees, Plan, Stage
+from planner.schema import KNOWN_RECOMPUTE, V_SCHEDULES, Chunk, Degrees, Plan, Stage, recompute_modules_of
 
 RECIPES_PATH = Path(__file__).with_name("data") / "modern_recipes.json"
 DEVICES_PER_NODE = 8
@@ -76,8 +76,11 @@ def recipe_plan(recipe: Recipe, *, global_batch_size: int | None = None) -> Plan
     cluster = cluster_preset(f"h100:{nodes}x{min(DEVICES_PER_NODE, recipe.num_gpus)}")
     assert cluster.device is not None
     t, p, v, b = recipe.tensor, recipe.pipeline, recipe.virtual, recipe.microbatch_size
+    modules = recompute_modules_of(recipe.recompute)
+    sets = [modules] if modules and recipe.recompute not in KNOWN_RECOMPUTE else False  # a Megatron-Core module set
     profile = transformer_profile(cfg, device=cluster.device, microbatch_size=b, tensor_parallel=t,
-                                  intra_node_bytes_per_s=cluster.intra_node_bytes_per_s, sequence_parallel=t > 1)
+                                  intra_node_bytes_per_s=cluster.intra_node_bytes_per_s, sequence_parallel=t > 1,
+                                  recompute_modules=sets)
     big_b = global_batch_size or recipe.global_batch_size
     d = recipe.data
     return Plan(

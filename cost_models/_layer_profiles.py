@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cost_models import layer_ops, moe
+from cost_models import layer_ops, moe, recompute
 from cost_models.transformer import (
     _TOKEN_ID_BYTES,
     _element_bytes,
@@ -127,8 +127,11 @@ def _layer_flops_and_params(cfg: TransformerConfig, b: int, t: int, index: int) 
 
 def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float | None, sg: bool,
                sp: bool, attention: str, selective_fraction: float | None = None, index: int = 0,
-               overlap_tp_backward: bool = False) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
-    """Embedding, decoder block ``index`` and head from the per-operation model (``layer_ops``)."""
+               overlap_tp_backward: bool = False, module_sets: bool | list[tuple[str, ...]] | None = None,
+               ) -> tuple[LayerProfile, LayerProfile, LayerProfile]:
+    """Embedding, decoder block ``index`` and head from the per-operation model (``layer_ops``);
+    ``module_sets`` adds a recompute option per Megatron-Core module set (``cost_models.recompute``;
+    True: every candidate set)."""
     kw = {"microbatch_size": b, "tensor_parallel": t, "tp_link_bytes_per_s": bw}
     dec = layer_ops.decoder_op_times(cfg, device, **kw, sequence_parallel=sp, attention=attention, layer_index=index,
                                      overlap_tp_backward=overlap_tp_backward)
@@ -140,6 +143,10 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     mkw = {**akw, "sequence_parallel": sp, "layer_index": index}
     selective_s = dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s
     options = _recompute_options(cfg, mkw, attention, dec.forward_s, selective_s)
+    if module_sets:
+        options.update(recompute.module_set_options(cfg, device, dec, options["none"].activation_bytes, **mkw,
+                                                    attention=attention,
+                                                    sets=None if module_sets is True else module_sets))
     out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)
     decoder = LayerProfile(
         name=f"decoder{index}", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,

@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 
 from cost_models import compute, moe, moe_memory
+from cost_models import recompute as recompute_mod
 from planner.errors import InvalidProblemError
-from planner.schema import Device, ModelProfile, TransformerConfig
+from planner.schema import RECOMPUTE_MODULES, Device, ModelProfile, TransformerConfig, recompute_modules_of
 
 logger = logging.getLogger(__name__)
 
@@ -254,19 +255,23 @@ def decoder_activation_bytes(
     check_attention(attention)
     if recompute == "full":
         return e * sbh / t_sp
-    if recompute not in ("none", "selective"):
+    modules = recompute_modules_of(recompute)
+    if modules is None:
         raise InvalidProblemError(
-            f"unknown recompute strategy {recompute!r}; choose from ['none', 'selective', 'full']"
+            f"unknown recompute strategy {recompute!r}; choose from ['none', 'selective', 'full'] or "
+            f"Megatron-Core modules joined by '+' from {list(RECOMPUTE_MODULES)}"
         )
-    attn_block = e * (2 * sbh + 2 * s * b * _kv_dim(cfg)) / t + (e * sbh + sbh) / t_sp
+    attn_block = moe_memory.attention_block_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
+                                                             sequence_parallel=sequence_parallel)
     mlp = e * (3 if cfg.mlp == "swiglu" else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
     if cfg.is_moe and moe.is_moe_layer(cfg, layer_index):
         mlp = moe_memory.moe_mlp_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
                                                   sequence_parallel=sequence_parallel)
     kept = attn_block + mlp + 2 * e * sbh / t_sp
-    if recompute == "selective":
-        return kept
-    return kept + attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t, attention=attention)
+    kept += attention_core_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t, attention=attention)
+    mkw = {"microbatch_size": b, "tensor_parallel": t, "sequence_parallel": sequence_parallel,
+           "layer_index": layer_index, "attention": attention}
+    return kept - sum(recompute_mod.module_bytes(cfg, m, **mkw) for m in recompute_mod.effective_modules(modules))
 
 
 def static_bytes(num_params: float, *, tensor_parallel: int = 1) -> float:
@@ -333,6 +338,7 @@ def transformer_profile(
     sequence_parallel: bool | None = None,
     attention: str = "flash",
     overlap_tp_backward: bool = False,
+    recompute_modules: bool | list[tuple[str, ...]] = False,
 ) -> ModelProfile:
     """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
 
@@ -369,6 +375,10 @@ def transformer_profile(
         overlap_tp_backward: hide the backward tensor-parallel collectives behind the
             weight-gradient GEMMs (Megatron-LM since 2022; ``layer_ops.decoder_op_times``);
             per-operation model only.
+        recompute_modules: also offer Megatron-Core's per-module selective recompute: True for
+            every non-redundant set of the modules the model has (``cost_models.recompute``), or
+            the sets to offer; each becomes a strategy named by its modules joined with ``+``.
+            Per-operation model only (the flat model has no per-module times).
 
     Returns:
         A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
@@ -388,9 +398,11 @@ def transformer_profile(
         efficiency = DEFAULT_EFFICIENCY  # no compute constants (cpu, toy devices): the flat model
     from cost_models import _layer_profiles as lp  # the builders import this module's formulas
 
+    sets = recompute_modules or None  # True: every candidate set (``recompute.candidate_sets``)
     if efficiency is None:
         embedding, block, head = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
-                                            selective_recompute_fraction, overlap_tp_backward=overlap_tp_backward)
+                                            selective_recompute_fraction, overlap_tp_backward=overlap_tp_backward,
+                                            module_sets=sets)
     else:
         block = lp._decoder_layer(cfg, 0, device, b, t, efficiency, intra_node_bytes_per_s, scatter_gather,
                                selective_recompute_fraction, attention)
@@ -401,7 +413,7 @@ def transformer_profile(
         if efficiency is None:
             moe_block = lp._op_layers(cfg, device, b, t, intra_node_bytes_per_s, scatter_gather, sp, attention,
                                       selective_recompute_fraction, index=cfg.first_dense_layers,
-                                      overlap_tp_backward=overlap_tp_backward)[1]
+                                      overlap_tp_backward=overlap_tp_backward, module_sets=sets)[1]
         else:
             moe_block = lp._decoder_layer(cfg, cfg.first_dense_layers, device, b, t, efficiency,
                                           intra_node_bytes_per_s, scatter_gather, selective_recompute_fraction,

@@ -29,7 +29,7 @@ from cost_models import simulate
 from cost_models.schedules import overlapped_blocks, validate_actions
 from planner.errors import InvalidProblemError
 from planner.export_megatron_flags import model_flags, parallel_flags
-from planner.schema import KNOWN_RECOMPUTE, V_SCHEDULES, Action, Plan
+from planner.schema import KNOWN_RECOMPUTE, RECOMPUTE_MODULES, V_SCHEDULES, Action, Plan, recompute_modules_of
 
 logger = logging.getLogger(__name__)
 _OVERLAP_RE = re.compile(r"^\((\d+[FBIW]\d+);(\d+[FBIW]\d+)\)OVERLAP_F_B$")
@@ -179,7 +179,8 @@ def to_megatron_args(plan: Plan) -> list[str]:
     export = _megatron_export(plan)
     for warning in export.warnings:
         logger.warning("Megatron export: %s", warning)
-    return [token for flag, value in export.flags for token in ((flag,) if value is None else (flag, value))]
+    # a value with spaces is a list flag (nargs="*", e.g. --recompute-modules core_attn mlp)
+    return [token for flag, value in export.flags for token in ((flag,) if value is None else (flag, *value.split(" ")))]
 
 
 def megatron_args_text(plan: Plan) -> str:
@@ -203,7 +204,8 @@ def megatron_args_text(plan: Plan) -> str:
         "(Megatron derives the data-parallel size from the world size)"
     ]
     lines += [f"# WARNING: {w}" for w in export.warnings]
-    body = [flag if value is None else f"{flag} {shlex.quote(value)}" for flag, value in export.flags]
+    body = [flag if value is None else f"{flag} {' '.join(shlex.quote(v) for v in value.split(' '))}"
+            for flag, value in export.flags]
     lines += [f"{line} \\" for line in body[:-1]] + body[-1:]
     return "\n".join(lines) + "\n"
 
@@ -320,11 +322,12 @@ def _decoder_strategies(plan: Plan) -> list[list[str]]:
     for chunk in plan.virtual_stages():
         kinds = [plan.model.layers[i].kind for i in range(*chunk.layers)]
         strategies = chunk.layer_strategies()
-        unknown = sorted({s for s in strategies if s not in KNOWN_RECOMPUTE})
+        unknown = sorted({s for s in strategies if s not in KNOWN_RECOMPUTE and recompute_modules_of(s) is None})
         if unknown:
             raise InvalidProblemError(
                 f"recompute strategies {unknown} (layers {list(range(*chunk.layers))}) have no Megatron-LM "
-                f"equivalent; Megatron knows {list(KNOWN_RECOMPUTE)}"
+                f"equivalent; Megatron knows {list(KNOWN_RECOMPUTE)} and module sets of {list(RECOMPUTE_MODULES)} "
+                "joined by '+'"
             )
         out.append([s for s, kind in zip(strategies, kinds) if kind == "decoder"])
     return out
@@ -336,13 +339,19 @@ def _recompute_flags(plan: Plan, export: _MegatronExport) -> None:
     if not used:
         return
     total = sum(len(chunk) for chunk in per_chunk)
-    if used == {"selective"}:
+    if len(used) == 1 and "full" not in used:
+        (strategy,) = used
         export.add("--recompute-granularity", "selective")
-        num = sum(chunk.count("selective") for chunk in per_chunk)
+        modules = recompute_modules_of(strategy) or ()
+        if modules != ("core_attn",):  # Megatron's default set
+            export.add("--recompute-modules", " ".join(modules))
+        if "moe_act" in modules:  # Megatron-Core recomputes the expert activation only in grouped GEMM
+            export.add("--moe-grouped-gemm")
+        num = sum(chunk.count(strategy) for chunk in per_chunk)
         if num < total:
             export.warnings.append(
-                f"Megatron applies selective recompute to every decoder layer; the plan uses it on {num} of "
-                f"{total} (exported: all, which needs less memory and more time than planned)"
+                f"Megatron applies selective recompute ({', '.join(modules)}) to every decoder layer; the plan "
+                f"uses it on {num} of {total} (exported: all, which needs less memory and more time than planned)"
             )
         return
     if used == {"full"} and all(s == "full" for chunk in per_chunk for s in chunk):
@@ -360,7 +369,7 @@ def _block_recompute(per_chunk: list[list[str]], used: set[str], export: _Megatr
     for flag, value in (("--recompute-granularity", "full"), ("--recompute-method", "block"),
                         ("--recompute-num-layers", n)):
         export.add(flag, value)
-    if "selective" in used:
+    if used - {"full"}:
         export.warnings.append(
             "Megatron cannot mix selective and full recompute; the plan's selective layers are exported "
             "as full (more recompute time, less memory than planned)"

@@ -19,9 +19,12 @@ import shlex
 from dataclasses import dataclass, field
 
 from planner.errors import InvalidProblemError
-from planner.schema import Plan, TransformerConfig
+from planner.schema import Plan, TransformerConfig, recompute_modules_of
 
 logger = logging.getLogger(__name__)
+_OP_LEVEL = {"layernorm", "moe_act"}
+"""Megatron-Core modules whose recompute torchtitan's op-level selective checkpointing also does
+(it recomputes the non-matmul ops: norms and activation functions)."""
 
 # paraplan preset -> (torchtitan module, config_registry function, model flavor); the shapes are
 # checked against torchtitan's model registry in tests/planner/test_export_torchtitan.py.
@@ -226,6 +229,21 @@ def _activation_checkpoint(plan: Plan, export: _Export) -> None:
         export.warnings.append(
             "torchtitan's selective checkpointing saves chosen matmul outputs (op-level), not "
             "exactly the attention-core recompute the plan costs"
+        )
+    elif len(used - {"none"}) == 1 and set(recompute_modules_of(min(used - {"none"})) or ("x",)) <= _OP_LEVEL:
+        modules = recompute_modules_of(min(used - {"none"}))
+        export.flags.append("activation-checkpoint:selective")
+        export.warnings.append(
+            f"the plan recomputes Megatron-Core modules {list(modules or ())}; torchtitan's op-level selective "
+            "checkpointing saves the matmul and attention outputs and recomputes every other op (norms, "
+            "activations, rotary): the closest it has, on every block (memory and time differ from the plan's)"
+        )
+    elif len(used - {"none"}) == 1 and recompute_modules_of(min(used - {"none"})):
+        export.flags.append("activation-checkpoint:full")
+        export.warnings.append(
+            f"the plan recomputes Megatron-Core modules {list(recompute_modules_of(min(used - {'none'})) or ())}; "
+            "torchtitan cannot checkpoint single submodules (whole MLP, MoE block, shared experts, MLA up "
+            "projections): exported full (less memory, more time than planned)"
         )
     else:
         export.flags.append("activation-checkpoint:full")

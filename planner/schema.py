@@ -12,6 +12,8 @@ counts are ``num_*``, sequences are tuples.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -68,7 +70,39 @@ def virtual_stage_home(virtual_stage: int, num_stages: int, schedule: str) -> tu
 PlanStatus = Literal["optimal", "feasible", "time_limit"]
 # Recompute strategies have free names; these three are the ones the cost models derive.
 KNOWN_RECOMPUTE = ("none", "selective", "full")
-_STRATEGY_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+_STRATEGY_RE = re.compile(r"^[a-z][a-z0-9_-]*(\+[a-z][a-z0-9_-]*)*$")
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+"""Megatron-Core's ``--recompute-modules`` choices (``TransformerConfig.recompute_modules``), in its
+documented order. A recompute strategy named by modules joined with ``+`` (``layernorm+moe_act``)
+is Megatron's selective granularity with exactly those modules; ``selective`` is ``core_attn``."""
+
+
+@lru_cache(maxsize=1024)
+def recompute_modules_of(strategy: str) -> tuple[str, ...] | None:
+    """The modules a strategy recomputes: () for ``none``, ("core_attn",) for ``selective``, the
+    ``+``-joined names of a module strategy in canonical order; None for ``full`` and for strategy
+    names that are not module sets (measured profiles may name their own)."""
+    if strategy == "none":
+        return ()
+    if strategy == "selective":
+        return ("core_attn",)
+    parts = strategy.split("+")
+    if not all(part in RECOMPUTE_MODULES for part in parts):
+        return None
+    return tuple(m for m in RECOMPUTE_MODULES if m in parts)
+
+
+def module_strategy(modules: Sequence[str]) -> str:
+    """The strategy name of a module set: canonical order joined by ``+``; ``none`` when empty.
+
+    Raises:
+        InvalidProblemError: a name that is not one of ``RECOMPUTE_MODULES``.
+    """
+    bad = sorted(set(modules) - set(RECOMPUTE_MODULES))
+    if bad:
+        raise InvalidProblemError(f"recompute modules {bad} are not Megatron-Core's; choose from {list(RECOMPUTE_MODULES)}")
+    return "+".join(m for m in RECOMPUTE_MODULES if m in modules) or "none"
 
 
 class _Frozen(BaseModel):
@@ -731,6 +765,11 @@ class Plan(_Frozen):
     distributed optimizer), 2 optimizer states and gradients, 3 parameters too (FSDP)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism beside tensor parallelism (norm/dropout activations split by t)."""
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
+    """Megatron-Core's ``--recompute-modules``: the submodules every module-granular layer recomputes
+    (the chunks name them as a strategy such as ``layernorm+moe_act``). Filled in from the chunks
+    when left out; None when no layer uses a module strategy (``selective`` alone is Megatron's
+    default, ``core_attn``). Megatron applies one set to every layer, so a plan uses at most one."""
     actions: tuple[tuple[str, ...], ...] | None = None
     """Per-rank compute actions (``"2F0"``...) for schedule ``custom``."""
     predicted: Predicted | None = None
@@ -789,11 +828,27 @@ class Plan(_Frozen):
                             f"{strategy!r}; it allows {sorted(self.model.layers[i].strategies())}"
                         )
         _check_parallel_degrees(self.degrees, self.transformer)
+        self._check_recompute_modules()
         if self.schedule == "custom" and self.actions is None:
             raise ValueError("schedule 'custom' needs 'actions' (one list of actions per pipeline rank)")
         if self.actions is not None and len(self.actions) != p:
             raise ValueError(f"'actions' has {len(self.actions)} rank lists, degrees.pipeline={p}")
         return self
+
+    def _check_recompute_modules(self) -> None:
+        named = sorted({s for stage in self.stages for chunk in stage.chunks for s in chunk.layer_strategies()
+                        if s not in KNOWN_RECOMPUTE and recompute_modules_of(s) is not None})
+        if len(named) > 1:
+            raise ValueError(f"the chunks use the module strategies {named}; Megatron applies one "
+                             "--recompute-modules set to every layer: use one of them everywhere")
+        derived = recompute_modules_of(named[0]) if named else None
+        given = None if self.recompute_modules is None else recompute_modules_of(module_strategy(self.recompute_modules))
+        if given is not None and given != derived:
+            raise ValueError(f"recompute_modules={list(self.recompute_modules or ())} but the chunks use "
+                             f"{named or 'no module strategy'}; name the set as a strategy "
+                             f"({module_strategy(self.recompute_modules or ())!r}) or leave recompute_modules out")
+        if self.recompute_modules is None and derived is not None:
+            object.__setattr__(self, "recompute_modules", derived)  # frozen model: set once, in validation
 
     def chunk_of_virtual_stage(self, virtual_stage: int) -> tuple[int, int]:
         """(stage index, chunk index) of a virtual stage: virtual stage c*p + x is chunk c of stage x

@@ -25,7 +25,9 @@ what ``runtime_bridge.parallel`` applies torch's tensor-parallel styles to.
 Activation recomputation follows Korthikanti et al. (arXiv:2205.05198) Sec. 5, as the cost model
 counts it: ``selective`` recomputes only the attention core (softmax(QK^T)V), keeping Q, K, V;
 ``full`` keeps only the block input (done by ``stages.ChunkModule``). Both use torch's
-non-reentrant ``checkpoint``, which leaves gradients bit-identical.
+non-reentrant ``checkpoint``, which leaves gradients bit-identical. Megatron-Core's per-module sets
+(``Block.recompute_modules``: ``core_attn``, ``layernorm``, ``mlp``, ``moe``, ``moe_act``,
+``shared_experts``) are run as ``runtime_bridge.recompute`` describes.
 
 Differences from the cost model, on purpose: no dropout (runs must be deterministic for
 ``--check``), and the LM head always has its own weight (tied embeddings would need a cross-stage
@@ -41,6 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.schema import TransformerConfig
+from runtime_bridge.recompute import discard_output
 
 __all__ = [
     "Block", "Embedding", "Head", "MoE", "build_layer", "init_layer", "is_moe_layer", "lm_loss", "model_dtype",
@@ -194,10 +197,19 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.hidden_size, ffn_size, bias=cfg.bias) if cfg.mlp == "swiglu" else None
         self.w2 = nn.Linear(ffn_size, cfg.hidden_size, bias=cfg.bias)
 
+        self.discard_activation = False
+        """Drop the activation output FC2 keeps and re-make it in the backward (``moe_act``)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x)))
+        up = self.w1(x)
+        gate = self.w3(x) if self.w3 is not None else None
+
+        def activation() -> torch.Tensor:
+            return F.silu(up) * gate if gate is not None else F.gelu(up)
+
+        if self.discard_activation:
+            return discard_output(activation, self.w2)
+        return self.w2(activation())
 
 
 class MoE(nn.Module):
@@ -213,6 +225,13 @@ class MoE(nn.Module):
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(cfg, ffn) for _ in range(cfg.num_experts))
         self.shared = FeedForward(cfg, ffn * cfg.num_shared_experts) if cfg.num_shared_experts else None
+        self.recompute_shared = False
+        """Checkpoint the shared experts (``shared_experts``)."""
+
+    def set_discard_activation(self, value: bool) -> None:
+        """``moe_act``: the routed experts drop their activation output (output-discarding checkpoint)."""
+        for expert in self.experts:
+            expert.discard_activation = value  # type: ignore[assignment]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -223,7 +242,9 @@ class MoE(nn.Module):
             token, slot = torch.where(chosen == e)
             out = out.index_add(0, token, expert(flat[token]) * weights[token, slot, None])
         if self.shared is not None:
-            out = out + self.shared(flat)
+            shared = (checkpoint(self.shared, flat, use_reentrant=False) if self.recompute_shared
+                      and torch.is_grad_enabled() else self.shared(flat))
+            out = out + shared
         return out.view_as(x)
 
 
@@ -235,6 +256,7 @@ class Block(nn.Module):
         self.attention_norm, self.attention = _norm(cfg), Attention(cfg)
         self.ffn_norm = _norm(cfg)
         self.feed_forward = MoE(cfg) if moe else FeedForward(cfg, cfg.ffn_size)
+        self._modules_recomputed: frozenset[str] = frozenset()
 
     @property
     def selective_recompute(self) -> bool:
@@ -244,9 +266,31 @@ class Block(nn.Module):
     def selective_recompute(self, value: bool) -> None:
         self.attention.selective_recompute = value
 
+    @property
+    def recompute_modules(self) -> frozenset[str]:
+        """Megatron-Core recompute modules of this block (``runtime_bridge.recompute``)."""
+        return self._modules_recomputed
+
+    @recompute_modules.setter
+    def recompute_modules(self, modules: frozenset[str]) -> None:
+        self._modules_recomputed = frozenset(modules)
+        self.attention.selective_recompute = "core_attn" in modules
+        if isinstance(self.feed_forward, MoE):
+            self.feed_forward.set_discard_activation("moe_act" in modules)
+            self.feed_forward.recompute_shared = "shared_experts" in modules
+
+    def _ffn(self, h: torch.Tensor) -> torch.Tensor:
+        whole = "moe" if isinstance(self.feed_forward, MoE) else "mlp"
+        if whole in self._modules_recomputed and torch.is_grad_enabled():
+            return checkpoint(self.feed_forward, h, use_reentrant=False)
+        return self.feed_forward(h)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "layernorm" in self._modules_recomputed:  # the norms' outputs are re-made in the backward
+            h = x + discard_output(lambda: self.attention_norm(x), self.attention)  # (x stays bound: no rebinding)
+            return h + discard_output(lambda: self.ffn_norm(h), self._ffn)
         x = x + self.attention(self.attention_norm(x))
-        return x + self.feed_forward(self.ffn_norm(x))
+        return x + self._ffn(self.ffn_norm(x))
 
 
 class Head(nn.Module):

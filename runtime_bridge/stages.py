@@ -26,7 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import InvalidProblemError
-from planner.schema import Plan
+from planner.schema import Plan, recompute_modules_of
+from runtime_bridge.recompute import set_block_modules
 
 __all__ = ["ChunkModule", "LocalChunk", "build_chunk_modules", "default_init", "local_chunks"]
 
@@ -39,7 +40,8 @@ class ChunkModule(nn.Module):
 
     Args:
         layers: model layer index -> module, in model order.
-        strategies: model layer index -> ``none``, ``selective`` or ``full``.
+        strategies: model layer index -> ``none``, ``selective``, ``full`` or a module set
+            (``layernorm+moe_act``: ``runtime_bridge.recompute``).
     """
 
     def __init__(self, layers: dict[int, nn.Module], strategies: dict[int, str] | None = None) -> None:
@@ -47,12 +49,15 @@ class ChunkModule(nn.Module):
         self.layers = nn.ModuleDict({str(i): layer for i, layer in sorted(layers.items())})
         self.full_recompute = frozenset(i for i, s in (strategies or {}).items() if s == "full")
         for i, strategy in (strategies or {}).items():
+            modules = recompute_modules_of(strategy)
             if strategy == "selective":
                 _enable_selective(layers[i], i)
+            elif modules:
+                set_block_modules(layers[i], modules, i)
             elif strategy not in ("none", "full"):
                 raise InvalidProblemError(
                     f"layer {i} asks for recompute strategy {strategy!r}; the runtime bridge runs "
-                    "'none', 'selective' and 'full'"
+                    "'none', 'selective', 'full' and Megatron-Core module sets joined by '+'"
                 )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

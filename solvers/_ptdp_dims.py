@@ -35,7 +35,7 @@ from cost_models.parallelism import (
     ring_attention_kv_bytes_per_rank,
 )
 from cost_models.transformer import ADAM_BYTES_PER_PARAM
-from planner.schema import Cluster, LayerProfile, TransformerConfig
+from planner.schema import Cluster, LayerProfile, RecomputeOption, TransformerConfig, recompute_modules_of
 
 MIN_TOKENS_PER_CONTEXT_RANK = 4096
 """Default of the ``min_tokens_per_context_rank`` option: context degrees leaving fewer tokens per rank
@@ -230,6 +230,8 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         bwd += (c - 1) * FLASH_BACKWARD_FACTOR * core_fwd + ring_bwd
         options["selective"] = options["selective"].model_copy(update={"extra_s": c * core_fwd})
     static, params, weight = layer.static_bytes, layer.param_bytes, layer.backward_weight_s
+    a2a_fwd = imbalance = 0.0
+    regroup = (0.0, 0.0, 0.0)
     if moe_layer:
         delta = expert_params_delta(cfg, dims)
         static += ADAM_BYTES_PER_PARAM * delta
@@ -253,8 +255,23 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         bwd += max(0.0, gather - bwd)
     if "full" in options:
         options["full"] = options["full"].model_copy(update={"extra_s": fwd})
+    moe_again = (a2a_fwd + regroup[0] + imbalance * layer.forward_s) if moe_layer else 0.0
+    _module_options_at_degrees(options, (c - 1) * core_fwd if c > 1 else 0.0, moe_again)
     return layer.model_copy(update={"forward_s": fwd, "backward_s": bwd, "backward_weight_s": weight, "flops": flops,
                                     "static_bytes": static, "param_bytes": params, "recompute": options})
+
+
+def _module_options_at_degrees(options: dict[str, RecomputeOption], core_again_s: float, moe_again_s: float) -> None:
+    """Per-module recompute at the degrees: re-running ``core_attn`` repeats the K/V ring's extra core
+    work (c - 1 more shards), re-running ``moe`` the dispatch/combine all-to-alls, the expert GEMMs'
+    change of shape and the busiest expert rank's wait (what the layer's forward gained for them)."""
+    for name, option in list(options.items()):
+        modules = recompute_modules_of(name)
+        if name in ("none", "selective") or not modules:
+            continue
+        extra = core_again_s * ("core_attn" in modules) + moe_again_s * ("moe" in modules)
+        if extra:
+            options[name] = option.model_copy(update={"extra_s": option.extra_s + extra})
 
 
 def end_layer_at_degrees(layer: LayerProfile, cluster: Cluster, dims: Dims, first_gather_bytes: float) -> LayerProfile:

@@ -149,7 +149,43 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                 if _states_overflow(u, cfg, c, capacity):
                     continue
                 for r in recompute:
-                    yield _replace(c, recompute=r)
+                    if r == "modules":
+                        picked = _cheapest_fitting_modules(u, cfg, c, capacity)
+                        if picked is not None:
+                            yield _replace(c, recompute=picked)
+                    else:
+                        yield _replace(c, recompute=r)
+
+
+def _cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,
+                              capacity: float) -> str | None:
+    """The per-module recompute set with the least recompute time whose closed-form peak fits the device
+    (the one freeing the most when none fits, for the memory message); None when nothing needs
+    recomputing or without module options (the flat-efficiency model)."""
+    names = u.module_sets
+    if not names:
+        return None
+    if c.v_schedule:
+        def peak(name: str) -> float:
+            return model.config_peak_memory_bytes(u, cfg, _replace(c, recompute=name))
+    else:  # the model states and end layers do not change with the recompute set: cost them once
+        ranges = c.rank_ranges(cfg.num_layers)
+        fixed = model.rank_fixed_bytes(u, cfg, c, ranges)
+
+        def peak(name: str) -> float:
+            trial = _replace(c, recompute=name)
+            return max(f + model.chunk_activations(u, trial, ranges[r], r) for r, f in fixed)
+    if peak("none") <= capacity:
+        return None  # the empty set fits: nothing to recompute (``none`` is its own choice)
+    # Along the frontier every layer kind keeps fewer bytes at each step, so the peak falls: bisect it.
+    low, high = 0, len(names) - 1
+    while low < high:
+        mid = (low + high) // 2
+        if peak(names[mid]) <= capacity:
+            high = mid
+        else:
+            low = mid + 1
+    return names[low]
 
 
 def _states_overflow(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config, capacity: float) -> bool:

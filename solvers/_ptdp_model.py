@@ -23,15 +23,16 @@ them up per pipeline rank and applies the schedule:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
+from cost_models.recompute import frontier
 from cost_models.memory import usable_memory_bytes
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, transformer_profile
-from planner.schema import Cluster, LayerProfile, TransformerConfig
+from planner.schema import KNOWN_RECOMPUTE, Cluster, LayerProfile, RecomputeOption, TransformerConfig, recompute_modules_of
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_v as v_model
 from solvers._ptdp_rows import recompute_flops_per_sample, throughput_row  # noqa: F401 (this module's API)
@@ -56,6 +57,8 @@ class UnitCosts:
     """Part of ``moe_decoder.static_bytes`` in routed-expert weights (sharded over the expert-DP ranks)."""
     expert_param_bytes: float = 0.0
     """Part of ``moe_decoder.param_bytes`` in routed-expert weights (reduced over the expert-DP ranks)."""
+    module_sets: tuple[str, ...] = ()
+    """The per-module recompute strategies worth searching, cheapest first (``module_frontier``)."""
 
     def counts(self, first: int, num: int) -> tuple[int, int]:
         """(dense, MoE) decoder layers among layers [first, first + num)."""
@@ -143,6 +146,8 @@ class ProfileSettings:
     sequence_parallel: bool | None = None
     attention: str = "flash"
     overlap_tp_comm: bool = False
+    recompute_modules: bool = False
+    """Offer Megatron-Core's per-module recompute sets (per-operation model only)."""
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
@@ -170,11 +175,12 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
                                                                      moe_layer=True, **kw)
         experts = dims_mod.expert_params_per_rank(cfg, dims)
     gather = layers[1].param_bytes
-    return UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
-                     decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
-                     decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
-                     expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
-                     expert_param_bytes=dims_mod.element_bytes(cfg) * experts)
+    units = UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
+                      decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
+                      decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
+                      expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
+                      expert_param_bytes=dims_mod.element_bytes(cfg) * experts)
+    return replace(units, module_sets=tuple(module_frontier(units, cfg))) if settings.recompute_modules else units
 
 
 def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
@@ -183,8 +189,9 @@ def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
                               "sequence_parallel": settings.sequence_parallel, "attention": settings.attention}
     if settings.efficiency is not None:
         kwargs["efficiency"] = settings.efficiency
-    elif settings.overlap_tp_comm:
-        kwargs["overlap_tp_backward"] = True
+    else:
+        kwargs["overlap_tp_backward"] = settings.overlap_tp_comm
+        kwargs["recompute_modules"] = settings.recompute_modules
     return kwargs
 
 
@@ -225,7 +232,7 @@ def _ranges_sum(u: UnitCosts, ranges: list[tuple[int, int]], value: Any) -> floa
 def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
     """Per-rank compute per microbatch: its decoder blocks (F + B + recompute), plus the
     embedding on rank 0 and the head on rank p - 1."""
-    work = [_ranges_sum(u, ranges, lambda lay: lay.forward_s + lay.backward_s + lay.strategies()[c.recompute].extra_s)
+    work = [_ranges_sum(u, ranges, lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
             for ranges in c.rank_ranges(cfg.num_layers)]
     work[0] += u.embedding.forward_s + u.embedding.backward_s
     work[-1] += u.head.forward_s + u.head.backward_s
@@ -277,10 +284,10 @@ def held_chunk_counts(p: int, v: int, m: int, rank: int) -> tuple[tuple[int, ...
     return tuple(set(states))
 
 
-def _chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], rank: int) -> float:
+def chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], rank: int) -> float:
     """Peak activation bytes of a rank's decoder chunks: in-flight count x chunk size when its chunks are
     equal, else the heaviest state of Megatron's interleaved order weighted by each chunk's size."""
-    sizes = [_block_sum(u, first, num, lambda lay: lay.strategies()[c.recompute].activation_bytes)
+    sizes = [_block_sum(u, first, num, lambda lay: option(lay, c.recompute).activation_bytes)
              for first, num in ranges]
     if c.virtual == 1 or len(set(sizes)) == 1:
         return inflight_chunks(c, rank) * max(sizes)
@@ -302,23 +309,40 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     head's chunk runs each forward right before its backward (1F1B, and Megatron's interleaved order
     once m >= p), so it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``.
     Both peaks are added to the rank's total, an upper bound within the embedding's share."""
+    ranges = c.rank_ranges(cfg.num_layers)
+    return max(fixed + chunk_activations(u, c, ranges[r], r) for r, fixed in rank_fixed_bytes(u, cfg, c, ranges))
+
+
+def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
+                     all_ranges: list[list[tuple[int, int]]] | None = None) -> list[tuple[int, float]]:
+    """(rank, bytes) of the ranks ``peak_memory_bytes`` costs: all but the decoder activations (model
+    states, the FSDP buffer, the embedding's and head's shares), which no recompute setting changes.
+    ``all_ranges``: ``c.rank_ranges(cfg.num_layers)`` when the caller has it."""
     dims = c.dims
-    all_ranges = c.rank_ranges(cfg.num_layers)
+    all_ranges = all_ranges or c.rank_ranges(cfg.num_layers)
     p = c.pipeline
     ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
     emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims)
     head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims)
     buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
-    peak = 0.0
+    out = []
     for r in ranks:
-        total = rank_static_bytes(u, all_ranges[r], dims) + buffer + _chunk_activations(u, c, all_ranges[r], r)
+        total = rank_static_bytes(u, all_ranges[r], dims) + buffer
         if r == 0:
             first = first_chunk_inflight(p, c.virtual, c.num_microbatches)
             total += emb_static + first * (u.embedding.activation_bytes or 0.0)
         if r == p - 1:
             total += head_static + (u.head.activation_bytes or 0.0)
-        peak = max(peak, total)
-    return peak
+        out.append((r, total))
+    return out
+
+
+def option(layer: LayerProfile, strategy: str) -> RecomputeOption:
+    """``layer.strategies()[strategy]`` without copying the options (profiles offer up to ~80 module sets)."""
+    options = layer.recompute
+    if options and strategy in options:
+        return options[strategy]
+    return layer.strategies()[strategy]
 
 
 def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int, int]], *, overlap_grad_reduce: bool,
@@ -362,6 +386,30 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
 
 
+def config_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
+    """The closed form's peak bytes of a configuration (rank 0 of a V schedule, else the busiest end)."""
+    return _v_peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
+
+
+def module_frontier(u: UnitCosts, cfg: TransformerConfig) -> list[str]:
+    """The per-module recompute strategies worth searching, cheapest first: sorted by the whole model's
+    recompute time (each dense and MoE block weighted by its count), each kept only when it holds no more
+    bytes than the previous one in either kind of block and fewer in total (``cost_models.recompute.
+    frontier`` with the per-kind condition), so every rank's peak falls along the list."""
+    dense, moe_count = u.counts(0, cfg.num_layers)
+    kinds = [(lay.strategies(), n) for lay, n in ((u.decoder, dense), (u.moe_decoder, moe_count)) if lay and n]
+    names = [name for name in kinds[0][0] if name not in KNOWN_RECOMPUTE and recompute_modules_of(name) is not None]
+    per_kind = {name: [options[name].activation_bytes for options, _ in kinds] for name in names}
+    total = {name: RecomputeOption(activation_bytes=math.fsum(n * options[name].activation_bytes for options, n in kinds),
+                                   extra_s=math.fsum(n * options[name].extra_s for options, n in kinds))
+             for name in names}
+    chain: list[str] = []
+    for name in frontier(total):
+        if not chain or all(a <= b for a, b in zip(per_kind[name], per_kind[chain[-1]])):
+            chain.append(name)
+    return chain
+
+
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
@@ -383,7 +431,7 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     if c.num_devices > c.tensor * p:
         allreduce = _dp_sync_s(u, cluster, c, rank0, overlap_grad_reduce=overlap_grad_reduce,
                                overlap_param_gather=overlap_param_gather)
-    peak = _v_peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
+    peak = config_peak_memory_bytes(u, cfg, c)
     expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
     dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
     if c.v_schedule:  # rank 0 also holds the head

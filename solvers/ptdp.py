@@ -45,7 +45,9 @@ from solvers.options import parse_options
 log = logging.getLogger(__name__)
 
 SCHEDULES = ("1f1b", model.INTERLEAVED, *V_SCHEDULES)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "modules", "full")
+"""``modules``: Megatron-Core's per-module selective recompute, the set of modules with the least
+recompute time that fits memory for each configuration (``cost_models.recompute``)."""
 _GIB = 2.0**30
 CLOSED_FORM_MARGIN = 0.06
 """Configurations whose closed-form time exceeds the best simulated time by more than this are
@@ -60,8 +62,9 @@ class Options:
     """Fix b (default: searched; a problem whose profile was derived at b > 1 fixes it too)."""
     schedules: str = "1f1b,interleaved-1f1b,zb-v,dualpipe-v"
     """Comma-separated schedules to search; the problem's schedule 'interleaved-1f1b' restricts to it."""
-    recompute: str = "none,selective,full"
-    """Comma-separated uniform recompute settings to search."""
+    recompute: str = "none,selective,modules,full"
+    """Comma-separated uniform recompute settings to search; ``modules`` picks, per configuration, the
+    cheapest set of Megatron-Core recompute modules that fits (per-operation model only)."""
     efficiency: float | None = None
     """A flat achieved fraction of peak FLOP/s instead of the per-operation model (default: the
     per-operation model, or the flat efficiency the problem's profile was derived at)."""
@@ -191,7 +194,7 @@ def unit_cache(search: Search, opts: Options) -> Callable[[model.Config], model.
 def _tie_key(c: model.Config) -> tuple[int, ...]:
     """Equal times: fewer model-parallel devices, then smaller t, c, e, v, b, even stages (deterministic)."""
     return (c.tensor * c.pipeline * c.context, c.tensor, c.context, c.expert, c.zero_stage, c.virtual,
-            c.microbatch_size, int(c.ends != (0, 0)), RECOMPUTE.index(c.recompute))
+            c.microbatch_size, int(c.ends != (0, 0)), RECOMPUTE.index(c.recompute) if c.recompute in RECOMPUTE else 2)
 
 
 # --------------------------------------------------------------------------------------
@@ -239,7 +242,8 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
     if attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
-                                     attention=attention, overlap_tp_comm=opts.overlap_tp_comm)
+                                     attention=attention, overlap_tp_comm=opts.overlap_tp_comm,
+                                     recompute_modules="modules" in _csv(opts.recompute, RECOMPUTE, "recompute"))
     search = Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
                     efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
     check_degree_options(opts, search)
@@ -316,8 +320,11 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
     cluster, cfg = search.problem.cluster, search.cfg
     assert cluster.device is not None
     u = unit_cache(search, opts)(c)
-    decoders = [(u.decoder if u.counts(i, 1)[0] else u.moe_decoder or u.decoder).model_copy(update={"name": f"decoder{i}"})
-                for i in range(cfg.num_layers)]
+    kept = {"none", "selective", "full", c.recompute}  # the plan carries the chosen module set only
+    blocks = [lay.model_copy(update={"recompute": {k: o for k, o in (lay.recompute or {}).items() if k in kept}})
+              if lay is not None else None for lay in (u.decoder, u.moe_decoder)]
+    decoders = [(blocks[0] if u.counts(i, 1)[0] else blocks[1] or blocks[0]).model_copy(  # type: ignore[union-attr]
+        update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
     baked = {"degrees_included": True}  # ring, all-to-alls, FSDP gathers and expert shares are in the layers
     profile = ModelProfile(name=cfg.name, layers=(u.embedding, *decoders, u.head), microbatch_size=c.microbatch_size,
                            tensor_parallel=c.tensor, tokens_per_sample=cfg.seq_length, device=cluster.device.name,

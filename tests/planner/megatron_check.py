@@ -82,7 +82,9 @@ _STR = {
     "--rope-type": "rope_type",
     "--moe-router-score-function": "moe_router_score_function",
 }
+_LIST = {"--recompute-modules": "recompute_modules"}
 _BOOL = {
+    "--moe-grouped-gemm",
     "--sequence-parallel",
     "--group-query-attention",
     "--swiglu",
@@ -109,6 +111,12 @@ def parse(argv: list[str]) -> dict[str, Any]:
         assert flag.startswith("--"), f"stray value {flag!r}"
         if flag in _BOOL:
             out[flag], i = True, i + 1
+            continue
+        if flag in _LIST:  # nargs="*": the values up to the next flag
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            out[flag], i = argv[i + 1:j], j
             continue
         assert flag in _INT | _OTHER_INT or flag in _FLOAT or flag in _STR, f"{flag} is not a Megatron-LM flag"
         value = argv[i + 1]
@@ -153,6 +161,9 @@ def transformer_kwargs(a: dict[str, Any]) -> dict[str, Any]:
     kw["qk_layernorm"] = a.get("--qk-layernorm", False)
     kw["moe_router_enable_expert_bias"] = a.get("--moe-router-enable-expert-bias", False)
     kw["sequence_parallel"] = a.get("--sequence-parallel", False)
+    kw["moe_grouped_gemm"] = a.get("--moe-grouped-gemm", False)
+    if "--recompute-modules" in a:
+        kw["recompute_modules"] = a["--recompute-modules"]
     kw["num_layers_in_first_pipeline_stage"] = a.get("--decoder-first-pipeline-num-layers")
     kw["num_layers_in_last_pipeline_stage"] = a.get("--decoder-last-pipeline-num-layers")
     kw["virtual_pipeline_model_parallel_size"] = _virtual_size(a)

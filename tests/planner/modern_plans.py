@@ -26,7 +26,8 @@ _RECOMPUTE = {
 }
 
 
-def _profile(cfg: TransformerConfig) -> ModelProfile:
+def _profile(cfg: TransformerConfig, strategy: str = "none") -> ModelProfile:
+    options = _RECOMPUTE if strategy in _RECOMPUTE else {**_RECOMPUTE, strategy: _RECOMPUTE["selective"]}
     layers = [LayerProfile(name="embedding", kind="embedding", forward_s=0.1, backward_s=0.2)]
     layers += [
         LayerProfile(
@@ -35,7 +36,7 @@ def _profile(cfg: TransformerConfig) -> ModelProfile:
             forward_s=1.0,
             backward_s=2.0,
             backward_weight_s=1.0,
-            recompute=_RECOMPUTE,
+            recompute=options,
         )
         for i in range(cfg.num_layers)
     ]
@@ -63,6 +64,8 @@ def preset_plan(
     """A plan of ``model`` with ``decoders[k]`` decoder layers in virtual stage k (default: even).
 
     The embedding joins the first virtual stage and the head the last, as Megatron places them.
+    ``recompute``: a strategy for every decoder layer, also a Megatron-Core module set
+    (``layernorm+moe_act``), which the profile then offers.
     """
     cfg = model_preset(model) if isinstance(model, str) else model
     k_total = p * v
@@ -93,7 +96,7 @@ def preset_plan(
     )
     return Plan(
         solver="test",
-        model=_profile(cfg),
+        model=_profile(cfg, recompute),
         cluster=cluster,
         transformer=cfg,
         degrees=Degrees(data=data, tensor=tensor, pipeline=p, virtual=v, context=context, expert=expert),

@@ -128,3 +128,31 @@ def test_megatron_export_reads_back_to_the_same_model(name: str, tmp_path) -> No
     assert back == plan.transformer.model_copy(update={"rope_scaling": back.rope_scaling})
     if plan.transformer.rope_scaling and plan.transformer.rope_scaling.get("rope_type") == "llama3":
         assert back.rope_scaling == {"rope_type": "llama3", "factor": 8.0}
+
+
+@pytest.mark.parametrize(("name", "strategy", "flags"), [
+    ("deepseek-v3", "layernorm+mla_up_proj", ["--recompute-modules", "layernorm", "mla_up_proj"]),
+    ("qwen3-30b-a3b", "moe_act+layernorm", ["--recompute-modules", "moe_act", "layernorm", "--moe-grouped-gemm"]),
+    ("llama3-8b", "core_attn+mlp", ["--recompute-modules", "core_attn", "mlp"]),
+    ("mixtral-8x7b", "moe", ["--recompute-modules", "moe"]),
+])
+def test_recompute_modules_reach_megatron_core(name: str, strategy: str, flags: list[str]) -> None:
+    plan = preset_plan(name, data=8, expert=8 if name != "llama3-8b" else 1, recompute=strategy)
+    argv = to_megatron_args(plan)
+    start = argv.index("--recompute-granularity")
+    assert argv[start:start + 2 + len(flags)] == ["--recompute-granularity", "selective", *flags]
+    cfg = validate(argv, world_size=8)["transformer"]  # megatron-core's own checks of the set
+    assert cfg.recompute_granularity == "selective"
+    assert cfg.recompute_modules == flags[1:len(flags) - ("--moe-grouped-gemm" in flags)]
+    text = megatron_args_text(plan)
+    assert f"--recompute-modules {' '.join(flags[1:len(flags) - ('--moe-grouped-gemm' in flags)])}" in text
+
+
+def test_megatron_core_rejects_module_sets_megatron_rejects() -> None:
+    plan = preset_plan("qwen3-30b-a3b", data=8, expert=8, recompute="moe_act")
+    argv = [a for a in to_megatron_args(plan) if a != "--moe-grouped-gemm"]
+    with pytest.raises(ValueError, match="moe_grouped_gemm"):  # why the export adds --moe-grouped-gemm
+        validate(argv, world_size=8)
+    dense = preset_plan("llama3-8b", data=8, recompute="mla_up_proj")
+    with pytest.raises(ValueError, match="multi_latent_attention"):
+        validate(to_megatron_args(dense), world_size=8)

@@ -49,6 +49,7 @@ def tiny_plan(
     model: Any = "gpt-tiny",
     expert: int = 1,
     context: int = 1,
+    module_strategy: str | None = None,
 ) -> Plan:
     """A gpt-tiny plan from the even solver, then edited.
 
@@ -64,6 +65,8 @@ def tiny_plan(
         expert: expert-parallel degree (carved out of the d replicas).
         context: context-parallel degree (c ranks per replica: the cluster and the stages' ranks
             grow c times, in Megatron order).
+        module_strategy: a Megatron-Core module set (``layernorm+moe_act``) every decoder layer's
+            profile offers (the ``none`` option's costs: these plans compare numbers, not costs).
     """
     base = "interleaved-1f1b" if v > 1 else ("1f1b" if schedule == "custom" else schedule)
     if schedule in V_SCHEDULES:  # two chunks per rank in a V (rank r: virtual stages r and 2p - 1 - r)
@@ -82,6 +85,9 @@ def tiny_plan(
             size = d * t * context
             stage["ranks"] = list(range(x * size, (x + 1) * size))
     data["actions"] = actions
+    for layer in data["model"]["layers"] if module_strategy else ():
+        if layer["kind"] == "decoder":
+            layer["recompute"][module_strategy] = layer["recompute"]["none"]
     for x, stage in enumerate(data["stages"]):
         if splits is not None:
             stage["chunks"] = [{"layers": list(layers), "recompute": {}} for layers in splits[x]]

@@ -25,6 +25,7 @@ from runtime_bridge.launch import RunJob, LaunchOptions, RunFailedError, launch,
 from runtime_bridge.validate import resolve_config  # noqa: E402
 from tests.runtime_bridge.plans import LLAMA_TINY, MIXTRAL_TINY, tiny_plan, torchtitan_custom_plan  # noqa: E402
 
+MIXTRAL_SHARED = MIXTRAL_TINY.model_copy(update={"name": "mixtral-shared-tiny", "num_shared_experts": 1})
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(240)]
 
 _TWO_RANK_PLANS = {
@@ -49,6 +50,18 @@ _TWO_RANK_PLANS = {
     "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
         "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
 }
+# Megatron-Core recompute modules (runtime_bridge.recompute), launched apart so that each launch stays
+# within the per-test timeout on a loaded machine
+_MODULE_PLANS = {
+    "llama, recompute modules core_attn+layernorm+mlp": tiny_plan(
+        "1f1b", model=LLAMA_TINY, module_strategy="core_attn+layernorm+mlp",
+        recompute={0: {"core_attn+layernorm+mlp": [1, 2]}, 1: {"core_attn+layernorm+mlp": [3]}}),
+    "mixtral + shared expert, recompute modules layernorm+moe_act+shared_experts": tiny_plan(
+        "1f1b", model=MIXTRAL_SHARED, module_strategy="moe_act+layernorm+shared_experts",
+        recompute={0: {"moe_act+layernorm+shared_experts": [1, 2]}, 1: {"moe_act+layernorm+shared_experts": [3, 4]}}),
+    "mixtral, recompute module moe": tiny_plan(
+        "1f1b", model=MIXTRAL_TINY, module_strategy="moe", recompute={0: {"moe": [1, 2]}}),
+}
 _EXECUTOR = {"1f1b through the plan's action list": "actions", "dualpipe-v through the plan's action list": "actions"}
 
 
@@ -72,6 +85,21 @@ def test_two_ranks_match_single_process(two_rank_reports: dict[str, dict], name:
     assert report["max_grad_diff"] <= TOLERANCE
     assert report["check_passed"]
     assert len(report["loss"]) == 2 and all(4.0 < x < 6.0 for x in report["loss"])  # ~ln(128) = 4.85
+
+
+@pytest.fixture(scope="module")
+def module_recompute_reports() -> dict[str, dict]:
+    jobs = _jobs(_MODULE_PLANS)
+    results = launch(jobs, LaunchOptions(timeout_s=30))
+    assert results is not None
+    return {name: summarize(job, recs) for name, job, recs in zip(_MODULE_PLANS, jobs, results)}
+
+
+@pytest.mark.parametrize("name", list(_MODULE_PLANS))
+def test_recompute_modules_match_single_process(module_recompute_reports: dict[str, dict], name: str) -> None:
+    report = module_recompute_reports[name]
+    assert report["max_loss_diff"] <= TOLERANCE and report["max_grad_diff"] <= TOLERANCE
+    assert report["check_passed"] and len(report["loss"]) == 2
 
 
 @pytest.mark.parametrize("name", ["zb-v (ScheduleZBVZeroBubble, V placement)",

@@ -1,0 +1,66 @@
+"""ptdp's per-module recompute: the cheapest module set that fits, by brute force over every set, and
+what the plan carries."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from cost_models.memory import usable_memory_bytes
+from cost_models.simulate import simulate
+from planner import api
+from planner.export import to_megatron_args
+from planner.schema import KNOWN_RECOMPUTE, recompute_modules_of
+from solvers import _ptdp_model as model
+from solvers import ptdp
+from solvers._ptdp_enum import enumerate_configs
+
+# Qwen3-30B-A3B on 8 H100, EP 8, ZeRO-1, b = 1: no recompute needs 84 GiB, full recompute fits
+OPTIONS = {"tensor_parallel": 1, "pipeline_parallel": 1, "expert_parallel": 8, "zero_stage": 1,
+           "microbatch_size": 1, "recompute": "none,modules,full"}
+
+
+def _problem():  # type: ignore[no-untyped-def]
+    return api.make_problem("qwen3-30b-a3b", "h100:1x8", global_batch_size=64, seq_length=4096)
+
+
+def test_search_picks_the_cheapest_module_set_that_fits() -> None:
+    problem = _problem()
+    plan = ptdp.solve(problem, options=OPTIONS)
+    chosen = plan.stages[0].chunks[0].layer_strategies()[1]
+    assert plan.recompute_modules == recompute_modules_of(chosen) and chosen not in KNOWN_RECOMPUTE
+    sim = simulate(plan, include_events=False)
+    capacity = usable_memory_bytes(problem.cluster.device)
+    assert sim.fits_memory and max(s.peak_memory_bytes for s in sim.stages) <= capacity
+    # brute force: every module set with less recompute time than the chosen one is over memory
+    opts = ptdp.Options(**OPTIONS)  # type: ignore[arg-type]
+    search = ptdp._prepare(problem, opts)
+    units = ptdp.unit_cache(search, opts)
+    config = next(c for c in enumerate_configs(search, opts, units) if c.recompute == chosen)
+    u = units(config)
+    cfg = search.cfg
+    sets = {n: o for n, o in (u.moe_decoder or u.decoder).strategies().items()
+            if n not in KNOWN_RECOMPUTE and recompute_modules_of(n)}
+    assert len(sets) == 2**4 - 1 - 4  # core_attn, moe_act, layernorm, moe (no shared experts, no dense layer)
+    peak = {n: model.config_peak_memory_bytes(u, cfg, replace(config, recompute=n)) for n in sets}
+    assert peak[chosen] <= capacity < model.config_peak_memory_bytes(u, cfg, replace(config, recompute="none"))
+    cheaper = [n for n in sets if sets[n].extra_s < sets[chosen].extra_s and not math.isclose(
+        sets[n].extra_s, sets[chosen].extra_s)]
+    assert cheaper and all(peak[n] > capacity for n in cheaper)
+    # and it beats full recompute on time (what a set is for)
+    assert sets[chosen].extra_s < u.moe_decoder.strategies()["full"].extra_s  # type: ignore[union-attr]
+
+
+def test_module_plan_carries_only_its_set_and_exports_it() -> None:
+    plan = ptdp.solve(_problem(), options=OPTIONS)
+    kept = set(plan.model.layers[1].strategies())
+    modules = plan.recompute_modules or ()
+    assert kept == {"none", "selective", "full", "+".join(modules)}
+    argv = to_megatron_args(plan)
+    i = argv.index("--recompute-modules")
+    assert argv[i - 2:i] == ["--recompute-granularity", "selective"] and tuple(argv[i + 1:i + 1 + len(modules)]) == modules
+
+
+def test_flat_efficiency_searches_no_module_sets() -> None:
+    plan = ptdp.solve(_problem(), options={**OPTIONS, "efficiency": 0.5})
+    assert plan.recompute_modules is None  # the flat model has no per-module times: full recompute instead
