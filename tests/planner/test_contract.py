@@ -109,6 +109,13 @@ def test_booleans_are_not_numbers(tmp_path: Path) -> None:
             "device.memory_bytes", "string is not a number")
 
 
+def test_numbers_are_not_booleans(tmp_path: Path) -> None:
+    # the converse of the above, found by the adversarial campaign: "degrees_included": 0 was read as false
+    plan = json.loads(json.dumps(plan_dict()))
+    plan["model"]["degrees_included"] = 0
+    refused(["simulate", str(write(tmp_path / "plan.json", plan))], "model.degrees_included", "not a boolean")
+
+
 def test_graph_txt_negative_times_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "net" / "graph.txt"
     path.parent.mkdir()
