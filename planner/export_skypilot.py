@@ -28,11 +28,14 @@ def skypilot_task(plan: CloudPlan, job_id: str, *, run: str = DEFAULT_RUN, workd
     """The task of one job as a mapping (what the YAML holds).
 
     Raises:
-        InvalidProblemError: the job is not in the plan.
+        InvalidProblemError: the job is not in the plan, or the plan gives it no instance.
     """
     if job_id not in plan.jobs:
         raise InvalidProblemError(f"job {job_id!r} is not in the plan; its jobs: {sorted(plan.jobs)}")
-    shares = sorted(plan.jobs[job_id].fractions.items(), key=lambda kv: (-kv[1], kv[0]))
+    shares = sorted(((k, x) for k, x in plan.jobs[job_id].fractions.items() if x > 0), key=lambda kv: (-kv[1], kv[0]))
+    if not shares:
+        raise InvalidProblemError(f"job {job_id!r} has no instance in the plan (every fraction is 0): nothing to "
+                                  "export; re-plan with a larger budget or more instance types")
     candidates = [_resources(plan.options[key]) for key, _ in shares]
     task: dict[str, Any] = {"name": job_id}
     if workdir:

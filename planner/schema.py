@@ -42,6 +42,7 @@ from planner.schema_types import (  # noqa: F401 (re-exported: other modules imp
     _count,
     _DEVICES_WHY,
     _field_accepts,
+    _field_is_flag,
     _wrong_scalar,
     _WIDTH,
     _LENGTH,
@@ -117,6 +118,8 @@ class _Frozen(BaseModel):
         if info.field_name is None:
             return value
         bool_ok, str_ok = _field_accepts(cls, info.field_name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and _field_is_flag(cls, info.field_name):
+            raise ValueError("a number is not a boolean here; write true or false")
         if bool_ok and str_ok:
             return value
         wrong = _wrong_scalar(value, bool_ok=bool_ok, str_ok=str_ok)

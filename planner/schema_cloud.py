@@ -272,6 +272,19 @@ class CloudPlan(_Frozen):
     solve_time_s: NonNegativeFloat = 0.0
     notes: tuple[str, ...] = ()
 
+    @model_validator(mode="after")
+    def _check(self) -> CloudPlan:
+        for job_id, alloc in self.jobs.items():
+            for field, keys in (("fractions", alloc.fractions), ("jobs_per_instance", alloc.jobs_per_instance)):
+                unknown = sorted(set(keys) - set(self.options))
+                if unknown:
+                    raise ValueError(f"jobs.{job_id}.{field} names options {unknown} that are not in 'options' "
+                                     f"{sorted(self.options)}; give every option a job uses under 'options'")
+            if sum(alloc.fractions.values()) > 1 + 1e-6:
+                raise ValueError(f"jobs.{job_id}.fractions sum to {sum(alloc.fractions.values()):.6g}: they are shares "
+                                 "of wall-clock time, at most 1 together")
+        return self
+
 
 class ReplayStep(_Frozen):
     start_h: NonNegativeFloat

@@ -67,6 +67,18 @@ def _field_accepts(cls: type[BaseModel], name: str) -> tuple[bool, bool]:
     return _ACCEPTS[key]
 
 
+_NUMBERS: dict[tuple[type, str], bool] = {}
+
+
+def _field_is_flag(cls: type[BaseModel], name: str) -> bool:
+    """Whether the field admits a boolean but no number (``0`` is then not ``false``); cached."""
+    key = (cls, name)
+    if key not in _NUMBERS:
+        annotation = cls.model_fields[name].annotation
+        _NUMBERS[key] = _accepts(annotation, bool) and not (_accepts(annotation, int) or _accepts(annotation, float))
+    return _NUMBERS[key]
+
+
 def _accepts(annotation: Any, kind: type) -> bool:
     """Whether a type admits values of ``kind`` (itself, Any, a Literal of it, or a nested
     schema type, which checks its own fields)."""

@@ -20,6 +20,7 @@ from cost_models import offload, transformer
 from cost_models.sim.offload import OffloadResult, simulate_offload
 from planner.errors import InfeasibleError
 from planner.schema import Chunk, Degrees, ModelProfile, OffloadHost, OffloadSpec, PipelineProblem, Plan, Predicted, Stage
+from solvers._offload_bound import iteration_lower_bound
 from solvers.budget import Budget, out_of_time, report_phase, untried_note
 from solvers.common import profile_attention
 from solvers.common import reject_fixed_shape
@@ -134,8 +135,12 @@ def row(cfg: OffloadConfig, plan: Plan, result: OffloadResult) -> dict[str, Any]
 
 
 def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offload.HostSpec, *, solver: str,
-          keep: Callable[[OffloadConfig], bool] = lambda cfg: True) -> Plan:
-    """Simulate every configuration, return the fastest that fits GPU and CPU memory.
+          keep: Callable[[OffloadConfig], bool] = lambda cfg: True, prune: bool = True) -> Plan:
+    """Simulate the configurations, return the fastest that fits GPU and CPU memory (ties: the first given).
+
+    Configurations run in increasing order of ``_offload_bound.iteration_lower_bound``; with
+    ``prune`` those whose bound exceeds the best time simulated are skipped (the same plan as
+    simulating every one; the candidate table then lists only the simulated ones).
 
     Raises:
         InfeasibleError: CPU memory cannot hold the model states, or no configuration fits the
@@ -143,36 +148,48 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
     """
     start = time.perf_counter()
     _check_cpu(problem, host)
-    best: tuple[float, Plan] | None = None
-    rows: list[dict[str, Any]] = []
+    models: dict[int, ModelProfile | None] = {}
+    order = []
+    for index, cfg in enumerate(configs):
+        if cfg.microbatch_size not in models:
+            models[cfg.microbatch_size] = profile_for(problem, cfg.microbatch_size)
+        model = models[cfg.microbatch_size]
+        if model is not None and keep(cfg):
+            bound = iteration_lower_bound(model, cfg, problem.cluster.num_devices) if prune else 0.0
+            order.append((bound, index, cfg, model))
+    order.sort(key=lambda x: (x[0], x[1]))
+    best: tuple[float, int, Plan] | None = None
+    rows: list[tuple[int, dict[str, Any]]] = []
     smallest = float("inf")
-    budget, configs = Budget.of(problem), list(configs)
-    tried, stopped, shape_error = 0, False, ""
-    for cfg in configs:
-        model = profile_for(problem, cfg.microbatch_size)
-        if model is None or not keep(cfg):
+    budget, total = Budget.of(problem), len(order)
+    tried, pruned, stopped, shape_error = 0, 0, False, ""
+    for bound, index, cfg, model in order:
+        if best is not None and (bound, index) > best[:2]:
+            pruned += 1
             continue
         if budget.stop_before(tried):
             stopped = True
             break
-        report_phase(f"{solver}: configuration {tried + 1}", tried, len(configs))
+        report_phase(f"{solver}: configuration {tried + 1}", tried, total)
         tried += 1
         try:
             plan, result = evaluate(build_plan(problem, model, cfg, host, solver=solver))
         except InfeasibleError as e:
             shape_error = shape_error or str(e)
             continue  # a shape the model cannot take (more stages than layers)
-        rows.append(row(cfg, plan, result))
+        rows.append((index, row(cfg, plan, result)))
         smallest = min(smallest, max(result.gpu_memory_bytes))
-        if rows[-1]["fits"] and (best is None or result.sim.iteration_time_s < best[0]):
-            best = (result.sim.iteration_time_s, plan)
-    total = sum(1 for cfg in configs if keep(cfg))
+        if rows[-1][1]["fits"] and (best is None or (result.sim.iteration_time_s, index) < best[:2]):
+            best = (result.sim.iteration_time_s, index, plan)
     if best is None:
         raise InfeasibleError(_no_fit_message(problem, solver, smallest if rows else None, shape_error)
                               + (untried_note(problem, tried=tried, total=total, what="configurations") if stopped else ""))
-    rows.sort(key=lambda r: (not r["fits"], r["iteration_time_s"]))
-    plan = best[1].model_copy(update={"candidates": tuple(rows), "solve_time_s": time.perf_counter() - start,
-                                      "status": "optimal"})
+    rows.sort(key=lambda r: (not r[1]["fits"], r[1]["iteration_time_s"], r[0]))
+    notes = best[2].notes + ((f"{pruned} of {total} configurations not simulated: a lower bound on their iteration "
+                              "time (each GPU's compute plus the pipeline's fill and drain) exceeds the chosen "
+                              "plan's",) if pruned else ())
+    plan = best[2].model_copy(update={"candidates": tuple(r for _, r in rows), "notes": notes,
+                                      "solve_time_s": time.perf_counter() - start, "status": "optimal"})
     return out_of_time(plan, problem, tried=tried, total=total, what="configurations") if stopped else plan
 
 

@@ -25,6 +25,9 @@ class Options(common.HostOptions):
     stages_per_gpu: int | None = None
     """None sweeps 1..4."""
     microbatch_size: int | None = None
+    prune: bool = True
+    """Skip configurations whose iteration-time lower bound exceeds the best simulated (same plan);
+    False simulates every one, for the full candidate table."""
 
 
 def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | None = None) -> Plan:
@@ -42,4 +45,4 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     configs = [common.OffloadConfig(forward_per_gpu=v, backward_per_forward=1, decoupled=False, microbatch_size=b,
                                     num_microbatches=m, async_optimizer=False)
                for v, (b, m) in itertools.product(stages, common.microbatch_choices(problem, sizes))]
-    return common.sweep(problem, configs, host, solver="mobius")
+    return common.sweep(problem, configs, host, solver="mobius", prune=opts.prune)

@@ -36,6 +36,9 @@ class Options(common.HostOptions):
     microbatch_size: int | None = None
     """None sweeps 1, 2, 4, 8 (only the profile's own size for a measured profile)."""
     async_optimizer: bool = True
+    prune: bool = True
+    """Skip configurations whose iteration-time lower bound exceeds the best simulated (same plan);
+    False simulates every one, for the full candidate table."""
 
 
 def host_from(problem: PipelineProblem, opts: Any) -> offload.HostSpec:
@@ -74,4 +77,4 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     opts = parse_options(Options, options, solver="spipe")
     common.check_problem(problem, solver="spipe")
     host = host_from(problem, opts)
-    return common.sweep(problem, _grid(problem, opts), host, solver="spipe")
+    return common.sweep(problem, _grid(problem, opts), host, solver="spipe", prune=opts.prune)

@@ -393,7 +393,8 @@ def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], 
         bubbles, cursor = [], 0.0
         for a, b in spans + [(iteration, iteration)]:
             if a - cursor > _EPS * max(iteration, 1.0):
-                bubbles.append(Bubble(start_s=cursor, end_s=a, free_memory_bytes=free))
+                # computed finite floats: construct without re-validating (thousands per GPU on deep models)
+                bubbles.append(Bubble.model_construct(start_s=cursor, end_s=a, free_memory_bytes=free))
             cursor = max(cursor, b)
         stages.append(StageResult(index=gpu, busy_s=busy, idle_s=iteration - busy, peak_memory_bytes=gpu_mem[gpu],
                                   peak_inflight_microbatches=s.plan.num_microbatches, bubbles=tuple(bubbles)))

@@ -109,6 +109,13 @@ def test_booleans_are_not_numbers(tmp_path: Path) -> None:
             "device.memory_bytes", "string is not a number")
 
 
+def test_numbers_are_not_booleans(tmp_path: Path) -> None:
+    # the converse of the above, found by the adversarial campaign: "degrees_included": 0 was read as false
+    plan = json.loads(json.dumps(plan_dict()))
+    plan["model"]["degrees_included"] = 0
+    refused(["simulate", str(write(tmp_path / "plan.json", plan))], "model.degrees_included", "not a boolean")
+
+
 def test_graph_txt_negative_times_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "net" / "graph.txt"
     path.parent.mkdir()
@@ -207,3 +214,19 @@ def test_cloud_jobs_with_absurd_numbers_are_refused(tmp_path: Path, field: str, 
     jobs = {"format": "paraplan.cloud-jobs/v1", "jobs": [{"id": "a", "throughputs": {"k80": 1.0}, "num_steps": 100}]}
     jobs["jobs"][0][field] = value
     refused(["cloud", "plan", "--jobs", str(write(tmp_path / "jobs.json", jobs))], needle)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda plan: plan["options"].clear(), "not in 'options'"),  # was exit 1 (KeyError)
+    (lambda plan: plan["jobs"]["a"]["fractions"].update({k: 0.0 for k in plan["jobs"]["a"]["fractions"]}),
+     "no instance"),  # was exit 1 (IndexError)
+    (lambda plan: plan["jobs"]["a"]["fractions"].update({k: 2.0 for k in plan["jobs"]["a"]["fractions"]}),
+     "at most 1"),
+])
+def test_cloud_export_of_an_inconsistent_plan_is_refused(tmp_path: Path, edit, needle: str) -> None:
+    jobs = {"format": "paraplan.cloud-jobs/v1", "jobs": [{"id": "a", "throughputs": {"k80": 1.0}, "num_steps": 100}]}
+    plan_path = tmp_path / "plan.json"
+    assert run_cli(["cloud", "plan", "--jobs", str(write(tmp_path / "jobs.json", jobs)), "-o", str(plan_path)]).code == 0
+    plan = json.loads(plan_path.read_text())
+    edit(plan)
+    refused(["cloud", "export", str(write(plan_path, plan)), "--format", "skypilot"], needle)

@@ -20,7 +20,7 @@ def paper_problem():
 
 @pytest.fixture(scope="module")
 def spipe_plan(paper_problem):
-    return solvers.solve(paper_problem, solver="spipe", options={"microbatch_size": 2})
+    return solvers.solve(paper_problem, solver="spipe", options={"microbatch_size": 2, "prune": False})
 
 
 def _rows(plan, fwd, bwd):
