@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.recompute import frontier
@@ -291,8 +293,26 @@ def chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], ra
              for first, num in ranges]
     if c.virtual == 1 or len(set(sizes)) == 1:
         return inflight_chunks(c, rank) * max(sizes)
-    return max(math.fsum(n * w for n, w in zip(state, sizes))
-               for state in held_chunk_counts(c.pipeline, c.virtual, c.num_microbatches, rank))
+    return heaviest_state_bytes(c.pipeline, c.virtual, c.num_microbatches, rank, sizes)
+
+
+def heaviest_state_bytes(p: int, v: int, m: int, rank: int, sizes: list[float]) -> float:
+    """max over the held states of sum(count x chunk size), summed exactly (``math.fsum``)."""
+    states = held_chunk_array(p, v, m, rank)
+    approx = states @ np.asarray(sizes, dtype=np.float64)
+    top = float(approx.max())
+    # The product's rounding is far below this margin: the exact sums are taken of every state near the
+    # top, so the result is the correctly rounded maximum, as summing every state with fsum gives.
+    near = np.nonzero(approx >= top - 1e-9 * abs(top) - 1.0)[0]
+    return max(math.fsum(int(n) * w for n, w in zip(states[i], sizes)) for i in near)
+
+
+@lru_cache(maxsize=4096)
+def held_chunk_array(p: int, v: int, m: int, rank: int) -> np.ndarray:
+    """``held_chunk_counts`` as a read-only (states x v) integer array."""
+    out = np.array(sorted(held_chunk_counts(p, v, m, rank)), dtype=np.int64).reshape(-1, v)
+    out.setflags(write=False)
+    return out
 
 
 def rank_static_bytes(u: UnitCosts, ranges: list[tuple[int, int]], dims: dims_mod.Dims) -> float:

@@ -5,6 +5,7 @@ simulator agreement, Megatron's own validation of the exported plans, and bad in
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -136,6 +137,35 @@ def test_context_parallel_rank_costs_c_times_the_attention_of_its_shard() -> Non
     assert u.decoder.strategies()["selective"].extra_s == pytest.approx(8 * core)
     assert u.decoder.forward_s >= plain.decoder.forward_s + 7 * core - 1e-12
     assert u.decoder.strategies()["none"].activation_bytes == plain.decoder.strategies()["none"].activation_bytes
+
+
+def _balanced_by_enumeration(num_layers: int, pipeline: int, emb: float, head: float) -> tuple[int, ...] | None:
+    """Every (per, first) pair, the key of ``dims._balanced`` (its O(L^2) form before the breakpoint search)."""
+    best = None
+    middle = pipeline - 2
+    for per in range(num_layers + 1) if middle else [0]:
+        rest = num_layers - middle * per
+        if rest < 0:
+            break
+        for first in range(rest + 1):
+            last = rest - first
+            sizes = (first, last, per) if middle else (first, last)
+            key = (max(first + emb, last + head, float(per)), max(sizes) - min(sizes), first, last)
+            if best is None or key < best[:4]:
+                best = (*key, per)
+    split = (best[2], *([best[4]] * middle), best[3])
+    return split if min(split) >= 1 else None
+
+
+def test_end_stage_split_equals_full_enumeration() -> None:
+    """The breakpoint search equals enumerating every split, deep (few stages, many layers) and shallow."""
+    rng = random.Random(11)
+    cases = [(1536, 3, 1.0, 1.0), (1536, 2, 0.37, 2.5), (600, 3, 0.0, 3.99), (126, 16, 1.0, 1.0), (97, 5, 2.5, 0.0)]
+    for _ in range(150):
+        layers = rng.randint(2, 300)
+        cases.append((layers, rng.randint(2, min(layers, 40)), round(rng.uniform(0, 6), 2), round(rng.uniform(0, 6), 2)))
+    for layers, p, emb, head in cases:
+        assert dims._balanced(layers, p, emb, head) == _balanced_by_enumeration(layers, p, emb, head), (layers, p, emb, head)
 
 
 def test_fast_end_stage_split_matches_the_reference() -> None:
@@ -392,3 +422,19 @@ def test_routing_imbalance_slows_only_expert_parallel_layers() -> None:
         even = dims.decoder_at_degrees(base, cfg, cluster, d, **kw)
         skewed = dims.decoder_at_degrees(base, cfg, cluster, d, **kw, load_balance_factor=1.2)
         assert skewed.forward_s - even.forward_s == pytest.approx(slowed * base.forward_s)
+
+
+def test_interleaved_peak_activations_equal_the_heaviest_state() -> None:
+    """Interleaved ranks' peak activations (a vectorised pass, then exact sums near the top) equal the
+    exact sum of the heaviest of every held state, to the bit (random non-negative chunk sizes)."""
+    from solvers import _ptdp_model as model
+
+    rng = random.Random(5)
+    for p, v, m in [(2, 2, 4), (4, 3, 8), (8, 4, 16), (6, 5, 7), (16, 6, 64), (3, 8, 3)]:
+        for rank in range(p):
+            every = model.held_chunk_counts(p, v, m, rank)
+            assert sorted(map(tuple, model.held_chunk_array(p, v, m, rank).tolist())) == sorted(every)
+            for _ in range(20):
+                sizes = [rng.choice([0.0, rng.uniform(0, 1e9), float(rng.randint(0, 2**40))]) for _ in range(v)]
+                exact = max(math.fsum(n * w for n, w in zip(s, sizes)) for s in every)
+                assert model.heaviest_state_bytes(p, v, m, rank, sizes) == exact
