@@ -309,23 +309,35 @@ def balanced_end_stage_layers(
     head_layers: float,
 ) -> list[int]:
     """The first/last counts minimising the busiest stage when the embedding costs
-    ``embedding_layers`` decoder layers and the output head ``head_layers`` (ties: most even split).
-    Llama 3 405B (126 layers, 16 stages, about one layer each) gives 7, 8 x 14, 7 (Sec. 3.3.2)."""
-    best: tuple[float, int, list[int]] | None = None
-    for first in range(num_layers + 1):
-        for last in range(num_layers - first + 1):
-            try:
-                split = end_stage_layers(num_layers, num_stages, first=first, last=last)
-            except InvalidProblemError:
-                continue
-            loads = [float(n) for n in split]
-            loads[0] += embedding_layers
-            loads[-1] += head_layers
-            key = (max(loads), max(split) - min(split))
-            if best is None or key < best[:2]:
-                best = (key[0], key[1], split)
+    ``embedding_layers`` decoder layers and the output head ``head_layers`` (ties: most even split,
+    then the fewest first-stage layers). Llama 3 405B (126 layers, 16 stages, about one layer each)
+    gives 7, 8 x 14, 7 (Sec. 3.3.2).
+
+    Over the middle stages' count ``per`` (which fixes first + last), the key (busiest load, spread
+    of the counts, first, last) is minimised exactly in O(L): for a given ``per`` both the busiest
+    load and the spread are convex piecewise-linear in ``first``, so the integer minimiser lies next
+    to one of their breakpoints (or an end); a ``per`` whose load bound max(per, (rest + E + H) / 2)
+    exceeds the best load found cannot win, and once ``per`` alone exceeds it no larger ``per`` can."""
+    if num_stages == 1:
+        return [num_layers]
+    emb, head = embedding_layers, head_layers
+    best: tuple[float, int, int, int, int] | None = None
+    middle = num_stages - 2
+    for per in range(num_layers + 1) if middle else [0]:
+        rest = num_layers - middle * per
+        if rest < 0 or (best is not None and per > best[0]):
+            break
+        if best is not None and max(per, (rest + emb + head) / 2) > best[0] + 1e-9:
+            continue
+        points = (0.0, float(rest), (rest + head - emb) / 2, per - emb, rest + head - per, rest / 2, per, rest - per)
+        for first in sorted({min(rest, max(0, int(math.floor(x)) + k)) for x in points for k in (-1, 0, 1, 2)}):
+            last = rest - first
+            sizes = (first, last, per) if middle else (first, last)
+            key = (max(first + emb, last + head, float(per)), max(sizes) - min(sizes), first, last)
+            if best is None or key < best[:4]:
+                best = (*key, per)
     assert best is not None
-    return best[2]
+    return [best[2], *([best[4]] * middle), best[3]]
 
 
 def layers_equivalent(cost: float, decoder_layer_cost: float) -> float:

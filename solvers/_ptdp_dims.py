@@ -21,7 +21,6 @@ What goes where (the simulator runs the same plan):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -151,33 +150,9 @@ def _valid_ends(num_layers: int, pipeline: int, first: int, last: int) -> bool:
 
 @lru_cache(maxsize=4096)
 def _balanced(num_layers: int, pipeline: int, embedding_layers: float, head_layers: float) -> tuple[int, ...] | None:
-    """``parallelism.balanced_end_stage_layers`` (same choice and tie-break, tested against it) without
-    its exceptions: the middle stages' count ``per`` fixes first + last.
-
-    The key (busiest load, spread of the counts, first, last) is minimised exactly in O(L): for a given
-    ``per`` both the busiest load and the spread are convex piecewise-linear in ``first``, so the integer
-    minimiser lies next to one of their breakpoints (or an end); a ``per`` whose load bound
-    max(per, (rest + E + H) / 2) exceeds the best load found cannot win, and once ``per`` alone exceeds
-    it no larger ``per`` can."""
-    emb, head = embedding_layers, head_layers
-    best: tuple[float, int, int, int, int] | None = None
-    middle = pipeline - 2
-    for per in range(num_layers + 1) if middle else [0]:
-        rest = num_layers - middle * per
-        if rest < 0 or (best is not None and per > best[0]):
-            break
-        if best is not None and max(per, (rest + emb + head) / 2) > best[0] + 1e-9:
-            continue
-        points = (0.0, float(rest), (rest + head - emb) / 2, per - emb, rest + head - per, rest / 2, per, rest - per)
-        for first in sorted({min(rest, max(0, int(math.floor(x)) + k)) for x in points for k in (-1, 0, 1, 2)}):
-            last = rest - first
-            sizes = (first, last, per) if middle else (first, last)
-            key = (max(first + emb, last + head, float(per)), max(sizes) - min(sizes), first, last)
-            if best is None or key < best[:4]:
-                best = (*key, per)
-    assert best is not None
-    first, last, per = best[2], best[3], best[4]
-    split = (first, *([per] * middle), last)
+    """``parallelism.balanced_end_stage_layers``, cached, or None when it leaves a stage empty."""
+    split = tuple(parallelism.balanced_end_stage_layers(num_layers, pipeline, embedding_layers=embedding_layers,
+                                                        head_layers=head_layers))
     return split if min(split) >= 1 else None
 
 

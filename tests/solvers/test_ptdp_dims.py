@@ -12,10 +12,11 @@ import pytest
 
 from cost_models import simulate as sim
 from cost_models.memory import usable_memory_bytes
-from cost_models.parallelism import balanced_end_stage_layers, zero_state_bytes_per_rank
+from cost_models.parallelism import balanced_end_stage_layers, end_stage_layers, zero_state_bytes_per_rank
 from cost_models.transformer import num_parameters
 from planner import api
 from planner.cli import main
+from planner.errors import InvalidProblemError
 from planner.export import to_megatron_args
 from planner.schema import ModelProfile, PipelineProblem, Plan
 from solvers import _ptdp_dims as dims
@@ -168,13 +169,30 @@ def test_end_stage_split_equals_full_enumeration() -> None:
         assert dims._balanced(layers, p, emb, head) == _balanced_by_enumeration(layers, p, emb, head), (layers, p, emb, head)
 
 
+def _balanced_by_end_stage_pairs(num_layers: int, num_stages: int, emb: float, head: float) -> tuple[int, ...]:
+    """Every (first, last) pair Megatron accepts, the busiest load then the spread (ties: the first found),
+    as ``balanced_end_stage_layers`` enumerated before its breakpoint search."""
+    best = None
+    for first in range(num_layers + 1):
+        for last in range(num_layers - first + 1):
+            try:
+                split = end_stage_layers(num_layers, num_stages, first=first, last=last)
+            except InvalidProblemError:
+                continue
+            key = (max(split[0] + emb, split[-1] + head, *map(float, split)), max(split) - min(split))
+            if best is None or key < best[:2]:
+                best = (*key, tuple(split))
+    return best[2]
+
+
 def test_fast_end_stage_split_matches_the_reference() -> None:
     rng = random.Random(7)
     for _ in range(200):
         layers = rng.randint(2, 130)
         p = rng.randint(2, min(layers, 24))
         emb, head = round(rng.uniform(0, 4), 2), round(rng.uniform(0, 4), 2)
-        ref = tuple(balanced_end_stage_layers(layers, p, embedding_layers=emb, head_layers=head))
+        ref = _balanced_by_end_stage_pairs(layers, p, emb, head)
+        assert tuple(balanced_end_stage_layers(layers, p, embedding_layers=emb, head_layers=head)) == ref
         assert dims._balanced(layers, p, emb, head) == (ref if min(ref) >= 1 else None)
     assert dims.stage_layouts(126, 16, 1, embedding_layers=1.0, head_layers=1.0, uneven=True) == [(7, 7)]
     assert dims.stage_layer_counts(126, 16, (7, 7)) == [7] + [8] * 14 + [7]
