@@ -70,12 +70,18 @@ def _jobs(plans: dict, steps: int = 2) -> list[RunJob]:
                    name=name) for name, plan in plans.items()]
 
 
-@pytest.fixture(scope="module")
-def two_rank_reports() -> dict[str, dict]:
-    jobs = _jobs(_TWO_RANK_PLANS)
+def _reports(plans: dict) -> dict[str, dict]:
+    """Launch every plan on gloo (one launch, 30 s per-operation timeout) and summarize each against
+    single-process training."""
+    jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))
     assert results is not None
-    return {name: summarize(job, recs) for name, job, recs in zip(_TWO_RANK_PLANS, jobs, results)}
+    return {name: summarize(job, recs) for name, job, recs in zip(plans, jobs, results)}
+
+
+@pytest.fixture(scope="module")
+def two_rank_reports() -> dict[str, dict]:
+    return _reports(_TWO_RANK_PLANS)
 
 
 @pytest.mark.parametrize("name", list(_TWO_RANK_PLANS))
@@ -89,10 +95,7 @@ def test_two_ranks_match_single_process(two_rank_reports: dict[str, dict], name:
 
 @pytest.fixture(scope="module")
 def module_recompute_reports() -> dict[str, dict]:
-    jobs = _jobs(_MODULE_PLANS)
-    results = launch(jobs, LaunchOptions(timeout_s=30))
-    assert results is not None
-    return {name: summarize(job, recs) for name, job, recs in zip(_MODULE_PLANS, jobs, results)}
+    return _reports(_MODULE_PLANS)
 
 
 @pytest.mark.parametrize("name", list(_MODULE_PLANS))
