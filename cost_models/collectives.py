@@ -128,7 +128,13 @@ def group_allgather_s(cluster: Cluster, num_bytes: float, num_ranks: int, stride
     return inside + ring_allgather_s(num_bytes / per_node, nodes, inter, cluster.inter_node_latency_s)
 
 
-def exposed_dp_allreduce_s(allreduce_total_s: float, overlappable_backward_s: float, *, num_buckets: int = 4,
+DP_NUM_BUCKETS = 4
+"""Gradient buckets of an overlapped data-parallel reduction, in the closed forms and the simulator
+(``cost_models.sim.sync``) alike."""
+
+
+def exposed_dp_allreduce_s(allreduce_total_s: float, overlappable_backward_s: float, *,
+                           num_buckets: int = DP_NUM_BUCKETS,
                            overlap: bool = True) -> float:
     """Data-parallel gradient reduction left on the critical path.
 

@@ -33,12 +33,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from cost_models.collectives import DP_NUM_BUCKETS
 from cost_models.sim import engine
 from cost_models.sim.pipeline import PipelineGraph
 
 __all__ = ["RankSync", "SyncSpec", "add_sync", "needs_nic_sends"]
 
-NUM_BUCKETS = 4
+NUM_BUCKETS = DP_NUM_BUCKETS
 
 
 @dataclass(frozen=True, slots=True)
