@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -295,3 +296,28 @@ def to_allocation(
         num_partitions=num_partitions,
         notes=tuple(notes),
     )
+
+
+GAVEL_MIN_T_S, GAVEL_MAX_T_S, GAVEL_BRACKET = 100.0, 1e6, 1.05
+"""Gavel's makespan bisection: T in [100 s, 1e6 s] (x10 while none is feasible), halved until the
+bracket is within 5 %."""
+
+
+def gavel_bisection(feasible: Callable[[float], Any], *, limit_s: float | None = None) -> tuple[float, Any] | None:
+    """Gavel's makespan bisection: (the smallest T found feasible, what ``feasible(T)`` returned for it),
+    ``feasible`` answering None where T is infeasible. Each time the bracket closes with nothing feasible
+    it moves to [last upper end, 10 x it]; with ``limit_s``, None once that upper end passes it."""
+    lo, hi, last_hi = GAVEL_MIN_T_S, GAVEL_MAX_T_S, GAVEL_MAX_T_S
+    found: tuple[float, Any] | None = None
+    while found is None:
+        while GAVEL_BRACKET * lo < hi:
+            mid = (lo + hi) / 2.0
+            result = feasible(mid)
+            if result is not None:
+                found, hi = (mid, result), mid
+            else:
+                lo = mid
+        if limit_s is not None and last_hi > limit_s:
+            return None
+        lo, hi, last_hi = last_hi, last_hi * 10.0, last_hi * 10.0
+    return found

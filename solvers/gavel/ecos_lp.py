@@ -33,13 +33,12 @@ import warnings
 import numpy as np
 
 from planner.errors import InvalidProblemError
-from solvers.gavel.common import Formulation
+from solvers.gavel.common import Formulation, gavel_bisection
 
 log = logging.getLogger(__name__)
 
 ECOS_PIN = "ecos==2.0.14"
 INSTALL_HINT = f"pip install '{ECOS_PIN}' (or the project's `ecos` extra)"
-MIN_T_S, MAX_T_S, BRACKET = 100.0, 1e6, 1.05
 
 
 def require_ecos() -> None:
@@ -183,17 +182,8 @@ def _feasible(f: Formulation, target_s: float, *, policy: str) -> np.ndarray | N
 
 def makespan_bisection(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     """Gavel's makespan policy: the bisection above, ECOS's point at the last feasible T."""
-    lo, hi, last_hi = MIN_T_S, MAX_T_S, MAX_T_S
-    best: tuple[np.ndarray, float] | None = None
-    while best is None:
-        while BRACKET * lo < hi:
-            mid = (lo + hi) / 2.0
-            x = _feasible(f, mid, policy=policy)
-            if x is not None:
-                best, hi = (x, mid), mid
-            else:
-                lo = mid
-        if last_hi > 1e12:
-            raise InvalidProblemError(f"policy {policy!r}: no makespan below 1e12 s is feasible")
-        lo, hi, last_hi = last_hi, last_hi * 10.0, last_hi * 10.0
-    return _unsort(f, best[0], _sorted_types(f)), best[1]
+    found = gavel_bisection(lambda t: _feasible(f, t, policy=policy), limit_s=1e12)
+    if found is None:
+        raise InvalidProblemError(f"policy {policy!r}: no makespan below 1e12 s is feasible")
+    target_s, x = found
+    return _unsort(f, x, _sorted_types(f)), target_s

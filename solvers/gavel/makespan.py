@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from solvers.gavel.common import Formulation, repair
+from solvers.gavel.common import Formulation, gavel_bisection, repair
 from solvers.gavel.max_min_fairness import _highs_ipm, agnostic_formulation, spread_or_keep
 
 
@@ -41,18 +41,11 @@ def min_total_duration(f: Formulation, *, policy: str) -> tuple[np.ndarray, floa
 
 
 def gavel_bisection_s(optimum_s: float) -> float:
-    """The makespan Gavel's bisection settles on: T in [100 s, 1e6 s] (x10 while none fits),
-    halved until the bracket is within 5%, keeping the smallest feasible T (T >= the optimum)."""
-    lo, hi, last_hi, found = 100.0, 1e6, 1e6, None
-    while found is None:
-        while 1.05 * lo < hi:
-            mid = (lo + hi) / 2.0
-            if mid >= optimum_s * (1 + 1e-9):
-                found, hi = mid, mid
-            else:
-                lo = mid
-        lo, hi, last_hi = last_hi, last_hi * 10.0, last_hi * 10.0
-    return found
+    """The makespan Gavel's bisection settles on (``common.gavel_bisection``) when every T at or above
+    the optimum is feasible: the smallest feasible T it tries (T >= the optimum)."""
+    found = gavel_bisection(lambda t: True if t >= optimum_s * (1 + 1e-9) else None)
+    assert found is not None
+    return found[0]
 
 
 def min_total_duration_bisection(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
