@@ -17,7 +17,9 @@ Per-virtual-stage costs come from ``pipeline_costs`` (virtual stage k is chunk k
 k % p, Megatron's placement; the V schedules place it in a V, ``Plan.chunk_of_virtual_stage``,
 and DualPipeV's overlapped F&B pairs run as one block, ``cost_models.sim.overlap``);
 point-to-point transfers take latency + bytes / bandwidth on the link of their direction, one at
-a time; the data-parallel all-reduce is a ring after each rank's last compute. Solvers that try
+a time; the data-parallel synchronisation, FSDP's per-layer gathers and the expert all-to-alls
+run as collectives beside the compute, on the NICs they cross (``cost_models.sim.sync``,
+``cost_models.sim.layercomm``). Solvers that try
 many candidates call ``simulate_costs`` with a ``PipelineCosts`` directly.
 """
 
@@ -31,7 +33,7 @@ from cost_models import extrapolate
 from cost_models.sim import bpipe as bpipe_sim
 from cost_models.sim import engine as sim_engine
 from cost_models.sim import pipeline as engine
-from cost_models.sim import overlap, report, rr, sync
+from cost_models.sim import layercomm, overlap, report, rr, sync
 from cost_models.sim.costs import PipelineCosts, allreduce_link, bottleneck_s, durations, pipeline_costs
 from cost_models.schedules import build_actions, overlapped_blocks, validate_actions
 from planner.errors import InvalidProblemError
@@ -277,16 +279,21 @@ def _run(costs: PipelineCosts, actions: Sequence[Sequence[Action]], m: int, *, v
     ops = _compiled(actions, costs.ranks())
     spec = costs.sync if with_sync else None
     fused = bool(overlapped and any(overlapped))
-    if spec is None:
+    comm = costs.comm if with_sync and not fused else None  # (DualPipeV's fused blocks keep the closed form)
+    if spec is None and comm is None:
         built = engine.build(ops, num_microbatches=m, durations=durs, shared=True, trusted=not validate)
     else:  # collectives extend the graph: a private copy of the structure
-        built = engine.build(ops, num_microbatches=m, durations=durs, trusted=not validate,
-                             sends_as_ops=sync.needs_nic_sends(spec) and not fused)
+        nic_sends = not fused and (layercomm.holds_nics(comm) or (spec is not None and sync.needs_nic_sends(spec)))
+        built = engine.build(ops, num_microbatches=m, durations=durs, trusted=not validate, sends_as_ops=nic_sends)
+        if nic_sends:
+            sync.hold_nics_on_sends(built, comm.node if comm is not None else spec.node)  # type: ignore[union-attr]
     if fused:
         overlap.fuse_blocks(built, overlapped, forward_comm_s=costs.forward_comm_s,
                             backward_comm_s=costs.backward_comm_s)
     last_sync = sync.add_sync(built, spec, costs.recompute_s) if spec is not None else None
+    split = layercomm.add_layer_comm(built, comm, costs.recompute_s) if comm is not None else ()
     schedule = sim_engine.run(built.graph)
+    layercomm.split_action_ends(schedule, split)
     trace = engine.finish(built, schedule)
     if fused:
         overlap.split_fused_trace(trace, built, overlapped)

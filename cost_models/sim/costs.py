@@ -31,6 +31,7 @@ from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.memory import usable_memory_bytes, zero_static_scale
 from cost_models.sim import dims
+from cost_models.sim.layercomm import CommSpec, StageComm
 from cost_models.sim.pipeline import Durations
 from cost_models.sim.sync import RankSync, SyncSpec
 from planner.errors import InvalidProblemError
@@ -62,6 +63,11 @@ class PipelineCosts:
     sync: SyncSpec | None = None
     """Per rank, the synchronisation the engine runs as collectives on shared NICs (``sim.sync``);
     when given it replaces ``allreduce_s`` in ``simulate_costs`` (which equals its no-contention tail)."""
+    comm: CommSpec | None = None
+    """Per virtual stage, its layers' compute, FSDP gathers and expert all-to-alls, which flushed
+    simulations run as collectives on shared NICs (``sim.layercomm``); the forward and backward times
+    above include them as their no-contention closed form (``layercomm.closed_form_extra``), which
+    every other use of these costs keeps."""
     memory_capacity_bytes: float = math.inf
     stage_rank: Sequence[int] | None = None
     """Rank of each virtual stage; None: k % num_ranks (Megatron). V schedules: ``Plan.stage_ranks``."""
@@ -193,11 +199,16 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         rec.append(scale * math.fsum(o.extra_s for o in options))
         act.append(scale * math.fsum(o.activation_bytes for o in options))
     extra_f = extra_b = None
+    comm: list[StageComm | None] = []
     if new_dims:  # context ring, expert all-to-all, FSDP gathers (cost_models.sim.dims)
-        extra_f, extra_b = dims.stage_extras(plan, chunks, scale)
+        stages = dims.stage_comm(plan, chunks, scale)
+        extra_f, extra_b = dims.closed_form_extras(stages)
+        comm = [s if s.has_events() else None for s in stages]
         fwd = [f + x for f, x in zip(fwd, extra_f)]
         bwd = [b + x for b, x in zip(bwd, extra_b)]
-    first_rank = [_replica_rank(plan, x, 0) for x in range(p)]
+    # Tensor rank 0 of each stage's first replica (and first context rank: Megatron's tp-cp-ep-dp-pp)
+    first_rank = [dims.stage_ranks(plan, x)[0] if new_dims and not plan.stages[x].ranks else _replica_rank(plan, x, 0)
+                  for x in range(p)]
     home = plan.stage_ranks()
     send = []
     for k in range(len(chunks) - 1):
@@ -223,6 +234,7 @@ def pipeline_costs(plan: Plan) -> PipelineCosts:
         memory_capacity_bytes=usable_memory_bytes(cluster.device),
         stage_rank=home if plan.schedule in V_SCHEDULES else None,
         sync=sync if any(r.reduce_s > 0 for r in syncs) else None,
+        comm=CommSpec(stages=tuple(comm), node=sync.node) if any(s is not None for s in comm) else None,
         **_comm_split(plan, chunks, extra_f, extra_b),
     )
 

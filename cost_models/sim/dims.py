@@ -7,8 +7,10 @@ dense weights is its d x c replicas and context ranks, tensor rank 0 of each ``t
 expert-parallel group is e consecutive members of that group and the expert-data-parallel group
 every e-th member (d x c / e ranks); the context group is c ranks ``t`` apart.
 
-Gradient synchronisation runs on the engine (``cost_models.sim.sync``); this module gives its
-durations. The other terms are charged per virtual stage, not as engine events on shared links:
+Gradient synchronisation runs on the engine (``cost_models.sim.sync``), and so do FSDP's gathers
+and the expert all-to-alls (``cost_models.sim.layercomm``); this module gives their durations, per
+layer for the latter (``stage_comm``), and the closed form of what they add to each virtual stage's
+forward and backward without contention (``stage_extras``), which ``pipeline_costs`` adds to F and B:
 
 - gradient synchronisation (``rank_terms``): ZeRO-0 all-reduces the gradients, ZeRO-1/2
   reduce-scatter them and all-gather the updated weights (the same 2 (n-1)/n volume, ZeRO Sec.
@@ -17,11 +19,12 @@ durations. The other terms are charged per virtual stage, not as engine events o
   all-gather under the next forward (``collectives.exposed_dp_allreduce_s``; ``sync_s`` is the
   closed-form tail);
 - FSDP (ZeRO-3): each layer's weights all-gathered before its forward and again before its
-  backward, one layer of prefetch (``parallelism.fsdp_exposed_comm_s``), added to the virtual
-  stage's forward and backward per microbatch; two gathered layers stay resident;
+  backward, one layer of prefetch (closed form ``parallelism.fsdp_exposed_comm_s``); two gathered
+  layers stay resident;
 - context parallelism: a profile derived for the whole sequence is split over c ranks (compute,
   activations and stage outputs x 1/c); each attention layer adds the K/V ring steps its
-  attention does not hide (``parallelism.ring_attention_exposed_s``);
+  attention does not hide (``parallelism.ring_attention_exposed_s``; it stays this closed form
+  inside the layer on the engine too, ``layercomm``);
 - expert parallelism: a dispatch and a combine all-to-all per MoE layer in the forward and two
   more in the backward (GShard Sec. 3), on the intra- and inter-node links the group spans; with
   ``overlap_moe_alltoall`` a forward's all-to-alls hide under another microbatch's backward of the
@@ -51,7 +54,7 @@ from cost_models.collectives import (
 )
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 from cost_models.memory import zero_static_scale
-from cost_models.parallelism import fsdp_exposed_comm_s, ring_attention_exposed_s
+from cost_models.sim.layercomm import LayerComm, StageComm, closed_form_extra
 from planner.errors import InvalidProblemError
 from planner.schema import Chunk, LayerProfile, Plan
 
@@ -272,54 +275,80 @@ def _attention_core_s(layer: LayerProfile) -> float:
 # ------------------------------------------------------------------------------------------
 
 
-def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[list[float], list[float]]:
-    """(forward, backward) seconds each virtual stage adds per microbatch for context, expert and
-    FSDP communication (module docstring); ``scale`` is ``context_scale(plan)``."""
+def stage_comm(plan: Plan, chunks: Sequence[Chunk], scale: float) -> list[StageComm]:
+    """Per virtual stage, each layer's compute and context, expert and FSDP collectives per microbatch
+    (module docstring; ``cost_models.sim.layercomm`` runs them on the engine); ``scale`` is
+    ``context_scale(plan)``."""
     home, layers = plan.stage_ranks(), plan.model.layers
+    fsdp = plan.zero_stage == 3 and not plan.model.degrees_included
+    overlap = bool(plan.options.get("overlap_moe_alltoall"))
     groups: dict[int, tuple[Group, Group, Group, Group]] = {}
-    forward, backward = [], []
+    out = []
     for k, chunk in enumerate(chunks):
         x = home[k]  # Megatron's k % p, or the V placement
         if x not in groups:
             groups[x] = (make_group(plan, context_ranks(plan, x)), make_group(plan, expert_ranks(plan, x)),
                          make_group(plan, data_context_ranks(plan, x)), make_group(plan, expert_data_ranks(plan, x)))
         cp, ep, dense, experts = groups[x]
-        f = b = 0.0
+        fwd, bwd = [], []
         for i in range(*chunk.layers):
-            ring_f, ring_b = ring_attention_s(plan, layers[i], cp, scale)
-            a2a_f, a2a_b = _exposed_alltoall_s(plan, layers[i], expert_alltoall_s(plan, i, ep), scale)
-            f, b = f + ring_f + a2a_f, b + ring_b + a2a_b
-        if plan.zero_stage == 3 and not plan.model.degrees_included:
-            fsdp_f, fsdp_b = fsdp_gather_s(plan, range(*chunk.layers), dense, experts, scale)
-            f, b = f + fsdp_f, b + fsdp_b
-        forward.append(f)
-        backward.append(b)
-    return forward, backward
+            layer = layers[i]
+            ring = _ring_parts(plan, layer, cp, scale)
+            block, transfer = ring or (0.0, 0.0)
+            common = {"gather_s": _layer_gather_s(plan, i, dense, experts) if fsdp else 0.0,
+                      "ring_steps": plan.degrees.context - 1 if ring else 0,
+                      "alltoall_s": expert_alltoall_s(plan, i, ep)}
+            fwd.append(LayerComm(compute_s=layer.forward_s * scale, ring_block_s=block, ring_transfer_s=transfer,
+                                 alltoall_cover_s=scale * layer.backward_s if overlap else None, **common))
+            bwd.append(LayerComm(compute_s=layer.backward_s * scale, ring_block_s=FLASH_BACKWARD_FACTOR * block,
+                                 ring_transfer_s=2 * transfer,
+                                 alltoall_cover_s=scale * layer.forward_s if overlap else None, **common))
+        crosses = dense.num_nodes > 1 or experts.num_nodes > 1
+        out.append(StageComm(forward=tuple(fwd), backward=tuple(bwd), fsdp=fsdp,
+                             fsdp_nic=_node(plan, dense) if fsdp and crosses else None,
+                             alltoall_nic=_node(plan, ep) if ep.num_nodes > 1 else None))
+    return out
 
 
-def ring_attention_s(plan: Plan, layer: LayerProfile, group: Group, scale: float) -> tuple[float, float]:
-    """(forward, backward) time one attention layer's K/V ring adds per microbatch: c - 1 steps,
-    each sending a K and a V block of s/c tokens (the backward also returns their gradients, twice
-    the bytes) while the attention of the block held runs (forward: core / c^2 per step; backward
-    ``FLASH_BACKWARD_FACTOR`` times that)."""
+def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds each virtual stage adds per microbatch for context, expert and
+    FSDP communication without contention (``layercomm.closed_form_extra`` of ``stage_comm``)."""
+    return closed_form_extras(stage_comm(plan, chunks, scale))
+
+
+def closed_form_extras(comm: Sequence[StageComm]) -> tuple[list[float], list[float]]:
+    """``stage_extras`` of a ``stage_comm`` result."""
+    return ([closed_form_extra(s.forward, s.fsdp) for s in comm],
+            [closed_form_extra(s.backward, s.fsdp, backward=True) for s in comm])
+
+
+def _node(plan: Plan, group: Group) -> int:
+    return plan.cluster.node_of(group.ranks[0])
+
+
+def _ring_parts(plan: Plan, layer: LayerProfile, group: Group, scale: float) -> tuple[float, float] | None:
+    """(block compute, block transfer) of one attention layer's forward K/V ring per microbatch, or
+    None without a ring: c - 1 steps, each sending a K and a V block of s/c tokens while the
+    attention of the block held runs (core / c^2 per block of a whole-sequence profile); the
+    backward takes ``FLASH_BACKWARD_FACTOR`` times the block and twice the bytes (the gradients
+    return too)."""
     c, cfg = plan.degrees.context, plan.transformer
     if c == 1 or cfg is None or not _is_attention(layer) or plan.model.degrees_included:
-        return 0.0, 0.0
+        return None
     core = _attention_core_s(layer)
     block_s = core / c**2 if scale < 1 else core  # whole-sequence core split over c x c blocks
     k_width, v_width = moe.attention_kv_widths(cfg)
     split = plan.degrees.tensor if cfg.is_mla else min(plan.degrees.tensor, cfg.kv_heads)
     step_bytes = plan.microbatch_size * (cfg.seq_length // c) * (k_width + v_width) / split * _element_bytes(plan)
-    transfer_s = group.p2p_s(step_bytes)
-    forward = ring_attention_exposed_s(block_compute_s=block_s, block_transfer_s=transfer_s, context_parallel=c)
-    backward = ring_attention_exposed_s(block_compute_s=FLASH_BACKWARD_FACTOR * block_s,
-                                        block_transfer_s=2 * transfer_s, context_parallel=c)
-    return forward, backward
+    return block_s, group.p2p_s(step_bytes)
 
 
 def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
     """One dispatch (or combine) all-to-all of MoE layer ``layer_index`` per microbatch: the rank's
-    b s / c tokens (/ t under sequence parallelism) x k copies x h, spread over the e expert ranks."""
+    b s / c tokens (/ t under sequence parallelism) x k copies x h, spread over the e expert ranks.
+    Both run in the forward and again in the backward (GShard Sec. 3); with
+    ``options["overlap_moe_alltoall"]`` (Megatron's --overlap-moe-expert-parallel-comm, DualPipe) one
+    microbatch's all-to-alls run under another's compute of the layer (``LayerComm.alltoall_cover_s``)."""
     cfg, d = plan.transformer, plan.degrees
     if d.expert == 1 or cfg is None or plan.model.degrees_included or expert_fraction(plan, layer_index) == 0.0:
         return 0.0
@@ -328,29 +357,11 @@ def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
     return group.alltoall_s(tokens * int(cfg.experts_per_token or 1) * cfg.hidden_size * _element_bytes(plan))
 
 
-def _exposed_alltoall_s(plan: Plan, layer: LayerProfile, a2a_s: float, scale: float) -> tuple[float, float]:
-    """(forward, backward) all-to-all time of an MoE layer: dispatch + combine each way, in full; with
-    ``options["overlap_moe_alltoall"]`` (Megatron's --overlap-moe-expert-parallel-comm, DualPipe) one
-    microbatch's all-to-alls run under another's compute of the layer, and only what exceeds it shows."""
-    if not plan.options.get("overlap_moe_alltoall"):
-        return 2 * a2a_s, 2 * a2a_s
-    return (max(0.0, 2 * a2a_s - scale * layer.backward_s), max(0.0, 2 * a2a_s - scale * layer.forward_s))
-
-
-def fsdp_gather_s(plan: Plan, indices: Sequence[int], dense: Group, experts: Group,
-                  scale: float) -> tuple[float, float]:
-    """(forward, backward) exposed time of FSDP's per-layer weight all-gathers over a chunk per
-    microbatch, one layer prefetched (``parallelism.fsdp_exposed_comm_s``): forward in layer order
-    under the forwards, backward in reverse under the backwards."""
-    layers, held = plan.model.layers, expert_share_per_rank(plan)
-    gathers, fwd, bwd = [], [], []
-    for i in indices:
-        share = expert_fraction(plan, i)
-        param = layers[i].param_bytes
-        gathers.append(dense.allgather_s(param * (1 - share)) + experts.allgather_s(param * share * held))
-        fwd.append(layers[i].forward_s * scale)
-        bwd.append(layers[i].backward_s * scale)
-    return fsdp_exposed_comm_s(gathers, fwd), fsdp_exposed_comm_s(gathers[::-1], bwd[::-1])
+def _layer_gather_s(plan: Plan, i: int, dense: Group, experts: Group) -> float:
+    """FSDP's all-gather of profile layer i's weights: dense part over the data-context group, the
+    rank's experts over the expert-data group."""
+    share, param = expert_fraction(plan, i), plan.model.layers[i].param_bytes
+    return dense.allgather_s(param * (1 - share)) + experts.allgather_s(param * share * expert_share_per_rank(plan))
 
 
 # ------------------------------------------------------------------------------------------

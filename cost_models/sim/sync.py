@@ -37,7 +37,7 @@ from cost_models.collectives import DP_NUM_BUCKETS
 from cost_models.sim import engine
 from cost_models.sim.pipeline import PipelineGraph
 
-__all__ = ["RankSync", "SyncSpec", "add_sync", "needs_nic_sends"]
+__all__ = ["RankSync", "SyncSpec", "add_sync", "hold_nics_on_sends", "needs_nic_sends"]
 
 NUM_BUCKETS = DP_NUM_BUCKETS
 
@@ -81,7 +81,7 @@ def add_sync(built: PipelineGraph, spec: SyncSpec, recompute_s: Sequence[float])
     id of its last synchronisation operation (-1 if none). ``recompute_s`` per virtual stage."""
     graph = built.graph
     if needs_nic_sends(spec) and built.sends_as_ops:  # (DualPipeV's fused blocks keep light transfers)
-        _hold_nics_on_sends(built, spec)
+        hold_nics_on_sends(built, spec.node)
     last_ops = []
     for r, sync in enumerate(spec.ranks):
         ops = built.ops[r]
@@ -126,15 +126,16 @@ def _last_gradient_ops(ops: list[tuple[int, int, int]], sync: RankSync) -> list[
     return sorted((position, k, share[k]) for k, position in last.items())
 
 
-def _hold_nics_on_sends(built: PipelineGraph, spec: SyncSpec) -> None:
-    """Sends between ranks on different nodes also hold the sender's NIC tx and the receiver's rx."""
+def hold_nics_on_sends(built: PipelineGraph, node: Sequence[int]) -> None:
+    """Sends between ranks on different nodes (``node``: per pipeline rank) also hold the sender's NIC
+    tx and the receiver's rx (``built`` with ``sends_as_ops``)."""
     graph = built.graph
     for op, _, _, _ in built.transfers:
         rid = graph.resource[op]
         if rid < 0:
             continue
         _, src, dst = graph.resource_names[rid]
-        a, b = spec.node[src], spec.node[dst]
+        a, b = node[src], node[dst]
         if a != b:
             graph.ordered[rid] = False  # timed on the heap, where held resources are arbitrated
             graph.also_holds[op] = (graph.resource_id(("nic", a, "tx")), graph.resource_id(("nic", b, "rx")))
