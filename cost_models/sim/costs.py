@@ -253,7 +253,7 @@ def _gradient_share(plan: Plan, chunks: Sequence[Chunk], home: Sequence[int]) ->
 def _comm_split(plan: Plan, chunks: Sequence[Chunk], extra_f: Sequence[float] | None = None,
                 extra_b: Sequence[float] | None = None) -> dict[str, tuple[float, ...] | None]:
     """Per virtual stage, the hideable communication inside F and B (``LayerProfile.*_comm_s``, plus
-    the context ring, expert all-to-alls and FSDP gathers ``dims.stage_extras`` added); only
+    the context ring, expert all-to-alls and FSDP gathers ``dims.closed_form_extras`` added); only
     DualPipeV's overlapped F&B blocks use it."""
     layers = plan.model.layers
     added = {"forward_comm_s": extra_f, "backward_comm_s": extra_b}
