@@ -288,7 +288,10 @@ def to_allocation(
         for k in in_pair if x[k].sum() > ZERO_TOL
     ]
     thr = effective_throughput(f, x)
-    return Allocation(
+    # model_construct: every field is built here from a repaired X (fractions in [0, 1], throughputs
+    # >= 0, plain floats and strings); validating a few thousand nested numbers again cost more than
+    # the rest of this function (tests/solvers/gavel check that the result validates).
+    return Allocation.model_construct(
         policy=policy,
         solve_time_s=time.perf_counter() - start_s,
         objective=objective,

@@ -115,18 +115,16 @@ def highs_ipm(cost: np.ndarray, a_ub: sp.csc_matrix, b_ub: np.ndarray, upper: np
     h.setOptionValue("output_flag", False)
     h.setOptionValue("solver", "ipm")
     h.setOptionValue("run_crossover", "off")
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = a_ub.shape[1], a_ub.shape[0]
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.zeros(len(cost))
-    lp.col_upper_ = np.where(np.isfinite(upper), upper, inf)
-    lp.row_lower_ = np.full(len(b_ub), -inf)
-    lp.row_upper_ = b_ub
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = a_ub.indptr
-    lp.a_matrix_.index_ = a_ub.indices
-    lp.a_matrix_.value_ = a_ub.data
-    h.passModel(lp)
+    # the arrays go to HiGHS as numpy buffers (a HighsLp's fields would copy them element by element)
+    num_row, num_col = a_ub.shape
+    passed = h.passModel(
+        num_col, num_row, a_ub.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize), 0.0,
+        np.ascontiguousarray(cost, dtype=float), np.zeros(num_col), np.where(np.isfinite(upper), upper, inf),
+        np.full(num_row, -inf), np.ascontiguousarray(b_ub, dtype=float), a_ub.indptr.astype(np.int32, copy=False),
+        a_ub.indices.astype(np.int32, copy=False), np.ascontiguousarray(a_ub.data, dtype=float),
+        np.zeros(num_col, dtype=np.int32),  # every column continuous
+    )
+    assert passed == highspy.HighsStatus.kOk, f"HiGHS refused the LP ({passed})"
     h.run()
     status = h.getModelStatus()
     if status != highspy.HighsModelStatus.kOptimal:

@@ -107,7 +107,7 @@ except OSError as e:
     sys.exit(f"cannot reach {host}: {e}")
 print(get_perfetto_prebuilt(MANIFEST))
 """
-_FETCH_LIMIT_S = 300  # the whole child: probe and download (the binary is about 30 MB)
+_FETCH_LIMIT_S = 180  # the whole child: probe and download (about 30 MB); under pytest-timeout's 300 s
 
 
 @functools.lru_cache(maxsize=None)
