@@ -18,3 +18,16 @@ def best_of(fn: Callable[[], T], repeats: int = 3) -> tuple[float, T]:
         best = min(best, time.perf_counter() - start)
     assert result is not None
     return best, result
+
+
+def warm_imports(*modules: str) -> None:
+    """Import the solver libraries that a timed call would import lazily on its first run
+    (highspy, pulp, cvxpy: 0.1-1 s each, several seconds on a loaded machine), so that no bench
+    counts an import as solve time. Missing optional ones are skipped."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass

@@ -3,6 +3,7 @@
 Usage::
 
     PYTHONPATH=. python bench/gavel.py scale [--max-jobs 4096] [--policies a,b] [--space-sharing]
+    PYTHONPATH=. python bench/gavel.py lp [--jobs 256,1024] [--repeats 15]
     PYTHONPATH=. python bench/gavel.py sim [--jobs 300] [--rate 3.0] [--seeds 0,1,2]
     PYTHONPATH=. python bench/gavel.py traces [--cluster v100:4,p100:4,k80:4] [--round 360]
     PYTHONPATH=. python bench/gavel.py parity [--mechanism gavel] [--lp-solver ecos|highs]
@@ -13,6 +14,8 @@ Usage::
 counts growing with the jobs, as in the chapter's Fig. 5.14), the full LP's solve time, the
 partitioned solve time with k = jobs/256 sub-problems (at least 2), and the partitioned
 objective relative to the full one. Full solves above ``--max-full`` jobs are skipped.
+``lp`` splits the max-min fairness solve into its steps (formulation, LP arrays, HiGHS, repair,
+Allocation; wall and CPU) beside Gavel's formulation on cvxpy + ECOS in the same process.
 ``sim`` runs each policy family agnostic and heterogeneity-aware on the same Poisson traces
 and prints the average JCT (the chapter's Figs. 5.9-5.11 comparison). ``traces`` runs every
 bundled Gavel trace (the physical-cluster traces) under each policy and prints the average
@@ -201,6 +204,62 @@ def run_chapter(args: argparse.Namespace) -> None:
               f"{runs[1].num_allocations:,}", flush=True)
 
 
+GAVEL_REPORTED_S = {256: 0.014, 1024: 0.027}
+"""Gavel's figures for its max-min fairness LP (issue 16: 256 and 1,024 jobs); not re-run here."""
+
+
+def _best_wall_cpu(fn, repeats: int):  # type: ignore[no-untyped-def]
+    """(smallest wall time, smallest CPU time, last result) of ``repeats`` calls."""
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        result = fn()
+        wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
+    return wall, cpu, result
+
+
+def run_lp(args: argparse.Namespace) -> None:
+    """The max-min fairness LP (``max_min_fairness_perf``, no space sharing) step by step, best of
+    ``--repeats`` after warm-up solves (imports done), wall and CPU milliseconds; beside it, Gavel's
+    formulation solved as its code does (cvxpy + ECOS, two LPs: X^iso, then the level) in the same
+    process, when ``ecos`` is installed."""
+    import os
+
+    from solvers.gavel import common, max_min_fairness as mmf
+
+    policy = "max_min_fairness_perf"
+    try:
+        import ecos  # noqa: F401
+        ecos_opts: dict | None = {"lp_solver": "ecos"}
+    except ImportError:
+        ecos_opts = None
+    warm = scale_problem(16, space_sharing=False)
+    for options in ({}, ecos_opts):
+        if options is not None:
+            gavel.solve(warm, policy=policy, options=options)
+    print(f"load average {os.getloadavg()[0]:.1f}; best of {args.repeats}; wall / CPU ms")
+    print("| jobs | formulation | LP arrays | HiGHS IPM | repair | Allocation | whole `gavel.solve` "
+          "| Gavel's formulation, cvxpy + ECOS | Gavel's reported |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.jobs.split(",")):
+        p = scale_problem(n, space_sharing=False)
+        steps = [_best_wall_cpu(lambda: common.build(p), args.repeats)]
+        f = steps[0][2]
+        steps.append(_best_wall_cpu(lambda: mmf.direct_lp(f), args.repeats))
+        steps.append(_best_wall_cpu(lambda: mmf.highs_ipm(*steps[1][2], policy=policy), args.repeats))
+        x = steps[2][2][: f.num_combos * len(f.types)].reshape((f.num_combos, len(f.types)), order="F")
+        steps.append(_best_wall_cpu(lambda: common.repair(f, x), args.repeats))
+        steps.append(_best_wall_cpu(lambda: common.to_allocation(f, steps[3][2], policy=policy, start_s=0.0,
+                                                                 objective=0.0), args.repeats))
+        steps.append(_best_wall_cpu(lambda: gavel.solve(p, policy=policy), args.repeats))
+        if ecos_opts is not None:
+            steps.append(_best_wall_cpu(lambda: gavel.solve(p, policy=policy, options=ecos_opts), max(1, args.repeats // 3)))
+        cells = [f"{w * 1e3:.1f} / {c * 1e3:.1f}" for w, c, _ in steps] + ["-"] * (ecos_opts is None)
+        reported = GAVEL_REPORTED_S.get(n)
+        print(f"| {n} | " + " | ".join(cells) + f" | {f'{reported * 1e3:.0f}' if reported else '-'} |", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
 RAY_JOBS = [("a", 40.0, 20.0, 60, 0.0), ("b", 30.0, 24.0, 90, 0.0), ("c", 50.0, 10.0, 80, 0.0),
             ("d", 20.0, 18.0, 30, 1.5), ("e", 40.0, 30.0, 40, 2.5)]
 
@@ -254,8 +313,11 @@ def main() -> None:
     c.add_argument("--rate", type=float, default=5.6)
     c.add_argument("--seeds", default="0")
     c.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel")
+    lp = sub.add_parser("lp")
+    lp.add_argument("--jobs", default="256,1024")
+    lp.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
-    {"scale": run_scale, "sim": run_sim, "traces": run_traces, "parity": run_parity, "ray": run_ray, "chapter": run_chapter}[args.what](args)
+    {"lp": run_lp, "scale": run_scale, "sim": run_sim, "traces": run_traces, "parity": run_parity, "ray": run_ray, "chapter": run_chapter}[args.what](args)
 
 
 if __name__ == "__main__":

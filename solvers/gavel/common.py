@@ -159,13 +159,17 @@ def build(problem: ClusterProblem, *, packed: bool = False) -> Formulation:
     Raises:
         InfeasibleError: a job cannot run on any accelerator type (see ``check_feasible``).
     """
-    check_feasible(problem)
     types = tuple(problem.worker_types)
     capacity = np.array([problem.worker_types[t] for t in types], dtype=float)
     jobs = problem.jobs
-    scale = np.array([j.scale_factor for j in jobs], dtype=float)
-    raw = np.array([[(j.throughputs or {}).get(t, 0.0) for t in types] for j in jobs], dtype=float)
+    # one pass over the jobs: scale factor, weight, steps, arrival, elapsed, SLO (inf where none)
+    per_job = np.array([(j.scale_factor, j.weight, j.num_steps, j.arrival_time_s, j.elapsed_s,
+                         np.inf if j.slo_s is None else j.slo_s) for j in jobs], dtype=float).reshape(-1, 6)
+    scale, weight, num_steps, arrival_s, elapsed_s, slo_s = (np.ascontiguousarray(c) for c in per_job.T)
+    raw = np.array([[(j.throughputs or {}).get(t, 0.0) for t in types] for j in jobs], dtype=float).reshape(-1, len(types))
     fits = scale[:, None] <= capacity[None, :]
+    if not np.all(((raw > 0) & fits).any(axis=1)):  # some job runs nowhere: find it and say why
+        check_feasible(problem)
     throughput = np.where(fits, raw, 0.0)
     combos: list[tuple[int, ...]] = [(m,) for m in range(len(jobs))]
     combo_rows = [np.stack([throughput, np.zeros_like(throughput)], axis=2)]  # single jobs, (n, J, 2)
@@ -189,11 +193,11 @@ def build(problem: ClusterProblem, *, packed: bool = False) -> Formulation:
         capacity=capacity,
         throughput=throughput,
         scale=scale,
-        weight=np.array([j.weight for j in jobs], dtype=float),
-        num_steps=np.array([j.num_steps for j in jobs], dtype=float),
-        arrival_s=np.array([j.arrival_time_s for j in jobs], dtype=float),
-        elapsed_s=np.array([j.elapsed_s for j in jobs], dtype=float),
-        slo_s=np.array([j.slo_s if j.slo_s is not None else np.inf for j in jobs], dtype=float),
+        weight=weight,
+        num_steps=num_steps,
+        arrival_s=arrival_s,
+        elapsed_s=elapsed_s,
+        slo_s=slo_s,
         combos=tuple(combos),
         combo_throughput=np.concatenate(combo_rows),
         thr_equal=throughput @ share,
@@ -250,7 +254,8 @@ def repair(f: Formulation, x: np.ndarray) -> np.ndarray:
     job_time = f.membership() @ x.sum(axis=1)
     assert job_time.max(initial=0.0) <= 1 + FEASIBILITY_TOL, f"job time {job_time.max()} > 1"
     over = np.maximum(job_time, 1.0)
-    per_combo = np.array([max(over[m] for m in c) for c in f.combos])
+    first, second = f._members
+    per_combo = np.where(second >= 0, np.maximum(over[first], over[second]), over[first])
     x = x / per_combo[:, None]
     used = f.combo_scale @ x
     assert np.all(used <= f.capacity * (1 + FEASIBILITY_TOL) + FEASIBILITY_TOL), (used, f.capacity)
@@ -273,26 +278,26 @@ def to_allocation(
     num_partitions: int = 1,
 ) -> Allocation:
     """The Allocation of a (repaired) solution: per-job time by type, pairs split out."""
+    first, second = f._members
     per_job = np.zeros((f.num_jobs, len(f.types)))
-    pairs: list[PairShare] = []
-    for k, members in enumerate(f.combos):
-        for m in members:
-            per_job[m] += x[k]
-        if len(members) == 2 and x[k].sum() > ZERO_TOL:
-            pairs.append(PairShare(
-                jobs=(f.job_ids[members[0]], f.job_ids[members[1]]),
-                fractions={t: float(v) for t, v in zip(f.types, x[k])},
-            ))
+    np.add.at(per_job, first, x)
+    in_pair = np.nonzero(second >= 0)[0]
+    np.add.at(per_job, second[in_pair], x[in_pair])
+    pairs = [
+        PairShare(jobs=(f.job_ids[first[k]], f.job_ids[second[k]]), fractions=dict(zip(f.types, x[k].tolist())))
+        for k in in_pair if x[k].sum() > ZERO_TOL
+    ]
     thr = effective_throughput(f, x)
-    return Allocation(
+    # model_construct: every field is built here from a repaired X (fractions in [0, 1], throughputs
+    # >= 0, plain floats and strings); validating a few thousand nested numbers again cost more than
+    # the rest of this function (tests/solvers/gavel check that the result validates).
+    return Allocation.model_construct(
         policy=policy,
         solve_time_s=time.perf_counter() - start_s,
         objective=objective,
-        allocation={
-            job: {t: float(v) for t, v in zip(f.types, row)} for job, row in zip(f.job_ids, per_job)
-        },
+        allocation={job: dict(zip(f.types, row)) for job, row in zip(f.job_ids, per_job.tolist())},
         pairs=tuple(pairs),
-        effective_throughputs={job: float(v) for job, v in zip(f.job_ids, thr)},
+        effective_throughputs=dict(zip(f.job_ids, thr.tolist())),
         num_partitions=num_partitions,
         notes=tuple(notes),
     )

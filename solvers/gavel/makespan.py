@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from solvers.gavel.common import Formulation, gavel_bisection, repair
-from solvers.gavel.max_min_fairness import _highs_ipm, agnostic_formulation, spread_or_keep
+from solvers.gavel.max_min_fairness import agnostic_formulation, highs_ipm, spread_or_keep
 
 
 def min_total_duration_perf(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
@@ -60,7 +60,7 @@ def min_total_duration_bisection(f: Formulation, *, policy: str) -> tuple[np.nda
         -f.throughput_matrix(),  # every job done within target_s
     ]).tocsc()
     b_ub = np.concatenate([np.ones(f.num_jobs), f.capacity, -f.num_steps / target_s])
-    values = _highs_ipm(np.zeros(num_k * num_j), a_ub, b_ub, f.mask.reshape(-1, order="F"), policy=policy)
+    values = highs_ipm(np.zeros(num_k * num_j), a_ub, b_ub, f.mask.reshape(-1, order="F"), policy=policy)
     return repair(f, values.reshape((num_k, num_j), order="F")), target_s
 
 

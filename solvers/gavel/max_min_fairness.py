@@ -60,16 +60,22 @@ def solve_direct(f: Formulation, *, policy: str) -> tuple[np.ndarray, float]:
     HiGHS's interior-point method without crossover is about 2.5x faster than its simplex on
     this LP (one dense column z); ``repair`` removes the interior point's round-off.
     """
-    num_k, num_j, n = f.num_combos, len(f.types), f.num_jobs
-    num_x = num_k * num_j
+    num_x = f.num_combos * len(f.types)
+    values = highs_ipm(*direct_lp(f), policy=policy)
+    x = values[:num_x].reshape((f.num_combos, len(f.types)), order="F")
+    return repair(f, x), float(values[-1])
+
+
+def direct_lp(f: Formulation) -> tuple[np.ndarray, sp.csc_matrix, np.ndarray, np.ndarray]:
+    """``solve_direct``'s LP as (cost, A_ub, b_ub, upper): minimize cost @ v s.t. A_ub v <= b_ub,
+    0 <= v <= upper, over v = (vec(X), z)."""
+    n = f.num_jobs
     a_ub = _constraint_matrix(f, las_coefficients(f))
     b_ub = np.concatenate([np.ones(n), f.capacity, np.zeros(n)])
     upper = np.append(f.mask.reshape(-1, order="F"), np.inf)  # (5.1)
-    cost = np.zeros(num_x + 1)
+    cost = np.zeros(len(upper))
     cost[-1] = -1.0
-    values = _highs_ipm(cost, a_ub, b_ub, upper, policy=policy)
-    x = values[:num_x].reshape((num_k, num_j), order="F")
-    return repair(f, x), float(values[-1])
+    return cost, a_ub, b_ub, upper
 
 
 def _constraint_matrix(f: Formulation, coefficients: np.ndarray) -> sp.csc_matrix:
@@ -95,26 +101,30 @@ def _constraint_matrix(f: Formulation, coefficients: np.ndarray) -> sp.csc_matri
     return a_ub
 
 
-def _highs_ipm(cost: np.ndarray, a_ub: sp.csc_matrix, b_ub: np.ndarray, upper: np.ndarray, *, policy: str) -> np.ndarray:
-    """minimize cost @ v s.t. a_ub v <= b_ub, 0 <= v <= upper, with HiGHS's IPM."""
+def highs_ipm(cost: np.ndarray, a_ub: sp.csc_matrix, b_ub: np.ndarray, upper: np.ndarray, *, policy: str) -> np.ndarray:
+    """minimize cost @ v s.t. a_ub v <= b_ub, 0 <= v <= upper, with HiGHS's IPM (no crossover).
+
+    HiGHS's presolve stays on: on the max-min LP it only drops the columns fixed at zero, but
+    on small ones it reduces more, and skipping it moves the interior point by round-off, which
+    flips the simulator's exact ties (tests/solvers/gavel/test_mechanism_gavel.py).
+    """
     import highspy
 
+    inf = highspy.kHighsInf
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("solver", "ipm")
     h.setOptionValue("run_crossover", "off")
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = a_ub.shape[1], a_ub.shape[0]
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.zeros(len(cost))
-    lp.col_upper_ = np.where(np.isfinite(upper), upper, highspy.kHighsInf)
-    lp.row_lower_ = np.full(len(b_ub), -highspy.kHighsInf)
-    lp.row_upper_ = b_ub
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = a_ub.indptr
-    lp.a_matrix_.index_ = a_ub.indices
-    lp.a_matrix_.value_ = a_ub.data
-    h.passModel(lp)
+    # the arrays go to HiGHS as numpy buffers (a HighsLp's fields would copy them element by element)
+    num_row, num_col = a_ub.shape
+    passed = h.passModel(
+        num_col, num_row, a_ub.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize), 0.0,
+        np.ascontiguousarray(cost, dtype=float), np.zeros(num_col), np.where(np.isfinite(upper), upper, inf),
+        np.full(num_row, -inf), np.ascontiguousarray(b_ub, dtype=float), a_ub.indptr.astype(np.int32, copy=False),
+        a_ub.indices.astype(np.int32, copy=False), np.ascontiguousarray(a_ub.data, dtype=float),
+        np.zeros(num_col, dtype=np.int32),  # every column continuous
+    )
+    assert passed == highspy.HighsStatus.kOk, f"HiGHS refused the LP ({passed})"
     h.run()
     status = h.getModelStatus()
     if status != highspy.HighsModelStatus.kOptimal:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
+import math
 import os
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,32 +93,73 @@ def test_rank_ranges_follow_explicit_ranks(plain) -> None:
     assert stage_rank_ranges(odd) == ["0,4", "1,5", "2,6", "3,7"]
 
 
-def _trace_processor_binary() -> str | None:
-    """Perfetto's trace_processor_shell: $PERFETTO_TRACE_PROCESSOR, or the perfetto package's cache."""
+# Run in a child process: the perfetto package's own download path (get_perfetto_prebuilt: curl into
+# ~/.local/share/perfetto/prebuilts, SHA-256 checked), after a 10 s reachability probe of its host.
+_FETCH = """
+import socket, sys
+from urllib.parse import urlparse
+from perfetto.prebuilts.manifests.trace_processor_shell import TRACE_PROCESSOR_SHELL_MANIFEST as MANIFEST
+from perfetto.prebuilts.perfetto_prebuilts import get_perfetto_prebuilt
+host = urlparse(next(e["url"] for e in MANIFEST if e.get("url"))).hostname
+try:
+    socket.create_connection((host, 443), timeout=10).close()
+except OSError as e:
+    sys.exit(f"cannot reach {host}: {e}")
+print(get_perfetto_prebuilt(MANIFEST))
+"""
+_FETCH_LIMIT_S = 180  # the whole child: probe and download (about 30 MB); under pytest-timeout's 300 s
+
+
+@functools.lru_cache(maxsize=None)
+def _trace_processor_binary() -> tuple[str | None, str]:
+    """(Perfetto's trace_processor_shell, or None and why): $PERFETTO_TRACE_PROCESSOR, the perfetto
+    package's cache, or one download attempt per session through the package's own path, with a
+    10 s network probe and a hard limit on the child process (never hangs the suite)."""
     given = os.environ.get("PERFETTO_TRACE_PROCESSOR")
     if given:
-        return given
+        return given, ""
     cached = sorted(glob.glob(os.path.expanduser("~/.local/share/perfetto/prebuilts/trace_processor_shell*")))
-    return next((path for path in cached if not path.endswith(".tmp") and os.access(path, os.X_OK)), None)
+    found = next((path for path in cached if not path.endswith(".tmp") and os.access(path, os.X_OK)), None)
+    if found:
+        return found, ""
+    if shutil.which("curl") is None:
+        return None, "the perfetto package downloads trace_processor_shell with curl, which is not installed"
+    child = subprocess.Popen([sys.executable, "-c", _FETCH], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=_FETCH_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the child and its curl
+        child.communicate()
+        return None, f"downloading trace_processor_shell took over {_FETCH_LIMIT_S} s"
+    lines = out.strip().splitlines()
+    if child.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
+        reason = (err.strip().splitlines() or ["no output"])[-1]
+        return None, f"could not download trace_processor_shell ({reason})"
+    return lines[-1], ""
 
 
 def test_perfettos_trace_processor_loads_the_trace(plain, tmp_path: Path) -> None:
     # The perfetto package (PyPI) drives trace_processor_shell, a native binary it downloads on first
-    # use from Google's artifact storage; without it (offline machines) this test skips.
+    # use from Google's artifact storage; offline (no binary, no network) this test skips, saying why.
     tp_module = pytest.importorskip("perfetto.trace_processor")
-    binary = _trace_processor_binary()
+    binary, why = _trace_processor_binary()
     if binary is None:
-        pytest.skip("no trace_processor_shell binary (set PERFETTO_TRACE_PROCESSOR, or let perfetto download it)")
+        pytest.skip(f"{why}; set PERFETTO_TRACE_PROCESSOR to a trace_processor_shell binary to run this test")
     from planner.trace import write_trace
 
     sim = api.simulate(plain, include_events=True)
-    path = write_trace(api.trace(plain, sim), tmp_path / "trace.json")
+    doc = api.trace(plain, sim)
+    path = write_trace(doc, tmp_path / "trace.json")
     config = tp_module.TraceProcessorConfig(bin_path=binary)
     with tp_module.TraceProcessor(trace=str(path), config=config) as tp:
         count = next(iter(tp.query("select count(*) as n from slice"))).n
         threads = {row.name for row in tp.query("select name from thread")}
-    assert count == len(_slices(api.trace(plain, sim)))
-    assert {"compute", "link 0->1"} <= threads
+        processes = {row.name for row in tp.query("select name from process")}
+    assert count == len(_slices(doc))
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert names <= threads and {"compute", "link 0->1"} <= threads
+    assert {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"} <= processes
 
 
 def test_cli_timeline_window_and_labels(plain, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,24 +196,29 @@ def check_json_trace_format(doc: dict) -> None:
     """
     json.dumps(doc, allow_nan=False)
     assert set(doc) >= {"traceEvents"} and doc.get("displayTimeUnit", "ms") in ("ms", "ns")
+    assert isinstance(doc["traceEvents"], list) and doc["traceEvents"], "no events"
     names: dict[tuple[int, int], str] = {}
     processes: set[int] = set()
     per_thread: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
     for e in doc["traceEvents"]:
-        assert isinstance(e["name"], str) and e["ph"] in ("X", "M"), e
-        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        assert {"name", "ph", "pid", "tid"} <= set(e), f"an event lacks name/ph/pid/tid: {e}"
+        assert isinstance(e["name"], str) and e["name"] and e["ph"] in ("X", "M"), e
+        assert all(type(e[k]) is int for k in ("pid", "tid")), e  # integers, not bools or floats
         if e["ph"] == "M":
+            assert e["name"] in _METADATA and isinstance(e.get("args"), dict), e
             value = e["args"][_METADATA[e["name"]]]
-            assert isinstance(value, str if _METADATA[e["name"]] == "name" else int), e
+            assert type(value) is (str if _METADATA[e["name"]] == "name" else int), e
             if e["name"] == "thread_name":
-                names[(e["pid"], e["tid"])] = value
+                assert names.setdefault((e["pid"], e["tid"]), value) == value, f"thread renamed: {e}"
             elif e["name"] == "process_name":
                 processes.add(e["pid"])
             continue
+        assert {"ts", "dur", "cat", "args"} <= set(e), f"a complete (X) event lacks ts/dur/cat/args: {e}"
         assert isinstance(e["cat"], str) and isinstance(e["args"], dict), e
-        assert e["ts"] >= 0 and e["dur"] >= 0, e
+        assert all(type(e[k]) in (int, float) and math.isfinite(e[k]) and e[k] >= 0 for k in ("ts", "dur")), e
         start_ns, dur_ns = round(e["ts"] * 1000), round(e["dur"] * 1000)
         per_thread.setdefault((e["pid"], e["tid"]), []).append((start_ns, start_ns + dur_ns, e["name"]))
+    assert {pid for pid, _ in names} <= processes, "a named thread in a process without a process_name"
     for track, slices in per_thread.items():
         assert track in names and track[0] in processes, f"slices on unnamed track {track}"
         stack: list[tuple[int, int, str]] = []
@@ -236,3 +288,19 @@ def test_the_format_check_catches_overlapping_slices() -> None:
     check_one_at_a_time(doc((0, 2), (2, 3)))  # adjacent: one at a time
     with pytest.raises(AssertionError, match="before the previous ends"):
         check_one_at_a_time(doc((0, 2), (2, 3), (0.5, 1)))  # nested: two at once on one stream
+
+
+def test_the_format_check_catches_missing_fields_and_unnamed_tracks() -> None:
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "p"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "t"}}]
+    good = {"name": "s", "cat": "c", "ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0, "args": {}}
+    check_json_trace_format({"traceEvents": [*meta, good]})
+    for key in ("dur", "ts", "pid", "name"):
+        with pytest.raises(AssertionError, match="lacks"):
+            check_json_trace_format({"traceEvents": [*meta, {k: v for k, v in good.items() if k != key}]})
+    with pytest.raises(AssertionError, match="unnamed track"):
+        check_json_trace_format({"traceEvents": [*meta, {**good, "tid": 2}]})
+    with pytest.raises(AssertionError, match="process_name"):
+        check_json_trace_format({"traceEvents": [meta[1], good]})
+    with pytest.raises(AssertionError):
+        check_json_trace_format({"traceEvents": [*meta, {**good, "ts": True}]})

@@ -7,7 +7,7 @@ import pytest
 
 import solvers.gavel as gavel
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema_gavel import ClusterProblem
+from planner.schema_gavel import Allocation, ClusterProblem
 from solvers.gavel import common
 from solvers.gavel.water_filling import water_filling_trace
 from tests.solvers.gavel.helpers import assert_feasible, problem, random_problem
@@ -194,3 +194,14 @@ def test_space_sharing_is_at_least_as_good() -> None:
     plain = gavel.solve(p, policy="max_min_fairness_perf")
     packed = gavel.solve(p, policy="max_min_fairness_packed")
     assert packed.objective >= plain.objective - 1e-6
+
+
+@pytest.mark.parametrize("policy", ["max_min_fairness_packed", "fifo_packed", "isolated"])
+def test_allocations_validate_as_the_schema_says(policy: str) -> None:
+    # to_allocation builds the Allocation without validation: it must still be one that validates,
+    # field for field (JSON round trip through the strict schema).
+    a = gavel.solve(random_problem(np.random.default_rng(3), 8, pairs=True), policy=policy)
+    again = Allocation.from_json(a.to_json())
+    assert again == a and again.allocation == a.allocation and again.pairs == a.pairs
+    assert all(type(v) is float for row in a.allocation.values() for v in row.values())
+    assert all(type(v) is float for v in a.effective_throughputs.values())
