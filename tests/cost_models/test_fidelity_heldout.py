@@ -1,0 +1,92 @@
+"""Held-out published runs (bench/fidelity_heldout.py, docs/cost-model.md "Held-out runs"): no
+constant was set on them. Tolerances are the accuracy reached, with the sign of each error, so a
+change that moves a row is seen."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from cost_models import layer_ops
+from cost_models.compute import compute_constants
+from cost_models.hardware import device_preset
+from planner import api
+
+_BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):  # noqa: ANN202
+    if str(_BENCH) not in sys.path:
+        sys.path.insert(0, str(_BENCH))  # fidelity_heldout imports fidelity
+    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+HELDOUT = _load("fidelity_heldout")
+
+
+def test_bloom_176b_on_384_a100() -> None:
+    """BLOOM-176B as trained (t = 4, p = 12, d = 8, b = 2, full recompute, ZeRO-1, Omni-Path):
+    about 150 TFLOP/s per GPU published, 168 predicted (+12.2 %): over the 10 % target
+    (docs/cost-model.md, "Held-out runs", what is not modelled). Memory fits (27 GiB)."""
+    row = HELDOUT.bloom_row()
+    assert float(row["error"]) == pytest.approx(0.122, abs=0.01)
+    assert float(row["peak_memory_gib"]) < 80
+
+
+def test_llama3_405b_weak_scaling() -> None:
+    """Llama 3 405B on 8,192 and 16,384 H100 (Table 4): BF16 MFU 43 % and 41 % published, 52.3 %
+    and 46.7 % predicted (+21.6 %, +14.0 %): H100 at 700 W over-predicted (docs/cost-model.md). The
+    trend is right: doubling d at a fixed batch halves the microbatches per pipeline and lowers MFU
+    (published -4.7 %, predicted -10.7 %: the paper's schedule hides more of the bubble)."""
+    rows = HELDOUT.llama3_rows()
+    assert [float(r["error"]) for r in rows] == pytest.approx([0.216, 0.140], abs=0.01)
+    assert float(rows[1]["predicted"]) < float(rows[0]["predicted"])
+    assert float(rows[0]["peak_memory_gib"]) > 80  # Megatron's interleaved warm-up does not fit without recompute
+
+
+def test_torchtitan_compiled_rows_and_eager_ratio() -> None:
+    """torchtitan Llama 3.1 8B + torch.compile on 8 and 128 Grand Teton H100: +2.9 % and +6.0 %
+    with fused kernels (NVL-end peak, as the eager rows). Eager over compiled throughput: 0.864 and
+    0.860 measured, 0.841 and 0.840 predicted (within 2.5 %; the peak cancels in the ratio)."""
+    rows = HELDOUT.torchtitan_compiled_rows()
+    assert [float(r["error"]) for r in rows] == pytest.approx([0.029, 0.060], abs=0.01)
+    for r in rows:
+        assert float(r["ratio_predicted"]) == pytest.approx(float(r["ratio_published"]), rel=0.03)
+
+
+def test_eager_elementwise_bytes_hand_count() -> None:
+    """Llama 3 8B layer, b = 1, s = 8192, t = 1, bf16: eager moves, beyond the fused kernels,
+    per token 2 x 32 h (two RMSNorms, 36 against 4 B per element) + 16 (h + kv) (rotary, 20 against 4)
+    + 4 (h + kv) (K/V expanded to all heads) + 4 h (contiguous attention output) + 4 f (SwiGLU)
+    forward; backward 2 x the norms' bytes and the same for the rest plus 8 f."""
+    cfg = api.load_model("llama3-8b")
+    tokens, h, kv, f = 8192, 4096, 1024, 14336
+    fwd, bwd = layer_ops.eager_extra_bytes(cfg, tokens, 1, False)
+    rest = 16 * (h + kv) + 4 * (h + kv) + 4 * h
+    assert fwd == pytest.approx(tokens * (64 * h + rest + 4 * f))
+    assert bwd == pytest.approx(tokens * (128 * h + rest + 8 * f))
+
+
+def test_eager_kernels_slow_the_layer_by_their_bytes() -> None:
+    """The eager setting adds exactly its bytes over the achieved bandwidth (plus launches) to the
+    forward, and leaves the GEMMs alone; the default is fused."""
+    h100 = device_preset("h100")
+    assert compute_constants(h100).elementwise_kernels == "fused"
+    eager = h100.model_copy(update={"compute": compute_constants(h100).model_copy(
+        update={"elementwise_kernels": "eager"})})
+    cfg = api.load_model("llama3-8b")
+    kw = {"microbatch_size": 1, "sequence_parallel": False, "attention": "flash"}
+    fused_ops, eager_ops = layer_ops.decoder_op_times(cfg, h100, **kw), layer_ops.decoder_op_times(cfg, eager, **kw)
+    extra, _ = layer_ops.eager_extra_bytes(cfg, 8192, 1, False)
+    rate = 3.35e12 * compute_constants(h100).memory_bandwidth_fraction
+    launches = layer_ops.EAGER_EXTRA_KERNELS[0] * compute_constants(h100).kernel_launch_s
+    assert eager_ops.forward_s - fused_ops.forward_s == pytest.approx(extra / rate + launches)
+    assert eager_ops.forward_gemm_s == fused_ops.forward_gemm_s
