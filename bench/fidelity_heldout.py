@@ -27,7 +27,7 @@ from solvers import ptdp
 
 BLOOM_176B = TransformerConfig(name="bloom-176b", hidden_size=14336, num_layers=70, num_heads=112, seq_length=2048,
                                vocab_size=250880, dtype="bf16")
-"""[bloom] Sec. 3.2 / Table 1: 70 layers, h = 14,336, 112 heads, s = 2,048, vocabulary 250,680
+"""[bloom] Sec. 3: 70 layers, h = 14,336, 112 heads, s = 2,048, vocabulary 250,680
 padded to 250,880 for t = 4; GeLU MLP, LayerNorm, tied embeddings (ALiBi has no parameters: the
 learned position table here adds 0.02 % of the FLOPs)."""
 BLOOM_TFLOPS = 150.0
@@ -39,7 +39,7 @@ LLAMA3_ROWS = [  # (GPUs, d, published TFLOP/s per GPU, published BF16 MFU)
 
 def jean_zay(num_devices: int) -> Cluster:
     """BLOOM's Jean Zay A100 partition: 8 A100 80 GB per node on NVLink (the a100-80gb node), 4 x
-    100 Gb/s Omni-Path per node = 6.25 GB/s per GPU per direction ([bloom] Sec. 3.4.1)."""
+    100 Gb/s Omni-Path per node = 6.25 GB/s per GPU per direction ([bloom] Sec. 3)."""
     return api.load_cluster(f"a100-80gb:{num_devices}").model_copy(update={"inter_node_bytes_per_s": 6.25e9})
 
 
@@ -62,10 +62,17 @@ def unbounded_h100(num_devices: int) -> Cluster:
     """H100 SXM nodes with the memory limit lifted: the paper trains without activation
     checkpointing thanks to its own interleaved schedule (a tunable number of microbatches in
     flight) and early deallocation of stage inputs and outputs ([llama3] Sec. 3.3.2), which
-    Megatron's schedule, the one we cost, does not do (its peak is reported next to the row)."""
+    Megatron's schedule, the one we cost, does not do (its peak is reported next to the row).
+    Attention runs at FlashAttention-2's H100 rate (35 % of peak, [fa3] Sec. 1): the pre-training
+    ran in the first half of 2024, before FlashAttention-3 was published (July 2024, with the
+    Llama 3 paper); the preset's default is FA3 (75 %)."""
+    from cost_models.compute import compute_constants
+
     cluster = api.load_cluster(f"h100:{num_devices}")
     assert cluster.device is not None
-    return cluster.model_copy(update={"device": cluster.device.model_copy(update={"memory_bytes": 2 ** 40})})
+    compute = compute_constants(cluster.device).model_copy(update={"attention_kernel": "fa2"})
+    return cluster.model_copy(update={"device": cluster.device.model_copy(update={"memory_bytes": 2 ** 40,
+                                                                                 "compute": compute})})
 
 
 def llama3_rows() -> list[dict[str, object]]:

@@ -42,13 +42,15 @@ def test_bloom_176b_on_384_a100() -> None:
 
 
 def test_llama3_405b_weak_scaling() -> None:
-    """Llama 3 405B on 8,192 and 16,384 H100 (Table 4): BF16 MFU 43 % and 41 % published, 52.3 %
-    and 46.7 % predicted (+21.6 %, +14.0 %): H100 at 700 W over-predicted (docs/cost-model.md). The
-    trend is right: doubling d at a fixed batch halves the microbatches per pipeline and lowers MFU
-    (published -4.7 %, predicted -10.7 %: the paper's schedule hides more of the bubble)."""
+    """Llama 3 405B on 8,192 and 16,384 H100 (Table 4, FlashAttention-2's rate: the run predates
+    FA3): BF16 MFU 43 % and 41 % published, 49.2 % and 44.1 % predicted (+14.5 %, +7.5 %): H100
+    at 700 W over-predicted (docs/cost-model.md, "Held-out runs"). The trend's sign is right:
+    doubling d at a fixed batch halves the microbatches per pipeline and lowers MFU (published
+    -4.7 %, predicted -10.4 %: the paper's deeper interleaving hides more of the bubble)."""
     rows = HELDOUT.llama3_rows()
-    assert [float(r["error"]) for r in rows] == pytest.approx([0.216, 0.140], abs=0.01)
-    assert float(rows[1]["predicted"]) < float(rows[0]["predicted"])
+    assert [float(r["error"]) for r in rows] == pytest.approx([0.145, 0.075], abs=0.01)
+    drop = float(rows[1]["predicted"]) / float(rows[0]["predicted"]) - 1
+    assert drop == pytest.approx(-0.104, abs=0.01)
     assert float(rows[0]["peak_memory_gib"]) > 80  # Megatron's interleaved warm-up does not fit without recompute
 
 
