@@ -165,6 +165,23 @@ def eager_extra_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_para
     return fwd, bwd
 
 
+def eager_extra_activation_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool) -> float:
+    """Bytes one eager decoder layer keeps for its backward beyond the fused count of
+    ``transformer.decoder_activation_bytes`` (no checkpointing, or recompute that keeps the block's
+    tensors): each RMSNorm keeps its fp32 input copy (4 B) instead of its 16-bit input (e); SwiGLU's
+    product keeps the SiLU output (e n_f); SDPA keeps K and V expanded to all heads (2e (h - k))."""
+    e, h, f = _BYTES[cfg.dtype], cfg.hidden_size, cfg.ffn_size
+    head = h // cfg.num_heads
+    extra = 0.0
+    if cfg.norm == "rmsnorm":
+        extra += 2 * (FP32_BYTES - e) * tokens * h / (t if sequence_parallel else 1)
+    if cfg.mlp == "swiglu":
+        extra += e * tokens * f / t
+    if cfg.kv_heads < cfg.num_heads:
+        extra += 2 * e * tokens * (cfg.num_heads - cfg.kv_heads) * head / t
+    return extra
+
+
 EAGER_EXTRA_KERNELS = (12, 18)
 """Extra launches per layer (forward, backward) of the eager chains above."""
 

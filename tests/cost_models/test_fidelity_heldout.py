@@ -92,3 +92,22 @@ def test_eager_kernels_slow_the_layer_by_their_bytes() -> None:
     launches = layer_ops.EAGER_EXTRA_KERNELS[0] * compute_constants(h100).kernel_launch_s
     assert eager_ops.forward_s - fused_ops.forward_s == pytest.approx(extra / rate + launches)
     assert eager_ops.forward_gemm_s == fused_ops.forward_gemm_s
+
+
+def test_eager_activation_bytes_hand_count() -> None:
+    """Llama 3 8B, b = 1, s = 8192, t = 1: eager keeps per token 2 x (4 - 2) h (fp32 norm copies
+    instead of bf16 inputs) + 2 f (SiLU output) + 2 x 2 (h - kv) (expanded K and V) = 57,344 B more
+    than the fused count, on the none and selective options of the profile; full keeps the input."""
+    from cost_models.transformer import transformer_profile
+
+    cfg = api.load_model("llama3-8b")
+    assert layer_ops.eager_extra_activation_bytes(cfg, 8192, 1, False) == 8192 * (4 * 4096 + 2 * 14336 + 4 * 3072)
+    a100 = device_preset("a100-80gb")
+    eager = a100.model_copy(update={"compute": compute_constants(a100).model_copy(
+        update={"elementwise_kernels": "eager"})})
+    fused_opts = transformer_profile(cfg, device=a100, microbatch_size=1).layers[1].recompute
+    eager_opts = transformer_profile(cfg, device=eager, microbatch_size=1).layers[1].recompute
+    assert fused_opts is not None and eager_opts is not None
+    for name in ("none", "selective"):
+        assert eager_opts[name].activation_bytes - fused_opts[name].activation_bytes == 8192 * 57344
+    assert eager_opts["full"].activation_bytes == fused_opts["full"].activation_bytes
