@@ -14,7 +14,9 @@ Sources (docs/references.md; table and notes: docs/cost-model.md, "Held-out runs
   and 41 %;
 - torchtitan [torchtitan] docs/performance.md Tables 1 and 3, the ``FSDP + torch.compile`` rows:
   Llama 3.1 8B on 8 and 128 Grand Teton H100 (the eager rows' hardware and configuration), 6,667 and
-  6,514 tokens/s/GPU: compiled, the elementwise chains run as fused kernels.
+  6,514 tokens/s/GPU: compiled, the elementwise chains run as fused kernels;
+- MPT [llm-foundry] ``scripts/train/benchmarking/README.md``: 1B-70B models on A100 80 GB and on
+  H100 80 GB in BF16 with FSDP, microbatch, gradient accumulation and checkpointing per row.
 
 Run from the repository root: ``PYTHONPATH=. .venv/bin/python bench/fidelity_heldout.py``.
 """
@@ -118,14 +120,72 @@ def torchtitan_compiled_rows() -> list[dict[str, object]]:
     return out
 
 
+MPT_SHAPES = {"1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
+              "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
+"""(d_model, n_heads, n_layers) of llm-foundry's MPT configs ([llm-foundry] ``scripts/train/yamls``):
+expansion ratio 4, vocabulary 50,368, biases, LayerNorm, GeLU, learned positions, tied embeddings
+(these reproduce the benchmark tables' NumParams exactly, e.g. 6,658,859,008 for 7b at s = 2048)."""
+MPT_ROWS = [  # (device, size, GPUs, s, b, grad accum, activation checkpointing, reduce bytes, tokens/s/GPU)
+    ("a100-80gb", "1b", 8, 2048, 14, 4, False, 4, 20513.0),
+    ("a100-80gb", "3b", 8, 2048, 10, 2, False, 4, 10811.0),
+    ("a100-80gb", "7b", 8, 2048, 6, 2, False, 4, 4641.0),
+    ("a100-80gb", "13b", 8, 2048, 2, 3, False, 4, 2262.0),
+    ("a100-80gb", "30b", 8, 2048, 3, 21, True, 4, 916.0),
+    ("a100-80gb", "70b", 64, 2048, 8, 4, True, 2, 410.0),
+    ("a100-80gb", "7b", 8, 8192, 8, 2, True, 4, 3206.0),
+    ("a100-80gb", "7b", 8, 32768, 2, 2, True, 4, 1672.0),
+    ("h100", "1b", 8, 2048, 14, 1, False, 4, 45455.0),
+    ("h100", "7b", 8, 2048, 6, 1, False, 4, 10643.0),
+    ("h100", "13b", 8, 2048, 2, 1, False, 4, 4792.0),
+    ("h100", "30b", 8, 2048, 3, 21, True, 4, 2002.0),
+    ("h100", "70b", 64, 2048, 8, 4, True, 4, 1039.0),
+    ("h100", "7b", 8, 8192, 8, 2, True, 4, 6935.0),
+]
+"""llm-foundry's MPT benchmark tables ([llm-foundry] ``scripts/train/benchmarking/README.md``: "H100
+80GB BF16" and "A100 80GB with 1600 Gbps node-node interconnect (RoCE)"): FSDP FULL_SHARD, amp_bf16
+(fp32 reduction; the 70B A100 row runs PURE bf16, bf16 reduction), flash attention."""
+
+
+def mpt_config(size: str, seq: int) -> TransformerConfig:
+    h, heads, layers = MPT_SHAPES[size]
+    return TransformerConfig(name=f"mpt-{size}", hidden_size=h, num_layers=layers, num_heads=heads, seq_length=seq,
+                             vocab_size=50368, ffn_hidden_size=4 * h, dtype="bf16")
+
+
+def mpt_rows() -> list[dict[str, object]]:
+    """MPT on A100 80 GB and H100 SXM (700 W), through bench/fidelity.py's FSDP path: fused kernels
+    (LayerNorm and GeLU are single PyTorch kernels), FlashAttention-2-class attention (the 2023
+    triton/flash kernels: FA2's rate on both devices), full block checkpointing where the table says
+    so, one set of FSDP gathers and reduce-scatters per microbatch."""
+    import fidelity
+
+    out = []
+    for device, size, gpus, seq, b, ga, ckpt, reduce_bytes, published in MPT_ROWS:
+        cluster = api.load_cluster(f"{device}:{gpus}")
+        assert cluster.device is not None
+        if device == "h100":
+            from cost_models.compute import compute_constants
+
+            compute = compute_constants(cluster.device).model_copy(update={"attention_kernel": "fa2"})
+            cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
+        got = fidelity._torchtitan_rate(mpt_config(size, seq), cluster, b, "full" if ckpt else "none", seq,
+                                        kernels="fused", grad_accum=ga, reduce_bytes=reduce_bytes)
+        out.append({"row": f"MPT-{size}, {gpus} {device}, s={seq}, b={b}, GA={ga}{', AC' if ckpt else ''}, "
+                           f"tokens/s/GPU", "published": published, "predicted": got, "error": got / published - 1})
+    return out
+
+
 def heldout_rows() -> list[dict[str, object]]:
-    return [bloom_row(), *llama3_rows(), *torchtitan_compiled_rows()]
+    return [bloom_row(), *llama3_rows(), *torchtitan_compiled_rows(), *mpt_rows()]
 
 
 def main() -> None:
     for r in heldout_rows():
-        extra = (f", eager/compiled {r['ratio_predicted']:.3f} vs {r['ratio_published']:.3f}"
-                 if "ratio_predicted" in r else f", peak {float(r['peak_memory_gib']):.1f} GiB")
+        extra = ""
+        if "ratio_predicted" in r:
+            extra = f", eager/compiled {r['ratio_predicted']:.3f} vs {r['ratio_published']:.3f}"
+        elif "peak_memory_gib" in r:
+            extra = f", peak {float(r['peak_memory_gib']):.1f} GiB"
         print(f"held-out {r['row']}: published {float(r['published']):.3g}, predicted "
               f"{float(r['predicted']):.3g} ({100 * float(r['error']):+.1f}%){extra}")
 

@@ -64,6 +64,38 @@ def test_torchtitan_compiled_rows_and_eager_ratio() -> None:
         assert float(r["ratio_predicted"]) == pytest.approx(float(r["ratio_published"]), rel=0.03)
 
 
+@pytest.fixture(scope="module")
+def mpt() -> list[dict[str, object]]:
+    return HELDOUT.mpt_rows()
+
+
+def test_mpt_parameter_counts_match_the_tables() -> None:
+    """The MPT shapes reproduce the benchmark tables' NumParams exactly (biases, LayerNorm with bias,
+    learned positions, tied 50,368-token embeddings)."""
+    from cost_models.transformer import num_parameters
+
+    assert num_parameters(HELDOUT.mpt_config("7b", 2048)) == 6_658_859_008
+    assert num_parameters(HELDOUT.mpt_config("70b", 2048)) == 64_862_437_376
+    assert num_parameters(HELDOUT.mpt_config("1b", 2048)) == 1_315_950_592
+
+
+def test_mpt_on_a100(mpt: list[dict[str, object]]) -> None:
+    """llm-foundry's MPT runs on A100 80 GB (FSDP, 1B-70B, s = 2k-32k; held out: the A100 constant
+    comes from PTD-P Tables 4.1/4.2): +4.2, +2.9, +2.5, +11.2, -8.1, -1.8, -4.8, +7.6 %; mean |error|
+    5.4 %, max 11.2 % (the 13B at b = 2 without checkpointing), tested at that accuracy."""
+    errors = [float(r["error"]) for r in mpt if "a100" in str(r["row"])]
+    assert errors == pytest.approx([0.042, 0.029, 0.025, 0.112, -0.081, -0.018, -0.048, 0.076], abs=0.006)
+    assert sum(abs(e) for e in errors) / len(errors) < 0.056
+
+
+def test_mpt_on_h100_is_over_predicted(mpt: list[dict[str, object]]) -> None:
+    """The same stack on H100 SXM: +9.6 to +39.8 % (mean 20.9 %): the H100 preset's GEMM fraction
+    (0.68, unfitted) is too high for this 2023 stack; the same-configuration H100/A100 ratios imply
+    0.54 (docs/cost-model.md, "Held-out runs"). Recorded as reached, so a change shows."""
+    errors = [float(r["error"]) for r in mpt if "h100" in str(r["row"])]
+    assert errors == pytest.approx([0.237, 0.229, 0.398, 0.185, 0.096, 0.110], abs=0.006)
+
+
 def test_eager_elementwise_bytes_hand_count() -> None:
     """Llama 3 8B layer, b = 1, s = 8192, t = 1, bf16: eager moves, beyond the fused kernels,
     per token 2 x 32 h (two RMSNorms, 36 against 4 B per element) + 16 (h + kv) (rotary, 20 against 4)
