@@ -152,11 +152,12 @@ def mpt_config(size: str, seq: int) -> TransformerConfig:
                              vocab_size=50368, ffn_hidden_size=4 * h, dtype="bf16")
 
 
-def mpt_rows() -> list[dict[str, object]]:
+def mpt_rows(h100_gemm_fraction: float | None = None) -> list[dict[str, object]]:
     """MPT on A100 80 GB and H100 SXM (700 W), through bench/fidelity.py's FSDP path: fused kernels
     (LayerNorm and GeLU are single PyTorch kernels), FlashAttention-2-class attention (the 2023
     triton/flash kernels: FA2's rate on both devices), full block checkpointing where the table says
-    so, one set of FSDP gathers and reduce-scatters per microbatch."""
+    so, one set of FSDP gathers and reduce-scatters per microbatch. ``h100_gemm_fraction``: the H100
+    rows with that ``gemm_max_fraction`` instead of the preset's (the ratio check of the docs)."""
     import fidelity
 
     out = []
@@ -166,12 +167,28 @@ def mpt_rows() -> list[dict[str, object]]:
         if device == "h100":
             from cost_models.compute import compute_constants
 
-            compute = compute_constants(cluster.device).model_copy(update={"attention_kernel": "fa2"})
+            update: dict[str, object] = {"attention_kernel": "fa2"}
+            if h100_gemm_fraction is not None:
+                update["gemm_max_fraction"] = h100_gemm_fraction
+            compute = compute_constants(cluster.device).model_copy(update=update)
             cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
         got = fidelity._torchtitan_rate(mpt_config(size, seq), cluster, b, "full" if ckpt else "none", seq,
                                         kernels="fused", grad_accum=ga, reduce_bytes=reduce_bytes)
         out.append({"row": f"MPT-{size}, {gpus} {device}, s={seq}, b={b}, GA={ga}{', AC' if ckpt else ''}, "
-                           f"tokens/s/GPU", "published": published, "predicted": got, "error": got / published - 1})
+                           f"tokens/s/GPU", "published": published, "predicted": got, "error": got / published - 1,
+                    "key": (size, seq, device)})
+    return out
+
+
+def mpt_ratio_errors(rows: list[dict[str, object]]) -> list[float]:
+    """Predicted over measured H100/A100 throughput ratio of every MPT configuration run on both."""
+    by_key = {r["key"]: r for r in rows}
+    out = []
+    for (size, seq, device), r in by_key.items():
+        a100 = by_key.get((size, seq, "a100-80gb"))
+        if device == "h100" and a100 is not None:
+            predicted = float(r["predicted"]) / float(a100["predicted"])
+            out.append(predicted / (float(r["published"]) / float(a100["published"])))
     return out
 
 

@@ -94,6 +94,18 @@ def test_mpt_on_h100_is_over_predicted(mpt: list[dict[str, object]]) -> None:
     0.54 (docs/cost-model.md, "Held-out runs"). Recorded as reached, so a change shows."""
     errors = [float(r["error"]) for r in mpt if "h100" in str(r["row"])]
     assert errors == pytest.approx([0.237, 0.229, 0.398, 0.185, 0.096, 0.110], abs=0.006)
+    ratios = HELDOUT.mpt_ratio_errors(mpt)
+    assert ratios == pytest.approx([1.187, 1.199, 1.257, 1.289, 1.116, 1.166], abs=0.005)
+
+
+def test_mpt_h100_over_a100_ratios_imply_054() -> None:
+    """At an H100 gemm_max_fraction of 0.54 the predicted H100/A100 ratios of the six same-configuration
+    MPT pairs match the measured ones on (geometric) average within 1 %."""
+    import math
+
+    ratios = HELDOUT.mpt_ratio_errors(HELDOUT.mpt_rows(h100_gemm_fraction=0.54))
+    assert len(ratios) == 6
+    assert math.exp(sum(math.log(r) for r in ratios) / len(ratios)) == pytest.approx(1.0, abs=0.01)
 
 
 def test_eager_elementwise_bytes_hand_count() -> None:
