@@ -32,7 +32,7 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   the per-operation layer times, torchtitan's op-level checkpointing policy, FSDP2's exposed
   gathers and reduce-scatters and the optimizer step;
 - held out (bench/fidelity_heldout.py): BLOOM-176B on 384 A100, Llama 3 405B on 8,192 and
-  16,384 H100, torchtitan's torch.compile rows;
+  16,384 H100, torchtitan's torch.compile rows, llm-foundry's MPT runs on A100 and H100;
 - PipeDream-2BW's planner (dissertation ch. 3, Sec. 3.4.2): 8-deep for GPT 2.2B, 16-deep for GPT
   3.8B on 8 and 64 16-GB V100s (shapes and the runtime's 24 B per parameter:
   docs/solver-pipedream-2bw.md).
