@@ -196,8 +196,20 @@ def heldout_rows() -> list[dict[str, object]]:
     return [bloom_row(), *llama3_rows(), *torchtitan_compiled_rows(), *mpt_rows()]
 
 
+def device_summary(rows: list[dict[str, object]]) -> dict[str, tuple[float, float, int]]:
+    """(mean |error|, max |error|, rows) of the held-out throughput rows by device (A100, H100)."""
+    out = {}
+    for device in ("a100", "h100"):
+        errors = [abs(float(r["error"])) for r in rows if device in str(r["row"]).lower()]
+        out[device] = (sum(errors) / len(errors), max(errors), len(errors))
+    return out
+
+
 def main() -> None:
-    for r in heldout_rows():
+    rows = heldout_rows()
+    for device, (mean, worst, n) in device_summary(rows).items():
+        print(f"held-out {device.upper()} rows: {n}, mean |error| {100 * mean:.1f}%, max {100 * worst:.1f}%")
+    for r in rows:
         extra = ""
         if "ratio_predicted" in r:
             extra = f", eager/compiled {r['ratio_predicted']:.3f} vs {r['ratio_published']:.3f}"
