@@ -77,18 +77,20 @@ def unbounded_h100(num_devices: int) -> Cluster:
                                                                                  "compute": compute})})
 
 
-def llama3_rows() -> list[dict[str, object]]:
+def llama3_rows(virtual: int | None = None) -> list[dict[str, object]]:
     """Llama 3 405B pre-training (Table 4, CP = 1 rows): t = 8, p = 16 with 7-layer end stages,
     b = 1, no activation checkpointing ([llama3] Sec. 3.3.2), ZeRO-1-like sharding,
     interleaved 1F1B with the chunk count searched, tensor-parallel and data-parallel
-    communication overlapped. MFU compared with the published BF16 MFU."""
+    communication overlapped. MFU compared with the published BF16 MFU. ``virtual``: fix the
+    interleave depth (not published; default: the planner's fastest)."""
     out = []
     for gpus, d, tflops, mfu in LLAMA3_ROWS:
         problem = api.make_problem("llama3-405b", unbounded_h100(gpus), global_batch_size=2048, num_stages=16,
                                    data_parallel=d)
         plan = ptdp.solve(problem, options={"tensor_parallel": 8, "microbatch_size": 1, "recompute": "none",
                                             "schedules": "interleaved-1f1b", "context_parallel": 1, "zero_stage": 1,
-                                            "overlap_tp_comm": True, "overlap_grad_reduce": True, "num_simulated": 1})
+                                            "overlap_tp_comm": True, "overlap_grad_reduce": True, "num_simulated": 1,
+                                            "virtual_pipeline": virtual})
         best = plan.candidates[0]
         got = float(best["mfu"])
         out.append({"row": f"Llama 3 405B, {gpus} H100 (t=8, p=16, d={d}, v={best['v']}, end stages "
