@@ -182,8 +182,11 @@ def eager_extra_activation_bytes(cfg: TransformerConfig, tokens: int, t: int, se
     return extra
 
 
-EAGER_EXTRA_KERNELS = (12, 18)
-"""Extra launches per layer (forward, backward) of the eager chains above."""
+EAGER_EXTRA_KERNELS = (23, 46)
+"""Extra launches per layer (forward, backward) of the eager chains above: two RMSNorms of 8 kernels
+(upcast, square, mean, add eps, reciprocal root, scale, cast back, weight) instead of 1 each (14),
+rotary as 3 kernels for q and 3 for k instead of 1 (5), the K/V expansion (2), the contiguous copy
+(1) and SwiGLU's second kernel (1); the backward runs about two per forward kernel."""
 
 
 def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,

@@ -66,7 +66,7 @@ def test_llama3_published_lies_between_interleave_depths() -> None:
 def test_torchtitan_compiled_rows_and_eager_ratio() -> None:
     """torchtitan Llama 3.1 8B + torch.compile on 8 and 128 Grand Teton H100: +2.9 % and +6.0 %
     with fused kernels (NVL-end peak, as the eager rows). Eager over compiled throughput: 0.864 and
-    0.860 measured, 0.841 and 0.840 predicted (within 2.5 %; the peak cancels in the ratio)."""
+    0.860 measured, 0.839 and 0.838 predicted (within 3 %; the peak cancels in the ratio)."""
     rows = HELDOUT.torchtitan_compiled_rows()
     assert [float(r["error"]) for r in rows] == pytest.approx([0.029, 0.060], abs=0.01)
     for r in rows:
