@@ -31,6 +31,8 @@ Rows (sources in docs/references.md; the table and notes are in docs/cost-model.
   batch 2, selective checkpointing, no torch.compile: 5,762 and 5,605 tokens/s/GPU. Predicted from
   the per-operation layer times, torchtitan's op-level checkpointing policy, FSDP2's exposed
   gathers and reduce-scatters and the optimizer step;
+- held out (bench/fidelity_heldout.py): BLOOM-176B on 384 A100, Llama 3 405B on 8,192 and
+  16,384 H100, torchtitan's torch.compile rows, llm-foundry's MPT runs on A100 and H100;
 - PipeDream-2BW's planner (dissertation ch. 3, Sec. 3.4.2): 8-deep for GPT 2.2B, 16-deep for GPT
   3.8B on 8 and 64 16-GB V100s (shapes and the runtime's 24 B per parameter:
   docs/solver-pipedream-2bw.md).
@@ -259,20 +261,24 @@ def _with_device(spec: str, device: Device) -> Cluster:
     return api.load_cluster(spec).model_copy(update={"device": device})
 
 
-def _torchtitan_rate(name: str, cluster: Cluster, b: int, recompute: str, seq: int) -> float:
+def _torchtitan_rate(name: str | TransformerConfig, cluster: Cluster, b: int, recompute: str, seq: int,
+                     kernels: str = "eager", grad_accum: int = 1, reduce_bytes: int = 4) -> float:
     """``selective`` is torchtitan's op-level policy (``op_sac_extra_s``), ``full`` its full
     per-block checkpointing. FSDP2 (one unit per block, the embedding and the head; bf16
     parameters all-gathered before the forward and again before the backward, fp32 gradients
     reduce-scattered, [torchtitan]) exposes what a unit's gathers do not hide behind the previous
-    unit's compute (``parallelism.fsdp_exposed_comm_s``, [fsdp] Sec. 3.3-3.4)."""
+    unit's compute (``parallelism.fsdp_exposed_comm_s``, [fsdp] Sec. 3.3-3.4). ``kernels``: eager
+    PyTorch's unfused elementwise chains (the published rows without torch.compile) or fused.
+    ``grad_accum`` microbatches per optimizer step, each with its own gathers and reduce-scatters
+    (FSDP without ``no_sync``); ``reduce_bytes``: 4 for fp32 gradient reduction, 2 for bf16."""
     from cost_models.collectives import group_allgather_s
     from cost_models.compute import optimizer_step_s
     from cost_models.moe import num_parameters
     from cost_models.parallelism import fsdp_exposed_comm_s
     from cost_models.transformer import transformer_profile
 
-    device, gpus = cluster.device, cluster.num_devices
-    assert device is not None
+    assert cluster.device is not None
+    device, gpus = (eager(cluster.device) if kernels == "eager" else cluster.device), cluster.num_devices
     cfg = api.load_model(name, seq_length=seq)
     prof = transformer_profile(cfg, device=device, microbatch_size=b, attention="flash", sequence_parallel=False)
     op_sac = op_sac_extra_s(cfg, device, b) if recompute == "selective" else 0.0
@@ -282,11 +288,21 @@ def _torchtitan_rate(name: str, cluster: Cluster, b: int, recompute: str, seq: i
                 for la in prof.layers]
     params = [la.param_bytes / 2 for la in prof.layers]  # profile param_bytes are 16-bit
     gather = [group_allgather_s(cluster, 2 * n, gpus) for n in params]
-    scatter = [group_allgather_s(cluster, 4 * n, gpus) for n in params]  # reduce-scatter of fp32 gradients
+    scatter = [group_allgather_s(cluster, reduce_bytes * n, gpus) for n in params]  # reduce-scatter of gradients
     exposed = (fsdp_exposed_comm_s(gather, forward)
                + fsdp_exposed_comm_s([g + r for g, r in zip(gather[::-1], scatter[::-1])], backward[::-1]))
-    step_s = sum(forward) + sum(backward) + exposed + optimizer_step_s(num_parameters(cfg) / gpus, device)
-    return b * cfg.seq_length / step_s
+    micro_s = sum(forward) + sum(backward) + exposed
+    step_s = grad_accum * micro_s + optimizer_step_s(num_parameters(cfg) / gpus, device)
+    return grad_accum * b * cfg.seq_length / step_s
+
+
+def eager(device: Device) -> Device:
+    """The device running eager PyTorch's unfused elementwise kernels (torchtitan without
+    torch.compile; ``ComputeModel.elementwise_kernels``)."""
+    from cost_models.compute import compute_constants
+
+    return device.model_copy(update={"compute": compute_constants(device).model_copy(
+        update={"elementwise_kernels": "eager"})})
 
 
 def op_sac_extra_s(cfg: TransformerConfig, device: Device, b: int) -> float:
@@ -356,6 +372,8 @@ def summary(rows: list[dict[str, object]]) -> dict[str, float]:
 
 
 def main(as_json: bool = False) -> None:
+    import fidelity_heldout  # the held-out rows (bench/fidelity_heldout.py; it imports this module)
+
     rows = table()
     if as_json:
         first, diff = bpipe_fig3_memory_gib()
@@ -363,7 +381,8 @@ def main(as_json: bool = False) -> None:
                   "published_diff_gib": BPIPE_FIG3_DIFF_GIB}
         json.dump({"rows": rows, "summary": summary(rows), "memory": memory,
                    "korthikanti_table_5": korthikanti_table_5(), "v100": v100_rows(),
-                   "torchtitan": torchtitan_rows(), "pipedream_2bw_depth": two_bw_rows()}, sys.stdout, indent=1)
+                   "torchtitan": torchtitan_rows(), "pipedream_2bw_depth": two_bw_rows(),
+                   "held_out": fidelity_heldout.heldout_rows()}, sys.stdout, indent=1)
         return
     print(f"{'source':<10}{'model':<12}{'GPUs':>6}{'B':>6}{'t,p,b,v':>11}{'published':>10}{'predicted':>10}"
           f"{'error':>8}{'MFU':>6}{'mem GiB':>9}")
@@ -396,6 +415,7 @@ def main(as_json: bool = False) -> None:
               f"{100 * float(r['published_depth_relative_rate']):.1f}% of ours; with Flush swept "
               f"{r['predicted_depth_any']}-deep {r['schedule_any']}, the next depth at "
               f"{100 * float(r['runner_up_relative_rate']):.1f}%")
+    fidelity_heldout.main()
     first, diff = bpipe_fig3_memory_gib()
     print(f"BPipe Fig. 3 (gpt3-13b, p=8, b=1, no recompute): first-stage peak {first:.1f} GiB; first - last "
           f"{diff:.1f} GiB vs published {BPIPE_FIG3_DIFF_GIB:.0f} ({100 * (diff / BPIPE_FIG3_DIFF_GIB - 1):+.1f}%)")

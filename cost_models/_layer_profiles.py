@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cost_models import layer_ops, moe, recompute
+from cost_models import compute, layer_ops, moe, recompute
 from cost_models.transformer import (
     _TOKEN_ID_BYTES,
     _element_bytes,
@@ -143,6 +143,10 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     mkw = {**akw, "sequence_parallel": sp, "layer_index": index}
     selective_s = dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s
     options = _recompute_options(cfg, mkw, attention, dec.forward_s, selective_s)
+    if compute.compute_constants(device).elementwise_kernels == "eager":  # fp32 norm copies, SiLU output, K/V
+        extra = layer_ops.eager_extra_activation_bytes(cfg, b * cfg.seq_length, t, sp)
+        options = {k: o if k == "full" else o.model_copy(update={"activation_bytes": o.activation_bytes + extra})
+                   for k, o in options.items()}
     if module_sets:
         options.update(recompute.module_set_options(cfg, device, dec, options["none"].activation_bytes, **mkw,
                                                     attention=attention,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from planner.errors import InvalidProblemError
 from planner.schema import ComputeModel, Device
 
 _GENERIC = ComputeModel(num_sms=64)
@@ -42,6 +43,23 @@ def has_constants(device: Device) -> bool:
     """Whether the device (or its preset) carries compute constants. Devices without them (the
     nominal ``cpu`` preset, hand-written toy devices) get the flat-efficiency model."""
     return device.compute is not None or _preset_compute(device.name) is not None
+
+
+ELEMENTWISE_KERNELS = ("fused", "eager")
+
+
+def with_elementwise_kernels(device: Device, kernels: str) -> Device:
+    """The device with ``ComputeModel.elementwise_kernels`` set (its other constants kept):
+    ``fused`` (Megatron-LM / Transformer Engine, torch.compile) or ``eager`` (PyTorch eager).
+
+    Raises:
+        InvalidProblemError: ``kernels`` is neither.
+    """
+    if kernels not in ELEMENTWISE_KERNELS:
+        raise InvalidProblemError(f"kernels={kernels!r} must be 'fused' (Megatron-LM, Transformer Engine, "
+                                  f"torch.compile) or 'eager' (PyTorch eager, e.g. torchtitan without compile)")
+    return device.model_copy(update={"compute": compute_constants(device).model_copy(
+        update={"elementwise_kernels": kernels})})
 
 
 def peak_flops_per_s(device: Device, dtype: str = "bf16") -> float:

@@ -35,6 +35,26 @@ CROSS_ENTROPY_BWD_BYTES = 10
 passes forward (4 x 4 B); read the fp32 softmax and write the 16-bit gradient backward."""
 
 
+FP32_BYTES = 4
+EAGER_BACKWARD_FACTOR = 2.0
+"""Backward bytes of an eager elementwise chain over its forward: autograd runs one kernel per
+forward op that reads the incoming gradient and the op's saved input(s) and writes a gradient
+(at least twice the forward op's traffic; the fused backward kernels read each tensor once)."""
+
+
+def eager_norm_bytes(e: int) -> float:
+    """Forward bytes per element of an eager RMSNorm (torchtitan's: upcast to fp32, square, mean,
+    scale by the reciprocal root, cast back, multiply by the weight): (e + 4) + 8 + 4 + 8 + (4 + e)
+    + 2e = 4e + 28, against 2e fused. PyTorch's ``nn.LayerNorm`` is one native kernel: no extra."""
+    return 4 * e + 7 * FP32_BYTES
+
+
+def eager_rope_bytes(e: int) -> float:
+    """Bytes per element of q and k of eager rotary (complex form: upcast, complex multiply, cast
+    back) = (e + 4) + 8 + (4 + e), both directions, against 2e fused."""
+    return 2 * e + 4 * FP32_BYTES
+
+
 @dataclass(frozen=True, slots=True)
 class OpTimes:
     """Times of one layer per microbatch on one device; ``*_comm_s`` are the tensor-parallel
@@ -118,6 +138,57 @@ def _elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_par
     return fwd, bwd
 
 
+def eager_extra_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool) -> tuple[float, float]:
+    """(forward, backward) bytes that eager PyTorch moves beyond the fused kernels in one decoder
+    layer (``ComputeModel.elementwise_kernels == "eager"``): the two RMSNorms' fp32 chains, rotary's
+    complex multiply, SwiGLU's separate SiLU and product, grouped K/V expanded to all heads before
+    SDPA (``repeat_kv``; its backward sums them back), and the attention output made contiguous."""
+    e, h, f = _BYTES[cfg.dtype], cfg.hidden_size, cfg.ffn_size
+    head = h // cfg.num_heads
+    q_width, kv_width = cfg.num_heads * head / t, cfg.kv_heads * head / t
+    n_h = tokens * h / (t if sequence_parallel else 1)
+    fwd = bwd = 0.0
+    if cfg.norm == "rmsnorm":
+        norm = 2 * (eager_norm_bytes(e) - 2 * e) * n_h
+        fwd, bwd = fwd + norm, bwd + EAGER_BACKWARD_FACTOR * norm
+    if cfg.position_embedding == "rope":
+        rope = (eager_rope_bytes(e) - 2 * e) * tokens * (q_width + kv_width)
+        fwd, bwd = fwd + rope, bwd + rope
+    if cfg.kv_heads < cfg.num_heads:
+        expand = 2 * e * tokens * (q_width + kv_width)  # K and V: read kv_width, write q_width
+        fwd, bwd = fwd + expand, bwd + expand
+    contiguous = 2 * e * tokens * q_width
+    fwd, bwd = fwd + contiguous, bwd + contiguous
+    if cfg.mlp == "swiglu":
+        n_f = tokens * f / t
+        fwd, bwd = fwd + 2 * e * n_f, bwd + 4 * e * n_f  # silu + mul: 5e (9e back) against fused 3e (5e)
+    return fwd, bwd
+
+
+def eager_extra_activation_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool) -> float:
+    """Bytes one eager decoder layer keeps for its backward beyond the fused count of
+    ``transformer.decoder_activation_bytes`` (no checkpointing, or recompute that keeps the block's
+    tensors): each RMSNorm keeps its fp32 input copy (4 B) instead of its 16-bit input (e); SwiGLU's
+    product keeps the SiLU output (e n_f); SDPA keeps K and V expanded to all heads (2e (h - k))."""
+    e, h, f = _BYTES[cfg.dtype], cfg.hidden_size, cfg.ffn_size
+    head = h // cfg.num_heads
+    extra = 0.0
+    if cfg.norm == "rmsnorm":
+        extra += 2 * (FP32_BYTES - e) * tokens * h / (t if sequence_parallel else 1)
+    if cfg.mlp == "swiglu":
+        extra += e * tokens * f / t
+    if cfg.kv_heads < cfg.num_heads:
+        extra += 2 * e * tokens * (cfg.num_heads - cfg.kv_heads) * head / t
+    return extra
+
+
+EAGER_EXTRA_KERNELS = (23, 46)
+"""Extra launches per layer (forward, backward) of the eager chains above: two RMSNorms of 8 kernels
+(upcast, square, mean, add eps, reciprocal root, scale, cast back, weight) instead of 1 each (14),
+rotary as 3 kernels for q and 3 for k instead of 1 (5), the K/V expansion (2), the contiguous copy
+(1) and SwiGLU's second kernel (1); the backward runs about two per forward kernel."""
+
+
 def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size: int, tensor_parallel: int = 1,
                      tp_link_bytes_per_s: float | None = None, tp_latency_s: float = 0.0,
                      sequence_parallel: bool = True, attention: str = "flash", layer_index: int = 0,
@@ -138,12 +209,17 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
         fwd_gemm, bwd_in, bwd_w = fwd_gemm + count * f_s, bwd_in + count * i_s, bwd_w + count * w_s
     core_fwd, core_bwd = _attention_core(cfg, device, b, t, attention)
     ew_fwd, ew_bwd = _elementwise_bytes(cfg, tokens, t, sequence_parallel, layer_index)
-    mem_fwd = memory_op_s(ew_fwd, device, num_kernels=6)
+    kernels = (6, 8)
+    if compute_constants(device).elementwise_kernels == "eager":
+        extra_fwd, extra_bwd = eager_extra_bytes(cfg, tokens, t, sequence_parallel)
+        ew_fwd, ew_bwd = ew_fwd + extra_fwd, ew_bwd + extra_bwd
+        kernels = (6 + EAGER_EXTRA_KERNELS[0], 8 + EAGER_EXTRA_KERNELS[1])
+    mem_fwd = memory_op_s(ew_fwd, device, num_kernels=kernels[0])
     comm = 2 * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size, t, tp_link_bytes_per_s,
                                tp_latency_s)
     forward = fwd_gemm + core_fwd + mem_fwd + comm
     back_comm = 2 * max(0.0, comm / 2 - bwd_w / 2) if overlap_tp_backward else comm
-    backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=8) + back_comm
+    backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=kernels[1]) + back_comm
     return OpTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=bwd_w, selective_s=core_fwd,
                    forward_comm_s=comm, backward_comm_s=back_comm, forward_gemm_s=fwd_gemm + core_fwd,
                    forward_memory_s=mem_fwd)

@@ -140,6 +140,7 @@ def make_problem(
     seq_length: int | None = None,
     memory_headroom: str | float | None = None,
     attention: str | None = None,
+    kernels: str | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -147,7 +148,9 @@ def make_problem(
     microbatch size and tensor-parallel degree (defaults 1). A layer profile already fixes both:
     asking for other values is an error (profile again at those values instead). ``attention``
     (``flash``, the default, or ``unfused``: the s x s scores are materialised and saved, as in
-    2021-2022 Megatron-LM) sets the attention core's kernels and activation bytes.
+    2021-2022 Megatron-LM) sets the attention core's kernels and activation bytes. ``kernels``
+    (``fused``, the device's default, or ``eager``: PyTorch eager's unfused norm, rotary and SwiGLU
+    chains) sets how the memory-bound layer kernels are costed (``ComputeModel.elementwise_kernels``).
 
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
@@ -160,6 +163,9 @@ def make_problem(
         )
     if memory_headroom is not None:  # --memory-headroom: a fraction or an amount (cost_models.memory)
         cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("memory").with_headroom(cluster_obj.device, memory_headroom)})
+    if kernels is not None:  # --kernels: fused or eager elementwise kernels (cost_models.compute)
+        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_elementwise_kernels(
+            cluster_obj.device, kernels)})
     config: TransformerConfig | None = None
     if isinstance(model_obj, TransformerConfig):
         config = model_obj

@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=("flash", "unfused"),
                    help="attention kernel of transformer configs (default flash; unfused: the s x s scores are "
                         "computed and kept for the backward, as Megatron-LM ran in 2021-2022)")
+    p.add_argument("--kernels", choices=("fused", "eager"),
+                   help="memory-bound layer kernels (default fused: Megatron-LM / Transformer Engine, torch.compile; "
+                        "eager: PyTorch eager's unfused RMSNorm, rotary and SwiGLU chains, e.g. torchtitan without "
+                        "compile; docs/cost-model.md, Eager elementwise kernels)")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=T.positive_float(), help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -193,6 +197,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seq_length=args.seq_length,
         memory_headroom=args.memory_headroom,
         attention=args.attention,
+        kernels=args.kernels,
     )
     print(report.expansion_line(args.cluster, problem.cluster), file=sys.stderr)
     solver = args.solver or api.default_solver(problem)

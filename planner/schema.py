@@ -432,6 +432,11 @@ class ComputeModel(_Frozen):
     attention_fractions: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
     """Fraction of the 16-bit peak each flash-attention kernel family sustains on full waves
     (forward); a family not listed runs at 0.85 of the GEMM rate."""
+    elementwise_kernels: Literal["fused", "eager"] = "fused"
+    """How the training stack runs the memory-bound layer kernels: ``fused`` (Megatron-LM /
+    Transformer Engine fused norms, rotary and SwiGLU; also ``torch.compile``) or ``eager``
+    (PyTorch eager: RMSNorm and rotary as chains of fp32 kernels, SwiGLU as two kernels, grouped
+    K/V expanded before SDPA; byte counts in docs/cost-model.md)."""
 
 
 class Device(_Frozen):
