@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -50,11 +51,22 @@ FAULT_EXIT_CODE = 17
 """Exit status of a rank killed on purpose by a job's ``fail_rank`` (fault-injection tests)."""
 
 
+class StoppedByLauncher(Exception):
+    """torchrun sent this rank SIGTERM: it stops the surviving ranks once one rank has failed."""
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise StoppedByLauncher("torchrun stopped this rank (SIGTERM), usually because another rank failed first")
+
+
 def main(argv: list[str]) -> int:
     """Run every job of ``argv[0]`` on this rank; results go to ``argv[1]``."""
     spec = json.loads(Path(argv[0]).read_text())
     out_dir = Path(argv[1])
     rank = int(os.environ["RANK"])
+    # Without a handler SIGTERM ends the process at once, before it reports why it was waiting;
+    # raised as an exception, the rank still writes its error file (its own failure if it had one).
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         device = _setup(spec)
         records = [_run_job(job, device, out_dir / "progress.log") for job in spec["jobs"]]
@@ -64,7 +76,9 @@ def main(argv: list[str]) -> int:
             torch.save(gathered, out_dir / "results.pt")
         dist.destroy_process_group()
     except BaseException as e:  # every failure must reach the launcher with this rank's message
-        (out_dir / f"error-rank{rank}.txt").write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+        error_file = out_dir / f"error-rank{rank}.txt"
+        if not (isinstance(e, StoppedByLauncher) and error_file.exists()):
+            error_file.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
         raise
     return 0
 
