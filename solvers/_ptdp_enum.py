@@ -105,7 +105,7 @@ def enumerate_configs(search: Search, opts: Options, units: Units | None = None,
                       prune: bool = True, lazy_modules: bool = False) -> Iterator[model.Config]:
     """Every configuration the problem and options allow (see the module docstring); ``prune`` drops
     those whose model states alone overflow the device. ``lazy_modules``: yield recompute ``modules``
-    as is (when the unit costs offer module sets) for ``pick_modules`` to resolve later."""
+    as is (when the unit costs offer module sets): ``solvers._ptdp_rank`` picks the set later."""
     from solvers.ptdp import unit_cache  # the solver's cache of unit costs per (t, b, c, e, etp, ZeRO)
 
     units = units or unit_cache(search, opts)
@@ -158,14 +158,14 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                         if u.module_sets:
                             yield _replace(c, recompute=MODULES)
                     elif r == MODULES:
-                        picked = _cheapest_fitting_modules(u, cfg, c, capacity)
+                        picked = cheapest_fitting_modules(u, cfg, c, capacity)
                         if picked is not None:
                             yield _replace(c, recompute=picked)
                     else:
                         yield _replace(c, recompute=r)
 
 
-def _cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,
+def cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,
                               capacity: float) -> str | None:
     """The per-module recompute set with the least recompute time whose closed-form peak fits the device
     (the one freeing the most when none fits, for the memory message); None when nothing needs

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from cost_models.memory import usable_memory_bytes
 from solvers import _ptdp_model as model
-from solvers._ptdp_enum import MODULES, _cheapest_fitting_modules, enumerate_configs
+from solvers._ptdp_enum import MODULES, cheapest_fitting_modules, enumerate_configs
 
 if TYPE_CHECKING:
     from solvers.ptdp import Options, Search
@@ -82,7 +82,7 @@ def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], 
             complete = False
             continue
         if c.recompute == MODULES:
-            picked = _cheapest_fitting_modules(u, cfg, c, capacity)
+            picked = cheapest_fitting_modules(u, cfg, c, capacity)
             if picked is None:
                 continue  # the empty set fits: ``none`` is its own configuration
             c = replace(c, recompute=picked)
