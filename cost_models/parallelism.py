@@ -321,23 +321,40 @@ def balanced_end_stage_layers(
     if num_stages == 1:
         return [num_layers]
     emb, head = embedding_layers, head_layers
-    best: tuple[float, int, int, int, int] | None = None
     middle = num_stages - 2
-    for per in range(num_layers + 1) if middle else [0]:
-        rest = num_layers - middle * per
-        if rest < 0 or (best is not None and per > best[0]):
-            break
-        if best is not None and max(per, (rest + emb + head) / 2) > best[0] + 1e-9:
-            continue
-        points = (0.0, float(rest), (rest + head - emb) / 2, per - emb, rest + head - per, rest / 2, per, rest - per)
-        for first in sorted({min(rest, max(0, int(math.floor(x)) + k)) for x in points for k in (-1, 0, 1, 2)}):
-            last = rest - first
-            sizes = (first, last, per) if middle else (first, last)
-            key = (max(first + emb, last + head, float(per)), max(sizes) - min(sizes), first, last)
-            if best is None or key < best[:4]:
-                best = (*key, per)
-    assert best is not None
+    if not middle:
+        best = _best_ends(num_layers, 0, 0, emb, head, None)
+    else:
+        # Distinct ``per`` give distinct (first, last), so the minimum does not depend on the order
+        # ``per`` is tried in: start near the balanced count, then only where the bound can still win.
+        top = num_layers // middle
+        guess = min(top, max(0, round((num_layers + emb + head) / num_stages)))
+        best = _best_ends(num_layers, middle, guess, emb, head, None)
+        low = max(0, int(math.floor((num_layers + emb + head - 2 * (best[0] + 1e-9)) / middle)) - 1)
+        for per in range(low, top + 1):
+            if per > best[0]:
+                break
+            if max(per, (num_layers - middle * per + emb + head) / 2) > best[0] + 1e-9:
+                continue
+            best = _best_ends(num_layers, middle, per, emb, head, best)
     return [best[2], *([best[4]] * middle), best[3]]
+
+
+def _best_ends(num_layers: int, middle: int, per: int, emb: float, head: float,
+               best: tuple[float, int, int, int, int] | None) -> tuple[float, int, int, int, int]:
+    """The better of ``best`` and the best (first, last) for ``per`` layers on each middle stage: the
+    busiest load and the spread are convex piecewise-linear in ``first``, so only the integers next to
+    their breakpoints (and the ends) are tried."""
+    rest = num_layers - middle * per
+    points = (0.0, float(rest), (rest + head - emb) / 2, per - emb, rest + head - per, rest / 2, per, rest - per)
+    for first in sorted({min(rest, max(0, int(math.floor(x)) + k)) for x in points for k in (-1, 0, 1, 2)}):
+        last = rest - first
+        sizes = (first, last, per) if middle else (first, last)
+        key = (max(first + emb, last + head, float(per)), max(sizes) - min(sizes), first, last)
+        if best is None or key < best[:4]:
+            best = (*key, per)
+    assert best is not None
+    return best
 
 
 def layers_equivalent(cost: float, decoder_layer_cost: float) -> float:

@@ -9,9 +9,14 @@ its last op B(n_g, m - 1) is followed by the chain B(n_g - 1, m - 1) .. B(0, m -
 
     iteration >= max_g head_g + busy_g + tail_g.
 
-Transfers, prefetch gates and optimizer steps only add to it. The sweep simulates candidates in
-increasing order of this bound and stops simulating one whose bound exceeds the best simulated
-time: the chosen plan is the one the full sweep picks (tests/solvers/test_offload_bound.py).
+Given the cluster and host, the chains carry their transfers too: F(i, 0) also waits for the
+activation copy from F(i - 1, 0)'s GPU and B(n, m - 1) for the gradient copy from B(n + 1, m - 1)'s
+(latency + bytes / bandwidth when the GPUs differ, each a chain link of its own), and the iteration
+ends no earlier than B(0, m - 1), then the copy of backward stage 0's fp16 gradients to the host,
+then its CPU optimizer step (``tail``'s last two terms). Link and CPU contention only add to it.
+The sweep simulates candidates in increasing order of this bound and stops simulating one whose
+bound exceeds the best simulated time: the chosen plan is the one the full sweep picks
+(tests/solvers/test_offload_bound.py).
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ import itertools
 
 from cost_models import offload
 from planner.errors import InfeasibleError
-from planner.schema import ModelProfile
+from planner.schema import Cluster, ModelProfile
 
 SAFETY = 1e-9
 """Relative slack for the bound's own rounding (its sums run in another order than the engine's)."""
 
 
-def iteration_lower_bound(model: ModelProfile, cfg: object, num_gpus: int) -> float:
-    """Lower bound on the simulated iteration time of ``cfg`` (an ``OffloadConfig``); 0 when none applies."""
+def iteration_lower_bound(model: ModelProfile, cfg: object, num_gpus: int, cluster: Cluster | None = None,
+                          host: offload.HostSpec | None = None) -> float:
+    """Lower bound on the simulated iteration time of ``cfg`` (an ``OffloadConfig``); 0 when none applies.
+    Without ``cluster`` and ``host``: compute only (no transfers, no optimizer step)."""
     if getattr(cfg, "zero"):
         return 0.0
     g, m = num_gpus, cfg.num_microbatches  # type: ignore[attr-defined]
@@ -51,7 +58,25 @@ def iteration_lower_bound(model: ModelProfile, cfg: object, num_gpus: int) -> fl
         gpu = rule(n, g)
         busy[gpu] += m * t
         last_b[gpu] = n if last_b[gpu] < 0 else last_b[gpu]
-    head = [0.0, *itertools.accumulate(f)]
-    tail = [0.0, *itertools.accumulate(bk)]
-    bound = max(head[max(first_f[x], 0)] + busy[x] + tail[max(last_b[x], 0)] for x in range(g))
-    return bound * (1 - SAFETY)
+    hop_f, hop_b, end = [0.0] * len(f), [0.0] * len(bk), 0.0
+    if cluster is not None and host is not None:
+        hop_f = [_copy_s(cluster, offload.forward_gpu(i - 1, g), offload.forward_gpu(i, g),
+                         model.layers[forward[i][0] - 1].output_bytes) if i else 0.0 for i in range(len(f))]
+        hop_b = [_copy_s(cluster, rule(n + 1, g), rule(n, g), model.layers[backward[n][1] - 1].output_bytes)
+                 if n + 1 < len(bk) else 0.0 for n in range(len(bk))]
+        params = offload.range_num_params(model, backward[0])
+        end = (offload.transfer_time_s(offload.GPU_PARAM_BYTES_PER_PARAM * params, host)
+               + offload.optimizer_step_time_s(params, host))
+    head = [0.0, *itertools.accumulate(a + h for a, h in zip(f, hop_f))]  # F(i, 0) starts after head[i] + hop_f[i]
+    tail = [0.0, *itertools.accumulate(b + h for b, h in zip(bk, hop_b))]  # B(n, m-1) ends tail[n] before B(0) ends
+    bound = max(head[max(first_f[x], 0)] + hop_f[max(first_f[x], 0)] + busy[x] + tail[max(last_b[x], 0)]
+                for x in range(g))
+    return (bound + end) * (1 - SAFETY)
+
+
+def _copy_s(cluster: Cluster, src: int, dst: int, num_bytes: float) -> float:
+    """A GPU-to-GPU copy on an idle link (none within a GPU)."""
+    if src == dst:
+        return 0.0
+    bandwidth, latency = cluster.link(src, dst)
+    return latency + num_bytes / bandwidth

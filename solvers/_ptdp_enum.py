@@ -97,10 +97,15 @@ def zero_stage_list(opts: Options) -> tuple[int, ...]:
     return stages
 
 
+MODULES = "modules"
+"""The recompute setting of a configuration whose module set is not picked yet (``lazy_modules``)."""
+
+
 def enumerate_configs(search: Search, opts: Options, units: Units | None = None, *,
-                      prune: bool = True) -> Iterator[model.Config]:
+                      prune: bool = True, lazy_modules: bool = False) -> Iterator[model.Config]:
     """Every configuration the problem and options allow (see the module docstring); ``prune`` drops
-    those whose model states alone overflow the device."""
+    those whose model states alone overflow the device. ``lazy_modules``: yield recompute ``modules``
+    as is (when the unit costs offer module sets): ``solvers._ptdp_rank`` picks the set later."""
     from solvers.ptdp import unit_cache  # the solver's cache of unit costs per (t, b, c, e, etp, ZeRO)
 
     units = units or unit_cache(search, opts)
@@ -125,11 +130,11 @@ def enumerate_configs(search: Search, opts: Options, units: Units | None = None,
                             base = model.Config(tensor=t, pipeline=p, data=d, virtual=1, microbatch_size=1,
                                                 num_microbatches=1, recompute="none", context=c, expert=e,
                                                 expert_tensor=etp, zero_stage=z)
-                            yield from _batch_configs(search, opts, base, units, capacity)
+                            yield from _batch_configs(search, opts, base, units, capacity, lazy_modules)
 
 
 def _batch_configs(search: Search, opts: Options, base: model.Config, units: Units,
-                   capacity: float) -> Iterator[model.Config]:
+                   capacity: float, lazy_modules: bool = False) -> Iterator[model.Config]:
     """b, m, v, end layout and recompute for fixed degrees; nothing when the model states alone
     (at b = 1, full recompute aside) cannot fit."""
     problem, cfg = search.problem, search.cfg
@@ -149,15 +154,18 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                 if _states_overflow(u, cfg, c, capacity):
                     continue
                 for r in recompute:
-                    if r == "modules":
-                        picked = _cheapest_fitting_modules(u, cfg, c, capacity)
+                    if r == MODULES and lazy_modules:
+                        if u.module_sets:
+                            yield _replace(c, recompute=MODULES)
+                    elif r == MODULES:
+                        picked = cheapest_fitting_modules(u, cfg, c, capacity)
                         if picked is not None:
                             yield _replace(c, recompute=picked)
                     else:
                         yield _replace(c, recompute=r)
 
 
-def _cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,
+def cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,
                               capacity: float) -> str | None:
     """The per-module recompute set with the least recompute time whose closed-form peak fits the device
     (the one freeing the most when none fits, for the memory message); None when nothing needs
@@ -173,8 +181,7 @@ def _cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: mod
         fixed = model.rank_fixed_bytes(u, cfg, c, ranges)
 
         def peak(name: str) -> float:
-            trial = _replace(c, recompute=name)
-            return max(f + model.chunk_activations(u, trial, ranges[r], r) for r, f in fixed)
+            return model.ranks_peak_bytes(u, _replace(c, recompute=name), ranges, fixed)
     if peak("none") <= capacity:
         return None  # the empty set fits: nothing to recompute (``none`` is its own choice)
     # Along the frontier every layer kind keeps fewer bytes at each step, so the peak falls: bisect it.

@@ -14,18 +14,21 @@ from solvers._ptdp_enum import tensor_degrees
 from solvers.common import format_bytes, memory_shortfall_message
 
 if TYPE_CHECKING:
+    from solvers._ptdp_rank import Ranking
     from solvers.ptdp import Options, Search, Simulated
 
-def notes(search: Search, opts: Options, scored: list[tuple[model.Config, model.Estimate]],
-           simulated: Simulated) -> tuple[str, ...]:
-    fitting = sum(1 for _, est in scored if est.fits)
+def notes(search: Search, opts: Options, ranking: Ranking, simulated: Simulated) -> tuple[str, ...]:
+    fitting = sum(1 for _, est in ranking.entries if est.fits)
     eff = (f"efficiency by microbatch {search.efficiencies}" if search.efficiencies
            else f"flat efficiency {search.efficiency:.3g} of peak" if search.efficiency
            else f"per-operation compute model ({search.settings.attention} attention)")
+    costed = (f"{fitting} fit memory by the closed form" if ranking.complete else
+              f"{len(ranking.entries)} costed in full, {fitting} of which fit memory by the closed form (every "
+              f"other one takes longer than the best {ranking.keep} that fit, or cannot fit by a lower bound on "
+              "its memory)")
     return (
-        f"searched {len(scored)} configurations (t, p, c, d, e, etp, ZeRO stage, v, b, end stages, recompute), "
-        f"{fitting} fit memory by the closed form; simulated the best {len(simulated)} and kept the fastest in "
-        "simulation",
+        f"searched {ranking.searched} configurations (t, p, c, d, e, etp, ZeRO stage, v, b, end stages, "
+        f"recompute), {costed}; simulated the best {len(simulated)} and kept the fastest in simulation",
         f"{eff}; scatter/gather {'on' if opts.scatter_gather else 'off'}; uniform recompute; even layer split or "
         f"Megatron's uneven end stages; ZeRO stages {opts.zero_stages if opts.zero_stage is None else opts.zero_stage}",
     )

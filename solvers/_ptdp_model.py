@@ -23,11 +23,9 @@ them up per pipeline rank and applies the schedule:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
-
-import numpy as np
 
 from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
@@ -38,6 +36,9 @@ from planner.schema import KNOWN_RECOMPUTE, Cluster, LayerProfile, RecomputeOpti
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_v as v_model
 from solvers._ptdp_rows import recompute_flops_per_sample, throughput_row  # noqa: F401 (this module's API)
+from solvers._ptdp_states import (  # noqa: F401 (this module's API)
+    _exact_sum, _rank_ranges, _ranges_multiset, first_chunk_inflight, heaviest_state_bytes, held_chunk_array,
+    held_chunk_counts, multiset, rank_blocks)
 
 INTERLEAVED = "interleaved-1f1b"
 
@@ -112,16 +113,11 @@ class Config:
         chunks = self.chunk_layers(num_layers)
         return [sum(chunks[x::self.pipeline]) for x in range(self.pipeline)]
 
-    def rank_ranges(self, num_layers: int) -> list[list[tuple[int, int]]]:
+    def rank_ranges(self, num_layers: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         """Per rank, (first layer, count) of each of its chunks: virtual stage k on rank k mod p, or in a
-        V schedule on rank k for k < p and 2p - 1 - k after."""
-        p = self.pipeline
-        out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
-        first = 0
-        for k, n in enumerate(self.chunk_layers(num_layers)):
-            out[(k if k < p else 2 * p - 1 - k) if self.v_schedule else k % p].append((first, n))
-            first += n
-        return out
+        V schedule on rank k for k < p and 2p - 1 - k after (cached: the search asks for the same
+        layouts thousands of times)."""
+        return _rank_ranges(num_layers, self.pipeline, self.virtual, self.ends, bool(self.v_schedule))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,92 +223,64 @@ def _block_sum(u: UnitCosts, first: int, num: int, value: Any) -> float:
     return total + (moe_count * value(u.moe_decoder) if moe_count else 0.0)
 
 
-def _ranges_sum(u: UnitCosts, ranges: list[tuple[int, int]], value: Any) -> float:
-    return math.fsum(_block_sum(u, first, num, value) for first, num in ranges)
+def _ranges_sum(u: UnitCosts, ranges: Sequence[tuple[int, int]], value: Any) -> float:
+    """``math.fsum`` of ``_block_sum`` over the ranges, from the distinct blocks and their counts."""
+    moe = u.moe_decoder
+    blocks = _ranges_multiset(tuple(ranges), None if moe is None else u.first_dense)
+    return _exact_sum(blocks, value(u.decoder), value(moe) if moe is not None else 0.0)
+
+
+def rank_sums(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ...], ...], value: Any) -> list[float]:
+    """``_ranges_sum`` of every rank, each distinct chunk list summed once (the same floats)."""
+    moe = u.moe_decoder
+    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
+    vd = value(u.decoder)
+    vm = value(moe) if moe is not None else 0.0
+    sums = [_exact_sum(multiset(blocks), vd, vm) for blocks in distinct]
+    return [sums[i] for i in index]
 
 
 def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
     """Per-rank compute per microbatch: its decoder blocks (F + B + recompute), plus the
     embedding on rank 0 and the head on rank p - 1."""
-    work = [_ranges_sum(u, ranges, lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
-            for ranges in c.rank_ranges(cfg.num_layers)]
+    work = rank_sums(u, c.rank_ranges(cfg.num_layers),
+                     lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
     work[0] += u.embedding.forward_s + u.embedding.backward_s
     work[-1] += u.head.forward_s + u.head.backward_s
     return work
 
 
-@lru_cache(maxsize=4096)
-def first_chunk_inflight(p: int, v: int, m: int) -> int:
-    """Peak activations of chunk 0 (the one with the embedding) on rank 0, following Megatron's
-    order: forward k runs chunk (k mod p v) div p, backward k chunk v - 1 - (k mod p v) div p."""
-    total = m * v
-    warmup = min(p - 1, m) if v == 1 else min(2 * (p - 1) + (v - 1) * p, total)
-    held = peak = 0
-    # Past the warm-up each step runs one forward and one backward, and the chunk pattern
-    # repeats every p v steps with no net change: two periods hold the peak of the whole run.
-    steps = total + warmup if total <= warmup + 2 * p * v else warmup + 2 * p * v
-    for k in range(steps):
-        if k < total and (k % (p * v)) // p == 0:  # forward k
-            held += 1
-            peak = max(peak, held)
-        j = k - warmup  # backward j follows forward j + warmup
-        if 0 <= j < total and v - 1 - (j % (p * v)) // p == 0:
-            held -= 1
-    return peak
+def _moe_layers(u: UnitCosts, ranges: Sequence[tuple[int, int]]) -> int:
+    if u.moe_decoder is None:
+        return 0
+    return sum(n_moe * k for (_, n_moe), k in _ranges_multiset(tuple(ranges), u.first_dense))
 
 
-def _moe_layers(u: UnitCosts, ranges: list[tuple[int, int]]) -> int:
-    return sum(u.counts(first, num)[1] for first, num in ranges)
-
-
-@lru_cache(maxsize=4096)
-def held_chunk_counts(p: int, v: int, m: int, rank: int) -> tuple[tuple[int, ...], ...]:
-    """Per step of rank ``rank``'s Megatron interleaved order, how many activations of each of its v chunks
-    it holds right after the step's forward (forward k runs chunk (k mod p v) div p, backward j chunk
-    v - 1 - (j mod p v) div p, after a warm-up of min(2 (p - r - 1) + (v - 1) p, m v) forwards). Past the
-    warm-up the pattern repeats every p v steps, so two periods hold every distinct state."""
-    total = m * v
-    warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
-    held = [0] * v
-    states = []
-    steps = total + warmup if total <= warmup + 2 * p * v else warmup + 2 * p * v
-    for k in range(steps):
-        if k < total:
-            held[(k % (p * v)) // p] += 1
-            states.append(tuple(held))
-        j = k - warmup
-        if 0 <= j < total:
-            held[v - 1 - (j % (p * v)) // p] -= 1
-    return tuple(set(states))
-
-
-def chunk_activations(u: UnitCosts, c: Config, ranges: list[tuple[int, int]], rank: int) -> float:
+def chunk_activations(u: UnitCosts, c: Config, ranges: Sequence[tuple[int, int]], rank: int) -> float:
     """Peak activation bytes of a rank's decoder chunks: in-flight count x chunk size when its chunks are
     equal, else the heaviest state of Megatron's interleaved order weighted by each chunk's size."""
     sizes = [_block_sum(u, first, num, lambda lay: option(lay, c.recompute).activation_bytes)
              for first, num in ranges]
+    return _sized_activations(c, sizes, rank)
+
+
+def _sized_activations(c: Config, sizes: list[float], rank: int) -> float:
     if c.virtual == 1 or len(set(sizes)) == 1:
         return inflight_chunks(c, rank) * max(sizes)
-    return heaviest_state_bytes(c.pipeline, c.virtual, c.num_microbatches, rank, sizes)
+    return heaviest_state_bytes(c.pipeline, c.virtual, c.num_microbatches, rank, tuple(sizes))
 
 
-def heaviest_state_bytes(p: int, v: int, m: int, rank: int, sizes: list[float]) -> float:
-    """max over the held states of sum(count x chunk size), summed exactly (``math.fsum``)."""
-    states = held_chunk_array(p, v, m, rank)
-    approx = states @ np.asarray(sizes, dtype=np.float64)
-    top = float(approx.max())
-    # The product's rounding is far below this margin: the exact sums are taken of every state near the
-    # top, so the result is the correctly rounded maximum, as summing every state with fsum gives.
-    near = np.nonzero(approx >= top - 1e-9 * abs(top) - 1.0)[0]
-    return max(math.fsum(int(n) * w for n, w in zip(states[i], sizes)) for i in near)
-
-
-@lru_cache(maxsize=4096)
-def held_chunk_array(p: int, v: int, m: int, rank: int) -> np.ndarray:
-    """``held_chunk_counts`` as a read-only (states x v) integer array."""
-    out = np.array(sorted(held_chunk_counts(p, v, m, rank)), dtype=np.int64).reshape(-1, v)
-    out.setflags(write=False)
-    return out
+def ranks_peak_bytes(u: UnitCosts, c: Config, all_ranges: tuple[tuple[tuple[int, int], ...], ...],
+                     fixed: list[tuple[int, float]]) -> float:
+    """max over the (rank, fixed bytes) of ``rank_fixed_bytes`` of fixed + ``chunk_activations``, the chunk
+    sizes of each distinct chunk list computed once (the same floats)."""
+    moe = u.moe_decoder
+    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
+    vd = option(u.decoder, c.recompute).activation_bytes
+    vm = option(moe, c.recompute).activation_bytes if moe is not None else 0.0
+    sizes = [[(dense * vd if dense else 0.0) + (n_moe * vm if n_moe else 0.0) for dense, n_moe in blocks]
+             for blocks in distinct]
+    return max(f + _sized_activations(c, sizes[index[r]], r) for r, f in fixed)
 
 
 def rank_static_bytes(u: UnitCosts, ranges: list[tuple[int, int]], dims: dims_mod.Dims) -> float:
@@ -323,6 +291,20 @@ def rank_static_bytes(u: UnitCosts, ranges: list[tuple[int, int]], dims: dims_mo
     return dims_mod.sharded_static_bytes(dense, expert, dims)
 
 
+def ranks_static_bytes(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ...], ...],
+                       dims: dims_mod.Dims) -> list[float]:
+    """``rank_static_bytes`` of every rank, each distinct chunk list costed once (the same floats)."""
+    moe = u.moe_decoder
+    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
+    vd, vm = u.decoder.static_bytes, moe.static_bytes if moe is not None else 0.0
+    out = []
+    for blocks in distinct:
+        expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes
+        dense = _exact_sum(multiset(blocks), vd, vm) - expert
+        out.append(dims_mod.sharded_static_bytes(dense, expert, dims))
+    return [out[i] for i in index]
+
+
 def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     """Peak bytes over the ranks (rank 0 holds the most activations and the embedding, rank p - 1 the
     head; with an even split middle ranks hold less than rank 0, so only the two ends are costed). The
@@ -330,7 +312,7 @@ def peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     once m >= p), so it holds one microbatch; the embedding's chunk count is ``first_chunk_inflight``.
     Both peaks are added to the rank's total, an upper bound within the embedding's share."""
     ranges = c.rank_ranges(cfg.num_layers)
-    return max(fixed + chunk_activations(u, c, ranges[r], r) for r, fixed in rank_fixed_bytes(u, cfg, c, ranges))
+    return ranks_peak_bytes(u, c, ranges, rank_fixed_bytes(u, cfg, c, ranges))
 
 
 def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
@@ -346,8 +328,9 @@ def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
     head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims)
     buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
     out = []
+    statics = ranks_static_bytes(u, all_ranges, dims)
     for r in ranks:
-        total = rank_static_bytes(u, all_ranges[r], dims) + buffer
+        total = statics[r] + buffer
         if r == 0:
             first = first_chunk_inflight(p, c.virtual, c.num_microbatches)
             total += emb_static + first * (u.embedding.activation_bytes or 0.0)
@@ -406,6 +389,24 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
 
 
+def peak_memory_lower_bound(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
+    """At most ``config_peak_memory_bytes``, cheaply: rank 0's fixed bytes plus its in-flight chunk count
+    times its smallest chunk (Megatron's order holds that many right after its warm-up); 0 for a V
+    schedule."""
+    if c.v_schedule:
+        return 0.0
+    all_ranges = c.rank_ranges(cfg.num_layers)
+    moe = u.moe_decoder
+    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
+    vd = option(u.decoder, c.recompute).activation_bytes
+    vm = option(moe, c.recompute).activation_bytes if moe is not None else 0.0
+    smallest = min((dense * vd if dense else 0.0) + (n_moe * vm if n_moe else 0.0)
+                   for dense, n_moe in distinct[index[0]])
+    fixed = ranks_static_bytes(u, all_ranges, c.dims)[0] + dims_mod.fsdp_buffer_bytes(
+        max(u.decoder.param_bytes, (moe or u.decoder).param_bytes), c.dims)
+    return fixed + inflight_chunks(c, 0) * smallest
+
+
 def config_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
     """The closed form's peak bytes of a configuration (rank 0 of a V schedule, else the busiest end)."""
     return _v_peak_memory_bytes(u, cfg, c) if c.v_schedule else peak_memory_bytes(u, cfg, c)
@@ -434,24 +435,47 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
     assert cluster.device is not None
+    pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, overlap_grad_reduce=overlap_grad_reduce,
+                                                  overlap_param_gather=overlap_param_gather)
+    peak = config_peak_memory_bytes(u, cfg, c)
+    return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
+                    peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
+                    optimizer_s=optimizer)
+
+
+def iteration_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, **overlap: bool) -> float:
+    """``estimate(...).iteration_s`` without the memory (the same float)."""
+    pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, **overlap)
+    return pipeline_s + allreduce + optimizer
+
+
+def pipeline_time_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config) -> float:
+    """Compute, bubble and point-to-point seconds of the closed form (the first of ``time_parts``)."""
     p, v, m = c.pipeline, c.virtual, c.num_microbatches
-    work = rank_work_s(u, cfg, c)
-    t_max, t_avg = max(work), math.fsum(work) / p
     send_s = 0.0
     if p > 1:
         bandwidth, latency = p2p_link(cluster, c)
         send_s = latency + u.decoder.output_bytes / bandwidth
+    if c.v_schedule:  # ZB-V / DualPipeV: their own bubble and in-flight counts
+        return v_model.pipeline_s(u, cfg, c, send_s)
+    work = rank_work_s(u, cfg, c)
+    t_max, t_avg = max(work), math.fsum(work) / p
     # Each microbatch waits on 2 v transfers per rank in the steady state and 2 (p - 1) more to fill
     # and drain the pipeline (Megatron's 1F1B sends are blocking).
-    pipeline_s = m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
-    if c.v_schedule:  # ZB-V / DualPipeV: their own bubble and in-flight counts
-        pipeline_s = v_model.pipeline_s(u, cfg, c, send_s)
+    return m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
+
+
+def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
+               overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> tuple[float, float, float]:
+    """(pipeline, data-parallel sync, optimizer step) seconds of the closed form; no memory."""
+    assert cluster.device is not None
+    pipeline_s = pipeline_time_s(u, cfg, cluster, c)
+    p = c.pipeline
     rank0 = c.rank_ranges(cfg.num_layers)[0]
     allreduce = 0.0
     if c.num_devices > c.tensor * p:
         allreduce = _dp_sync_s(u, cluster, c, rank0, overlap_grad_reduce=overlap_grad_reduce,
                                overlap_param_gather=overlap_param_gather)
-    peak = config_peak_memory_bytes(u, cfg, c)
     expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
     dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
     if c.v_schedule:  # rank 0 also holds the head
@@ -460,6 +484,4 @@ def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, 
     optimizer = profile_optimizer_step_s(u.decoder_source, dense_static, cluster.device,
                                          shard=c.dims.dp_ranks if shard else 1) + profile_optimizer_step_s(
         u.decoder_source, expert_static, cluster.device, shard=c.dims.expert_dp_ranks if shard else 1)
-    return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
-                    peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
-                    optimizer_s=optimizer)
+    return pipeline_s, allreduce, optimizer

@@ -155,7 +155,7 @@ def sweep(problem: PipelineProblem, configs: Iterable[OffloadConfig], host: offl
             models[cfg.microbatch_size] = profile_for(problem, cfg.microbatch_size)
         model = models[cfg.microbatch_size]
         if model is not None and keep(cfg):
-            bound = iteration_lower_bound(model, cfg, problem.cluster.num_devices) if prune else 0.0
+            bound = iteration_lower_bound(model, cfg, problem.cluster.num_devices, problem.cluster, host) if prune else 0.0
             order.append((bound, index, cfg, model))
     order.sort(key=lambda x: (x[0], x[1]))
     best: tuple[float, int, Plan] | None = None

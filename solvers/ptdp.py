@@ -36,6 +36,7 @@ from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_messages as messages
 from solvers import _ptdp_model as model
 from solvers._ptdp_enum import check_degree_options, divisors as _divisors, enumerate_configs
+from solvers._ptdp_rank import rank_configs
 from solvers import _ptdp_v as v_model
 from solvers.budget import Budget
 from solvers.common import Layout, build_plan, memory_shortfall_message, profile_attention, with_prediction
@@ -150,8 +151,8 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     search = _prepare(problem, opts)
     units = unit_cache(search, opts)
     overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather}
-    scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c, **overlap))
-              for c in enumerate_configs(search, opts, units)]
+    ranking = rank_configs(search, opts, units, _tie_key, keep=opts.num_simulated + opts.num_candidates)
+    scored = ranking.prefix
     if not scored:  # nothing whose model states fit: cost them all for the memory message
         scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c))
                   for c in enumerate_configs(search, opts, units, prune=False)]
@@ -162,9 +163,14 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
         raise InfeasibleError(messages.memory_message(search, scored))
     budget = Budget(None if problem.time_limit_s is None else start + problem.time_limit_s)
     best, simulated = _simulate_best(search, opts, scored, budget=budget)
+    if len(simulated) + opts.num_candidates > len(scored) and not ranking.complete:
+        # the simulation went past the entries the bound vouches for: rank every configuration
+        ranking = rank_configs(search, opts, units, _tie_key, keep=None)
+        scored = ranking.prefix
+        best, simulated = _simulate_best(search, opts, scored, budget=budget)
     rows = candidate_rows(search, scored, simulated, opts.num_candidates)
     plan, _ = best
-    notes = (*messages.notes(search, opts, scored, simulated), *v_model.megatron_notes(plan.schedule, rows))
+    notes = (*messages.notes(search, opts, ranking, simulated), *v_model.megatron_notes(plan.schedule, rows))
     wanted = min(opts.num_simulated, sum(1 for _, est in scored if est.fits))
     status = "feasible"
     if len(simulated) < wanted and budget.spent():  # not the closed-form margin's early stop

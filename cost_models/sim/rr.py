@@ -18,6 +18,16 @@ every stage its own replication factor r_s, dissertation L1184-1190) runs this w
   inputs, measured like PipeDream-2BW's (``report.steady_result``) on a run of 2 f + 1
   iterations back to back, f = ceil(workers / n) iterations to fill the pipeline.
 
+Replica classes: with g = gcd(r_s), input i goes to replica i mod r_s, whose index is i mod g
+modulo g, so the workers split into g classes (replica j of every stage in class j mod g) that
+exchange nothing: class c runs the inputs i = c mod g on links of its own, with the warm-up,
+period and fill of the pipeline of r_s / g replicas. All inputs are ready at time 0, so every
+class runs the same timeline as that reduced pipeline (class 0's input g i' is its input i').
+The simulation runs the reduced pipeline once (1/g of the operations) and maps its result
+back: the same iteration time, stage results and replica-0 events (microbatch g i'), the bubble
+fraction over g copies of its workers. ``tests/cost_models/test_sim_rr.py`` checks it equals
+the simulation of every replica.
+
 The result has one ``StageResult`` per stage: replica 0's busy and idle time and bubbles, the
 largest peak memory and in-flight count of the stage's replicas; ``bubble_fraction`` counts
 every worker; timeline events are replica 0's. Each worker pair has its own link per direction
@@ -56,9 +66,17 @@ def rr_bottleneck_s(costs: PipelineCosts, replicas: list[int]) -> float:
     )
 
 
-def simulate_rr(plan: Plan, costs: PipelineCosts, *, include_events: bool = True) -> SimResult:
-    """Steady-state iteration of a plan with per-stage replication (see the module docstring)."""
-    replicas = [stage.replicas for stage in plan.stages]
+def simulate_rr(plan: Plan, costs: PipelineCosts, *, include_events: bool = True,
+                classes: int | None = None) -> SimResult:
+    """Steady-state iteration of a plan with per-stage replication (see the module docstring).
+
+    ``classes``: the replica classes simulated as one (default gcd(r_s), the most that are
+    identical; 1 simulates every replica)."""
+    full = [stage.replicas for stage in plan.stages]
+    g = math.gcd(*full) if classes is None else classes
+    if any(r % g for r in full):
+        raise ValueError(f"classes={g} must divide every stage's replicas {full}")
+    replicas = [r // g for r in full]
     num_workers = sum(replicas)
     n = plan.num_microbatches * replicas[0]
     # The round robin repeats every lcm(r_s) inputs: measure K iterations, a whole period.
@@ -84,7 +102,20 @@ def simulate_rr(plan: Plan, costs: PipelineCosts, *, include_events: bool = True
         allreduce_s=[0.0] * num_workers, capacity_bytes=costs.memory_capacity_bytes,
         samples_per_iteration=float(plan.global_batch_size), include_events=include_events,
     )
+    if g > 1:
+        result = _all_classes(result, g)
     return _per_stage(result, owner, float(max(costs.allreduce_s, default=0.0)), k)
+
+
+def _all_classes(result: SimResult, g: int) -> SimResult:
+    """The result of g identical replica classes from one: the bubble fraction over g copies of the
+    workers (``math.fsum`` is exact, so the order of the copies does not matter), class 0's input
+    i' is the plan's input g i'."""
+    iteration = result.iteration_time_s
+    idle = math.fsum([s.idle_s for s in result.stages] * g)
+    bubble = idle / (iteration * len(result.stages) * g) if iteration > 0 else 0.0
+    events = tuple(e._replace(microbatch=e.microbatch * g) for e in result.events)
+    return result.model_copy(update={"bubble_fraction": bubble, "events": events})
 
 
 def _replica_ops(replicas: list[int], total: int) -> tuple[list[list[tuple[int, int, int]]], list[int]]:

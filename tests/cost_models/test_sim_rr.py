@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cost_models.sim.costs import pipeline_costs
-from cost_models.sim.rr import is_round_robin, rr_bottleneck_s, warmup_inputs
+from cost_models.sim.rr import is_round_robin, rr_bottleneck_s, simulate_rr, warmup_inputs
 from cost_models.simulate import plan_actions, simulate
 from planner.errors import InvalidProblemError
 from planner.export import to_megatron_args, to_torch_csv
@@ -115,6 +115,28 @@ def test_random_replications_never_beat_the_bottleneck_and_do_not_deadlock() -> 
     # round robin with strict 1F1B cannot always reach the DP's idealized rate; most cases do
     assert sum(r < 1 + 1e-6 for r in ratios) >= 0.8 * len(ratios)  # 129 of 140 with this seed
     assert math.isfinite(max(ratios))
+
+
+def test_identical_replica_classes_simulate_as_one() -> None:
+    # gcd(r_s) = g classes that exchange nothing: the reduced pipeline's result is every replica's,
+    # bit for bit (times, busy and idle, memory, bubbles, events, bubble fraction)
+    rng = random.Random(11)
+    cases = [([4, 2], 3), ([6, 4, 2], 2), ([8, 4], 1), ([6, 3, 9], 2), ([4, 4, 2], 5)]
+    for _ in range(6):
+        g = rng.choice([2, 3])
+        cases.append(([g * rng.randint(1, 3) for _ in range(rng.randint(2, 3))], rng.randint(1, 4)))
+    for replicas, m in cases:
+        times = [(rng.uniform(0.5, 2), rng.uniform(0.5, 4)) for _ in replicas]
+        plan = rr_plan(times, replicas, m, activation_bytes=10.0, static_bytes=1000.0,
+                       param_bytes=rng.choice([0.0, 400.0]), output_bytes=rng.choice([0.0, 50.0]),
+                       bandwidth=rng.choice([100.0, 1e30]))
+        costs = pipeline_costs(plan)
+        grouped = simulate_rr(plan, costs, include_events=True)
+        assert grouped == simulate_rr(plan, costs, include_events=True, classes=1), replicas
+        assert grouped == simulate(plan, include_events=True)
+    with pytest.raises(ValueError, match="must divide"):
+        small = rr_plan([(1, 1), (1, 1)], [4, 2], 2)
+        simulate_rr(small, pipeline_costs(small), classes=4)
 
 
 def test_round_robin_plans_are_not_exported() -> None:
