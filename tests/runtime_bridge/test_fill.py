@@ -230,7 +230,7 @@ def fill_runs() -> dict[str, tuple[dict, list[dict], list[dict]]]:
 
 
 @pytest.mark.multirank
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # hang guard; wide for a loaded 2-core machine (launches have their own deadline)
 @pytest.mark.parametrize("name", list(_TWO_RANK_FILLS))
 def test_main_job_losses_unchanged_and_fill_progresses(fill_runs: dict, name: str) -> None:
     report, baseline, filled = fill_runs[name]
@@ -254,7 +254,7 @@ def test_main_job_losses_unchanged_and_fill_progresses(fill_runs: dict, name: st
 
 
 @pytest.mark.multirank
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # hang guard; wide for a loaded 2-core machine (launches have their own deadline)
 def test_cli_run_fill_json(tmp_path, capsys) -> None:
     from planner import api
 
