@@ -85,7 +85,8 @@ _DP_CELLS = 4096
 
 
 def parametric_partition(num_layers: int, num_parts: int, cost: Callable[[int, int, int], float], *,
-                         part_trend: str = "increasing") -> tuple[float, list[int]]:
+                         part_trend: str = "increasing",
+                         largest_end: Callable[[int, int, int, float], int] | None = None) -> tuple[float, list[int]]:
     """The same optimum as ``partition_bounds`` in O(64 P log N) part costs, for long chains.
 
     Parametric search (Frederickson's scheme for min-max partitioning): whether every part can
@@ -99,12 +100,18 @@ def parametric_partition(num_layers: int, num_parts: int, cost: Callable[[int, i
     The greedy argument needs a range to cost no less at a later part than at an earlier one
     (``part_trend="increasing"``, greedy from the first layer); with ``"decreasing"`` (e.g. 1F1B's
     memory: early stages hold more microbatches) the chain is partitioned from its last layer.
+
+    ``largest_end(first, last, q, limit)``, optional (increasing trend only), answers the greedy's
+    question directly: the largest end in [first + 1, last] with cost(first, end, q) <= limit, or
+    ``first`` if there is none; a caller with prefix sums answers it by bisection on them, far
+    cheaper than the ~log N cost calls of the generic search (same answer for monotone costs).
     """
     if part_trend == "decreasing":
+        assert largest_end is None, "largest_end is for the increasing trend (reverse the chain yourself)"
         n, last = num_layers, num_parts - 1
         value, bounds = parametric_partition(num_layers, num_parts, lambda i, j, q: cost(n - j, n - i, last - q))
         return value, [n - b for b in reversed(bounds)]
-    feasible = _greedy(num_layers, num_parts, cost, sys.float_info.max)
+    feasible = _greedy(num_layers, num_parts, cost, sys.float_info.max, largest_end)
     if feasible is None:
         return math.inf, []
     hi = _max_part(feasible, cost)
@@ -112,7 +119,7 @@ def parametric_partition(num_layers: int, num_parts: int, cost: Callable[[int, i
     best = feasible
     while hi_bits - lo_bits > 1:
         mid_bits = (lo_bits + hi_bits) // 2
-        bounds = _greedy(num_layers, num_parts, cost, _float(mid_bits))
+        bounds = _greedy(num_layers, num_parts, cost, _float(mid_bits), largest_end)
         if bounds is None:
             lo_bits = mid_bits
         else:
@@ -120,12 +127,21 @@ def parametric_partition(num_layers: int, num_parts: int, cost: Callable[[int, i
     return _float(hi_bits), best
 
 
-def _greedy(n: int, parts: int, cost: Callable[[int, int, int], float], limit: float) -> list[int] | None:
+def _greedy(n: int, parts: int, cost: Callable[[int, int, int], float], limit: float,
+            largest_end: Callable[[int, int, int, float], int] | None = None) -> list[int] | None:
     """Bounds of the greedy partition whose parts all cost <= limit, or None if there is none."""
     bounds = [0]
     for q in range(parts):
         first, last = bounds[-1], n - (parts - q - 1)  # leave a layer for each part still to come
-        if first >= last or cost(first, first + 1, q) > limit:
+        if first >= last:
+            return None
+        if largest_end is not None:
+            end = largest_end(first, last, q, limit)
+            if end <= first:
+                return None
+            bounds.append(end)
+            continue
+        if cost(first, first + 1, q) > limit:
             return None
         a, b = first + 1, last
         while a < b:

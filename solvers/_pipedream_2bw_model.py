@@ -51,6 +51,7 @@ stages do.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -180,14 +181,46 @@ def balanced_bounds(model: ModelProfile, num_stages: int, *, recompute: str, sch
     work = _RangeMax([la.strategies()["none"].activation_bytes - o.activation_bytes if name != "none" else 0.0
                       for la, o, name in zip(model.layers, chosen, names)])
 
-    def cost(i: int, j: int, q: int) -> float:
-        memory = fixed[j] - fixed[i] + min(p - q, m) * (act[j] - act[i]) + work.max(i, j)
-        return time_s[j] - time_s[i] if memory <= capacity_bytes else math.inf
+    n, last = len(model.layers), p - 1
 
-    # a range costs no more on a later stage (fewer in-flight microbatches), which the parametric
-    # min-max search needs (``solvers._partition``; O(64 p log N) stage costs)
-    value, bounds = parametric_partition(len(model.layers), p, cost, part_trend="decreasing")
-    return bounds if math.isfinite(value) else None
+    def fits(i: int, j: int, q: int) -> bool:
+        return fixed[j] - fixed[i] + min(p - q, m) * (act[j] - act[i]) + work.max(i, j) <= capacity_bytes
+
+    def cost(i: int, j: int, q: int) -> float:
+        return time_s[j] - time_s[i] if fits(i, j, q) else math.inf
+
+    # A range costs no more on a later stage (fewer in-flight microbatches), so the parametric
+    # min-max search (``solvers._partition``) partitions the chain from its last layer: position
+    # (i, j, q) of the reversed chain is layers [n - j, n - i) on stage last - q.
+    lowest_start: dict[tuple[int, int], int] = {}
+
+    def first_fitting(end: int, stage: int) -> int:
+        """The smallest start whose range up to ``end`` fits memory on ``stage`` (end if none);
+        memory grows as the start moves back, so every later start fits too."""
+        key = (end, stage)
+        if key not in lowest_start:
+            lo, hi = 0, end  # hi: fits or is the sentinel
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if fits(mid, end, stage) else (mid + 1, hi)
+            lowest_start[key] = hi
+        return lowest_start[key]
+
+    def largest_end(first: int, stop: int, q: int, limit: float) -> int:
+        end, stage, floor = n - first, last - q, n - stop  # original range [k, end), k >= floor
+        k = max(bisect.bisect_left(time_s, time_s[end] - limit, floor, end - 1), floor)
+        while k > floor and time_s[end] - time_s[k - 1] <= limit:  # exact comparisons near the bisection
+            k -= 1
+        while k < end - 1 and time_s[end] - time_s[k] > limit:
+            k += 1
+        if time_s[end] - time_s[k] > limit:
+            return first
+        if not fits(k, end, stage):  # memory binds before time: its frontier (cached per end and stage)
+            k = first_fitting(end, stage)
+        return n - k if k < end else first
+
+    value, bounds = parametric_partition(n, p, lambda i, j, q: cost(n - j, n - i, last - q), largest_end=largest_end)
+    return [n - b for b in reversed(bounds)] if math.isfinite(value) else None
 
 
 class _RangeMax:

@@ -98,6 +98,26 @@ def test_parametric_partition_equals_brute_force() -> None:
             assert max(cost(cuts[q], cuts[q + 1], q) for q in range(parts)) == best
 
 
+def test_parametric_partition_with_a_largest_end_oracle_is_unchanged() -> None:
+    """A caller's ``largest_end`` (here a linear scan) gives the same value and bounds as the
+    generic bisection over cost calls."""
+    rng = random.Random(2)
+    for _ in range(200):
+        n, parts = rng.randint(3, 14), rng.randint(1, 5)
+        w = [rng.choice([0.5, 1.0, 1.25, 3.0]) for _ in range(n)]
+        mem = [rng.randint(1, 5) for _ in range(n)]
+        cap = sorted(rng.randint(4, 16) for _ in range(parts))
+
+        def cost(i: int, j: int, q: int) -> float:
+            return math.inf if sum(mem[i:j]) > cap[q] else math.fsum(w[i:j])
+
+        def largest_end(first: int, last: int, q: int, limit: float) -> int:
+            ends = [j for j in range(first + 1, last + 1) if cost(first, j, q) <= limit]
+            return max(ends, default=first)
+
+        assert parametric_partition(n, parts, cost, largest_end=largest_end) == parametric_partition(n, parts, cost)
+
+
 def test_recompute_frontier_is_the_pareto_set_of_all_assignments() -> None:
     layers = [_layer(i) for i in range(4)] + [LayerProfile(name="h", kind="head", forward_s=1, backward_s=1,
                                                            activation_bytes=3)]
