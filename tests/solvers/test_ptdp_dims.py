@@ -274,8 +274,9 @@ def test_mixtral_plans_expert_parallelism() -> None:
 def test_deepseek_v3_plans_expert_parallelism_and_takes_its_published_recipe() -> None:
     """2048 GPUs (DeepSeek-V3 Sec. 3.2.1: PP16, EP64, ZeRO-1; batch 15360 x 4096): with the paper's sharding
     (ZeRO-1, no FSDP) the search plans expert parallelism; the published degrees pinned give exactly that
-    plan. (With FSDP allowed the model prefers gathering all experts per layer over 8 NICs per node:
-    docs/solver-ptdp.md.)"""
+    plan. (With FSDP allowed the search picks the same ZeRO-1 expert-parallel plan at the fitted H100
+    GEMM fraction; at the former 0.68 it preferred gathering all experts per layer over 8 NICs per
+    node: docs/solver-ptdp.md.)"""
     problem = _problem("deepseek-v3", "h100:2048", 15360)
     plan = ptdp.solve(problem, options={**MEGATRON, "zero_stages": "0,1"})
     assert plan.degrees.expert > 1 and plan.zero_stage == 1
