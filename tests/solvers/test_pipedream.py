@@ -434,6 +434,10 @@ def test_plans_simulate_to_the_dp_steady_state(cluster_spec: str) -> None:
     (1F1B-RR steady state; the gap is the DP charging each boundary 2 a_s / B as a busy link),
     and the flush's (m + p - 1) / m on top for equal replication (parallel pipelines with flush)."""
     for name in list_pipedream_profiles():
+        if cluster_spec == "v100:32" and name.startswith("nasnet"):
+            # 809 and 1,103 distinct layers: the exact DP's O(N^3) all-range tables over 4 x 8 workers
+            # take 13 and 31 s; both run in the v100:2x8 case, where the steady-state check is the same
+            continue
         # memory=false: the steady state of the unconstrained partition (memory-constrained
         # partitions replicate unequally in ways this ratio does not cover, see the report)
         plan = solve(api.make_problem(f"pipedream:{name}", cluster_spec), options={"memory": "false"})
