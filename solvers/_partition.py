@@ -111,7 +111,7 @@ def parametric_partition(num_layers: int, num_parts: int, cost: Callable[[int, i
         n, last = num_layers, num_parts - 1
         value, bounds = parametric_partition(num_layers, num_parts, lambda i, j, q: cost(n - j, n - i, last - q))
         return value, [n - b for b in reversed(bounds)]
-    feasible = _greedy(num_layers, num_parts, cost, sys.float_info.max, largest_end)
+    feasible, _ = _greedy(num_layers, num_parts, cost, sys.float_info.max, largest_end)
     if feasible is None:
         return math.inf, []
     hi = _max_part(feasible, cost)
@@ -119,39 +119,43 @@ def parametric_partition(num_layers: int, num_parts: int, cost: Callable[[int, i
     best = feasible
     while hi_bits - lo_bits > 1:
         mid_bits = (lo_bits + hi_bits) // 2
-        bounds = _greedy(num_layers, num_parts, cost, _float(mid_bits), largest_end)
+        bounds, next_limit = _greedy(num_layers, num_parts, cost, _float(mid_bits), largest_end)
         if bounds is None:
-            lo_bits = mid_bits
+            # every limit below next_limit runs this same failing greedy: skip to just below it
+            lo_bits = max(mid_bits, min(_bits(next_limit), hi_bits) - 1)
         else:
             best, hi_bits = bounds, _bits(_max_part(bounds, cost))
     return _float(hi_bits), best
 
 
 def _greedy(n: int, parts: int, cost: Callable[[int, int, int], float], limit: float,
-            largest_end: Callable[[int, int, int, float], int] | None = None) -> list[int] | None:
-    """Bounds of the greedy partition whose parts all cost <= limit, or None if there is none."""
-    bounds = [0]
+            largest_end: Callable[[int, int, int, float], int] | None = None) -> tuple[list[int] | None, float]:
+    """The bounds of the greedy partition whose parts all cost <= limit, or None if there is none,
+    and, when there is none, the smallest limit at which one of its parts would take one more layer
+    (every limit below it fails the same way; inf if no limit helps)."""
+    bounds, grow = [0], math.inf
     for q in range(parts):
         first, last = bounds[-1], n - (parts - q - 1)  # leave a layer for each part still to come
         if first >= last:
-            return None
+            return None, grow
         if largest_end is not None:
             end = largest_end(first, last, q, limit)
-            if end <= first:
-                return None
-            bounds.append(end)
-            continue
-        if cost(first, first + 1, q) > limit:
-            return None
-        a, b = first + 1, last
-        while a < b:
-            mid = (a + b + 1) // 2
-            if cost(first, mid, q) <= limit:
-                a = mid
-            else:
-                b = mid - 1
-        bounds.append(a)
-    return bounds if bounds[-1] == n else None
+        elif cost(first, first + 1, q) > limit:
+            end = first
+        else:
+            end, b = first + 1, last
+            while end < b:
+                mid = (end + b + 1) // 2
+                if cost(first, mid, q) <= limit:
+                    end = mid
+                else:
+                    b = mid - 1
+        if end < last:
+            grow = min(grow, cost(first, end + 1, q))
+        if end <= first:
+            return None, grow
+        bounds.append(end)
+    return (bounds, grow) if bounds[-1] == n else (None, grow)
 
 
 def _max_part(bounds: list[int], cost: Callable[[int, int, int], float]) -> float:
