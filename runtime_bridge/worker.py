@@ -56,6 +56,9 @@ class StoppedByLauncher(Exception):
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the error report below must not be cut short
+    if sys.exc_info()[1] is not None:
+        return  # already handling this rank's own failure (writing its report): let it finish
     raise StoppedByLauncher("torchrun stopped this rank (SIGTERM), usually because another rank failed first")
 
 
@@ -76,6 +79,7 @@ def main(argv: list[str]) -> int:
             torch.save(gathered, out_dir / "results.pt")
         dist.destroy_process_group()
     except BaseException as e:  # every failure must reach the launcher with this rank's message
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a SIGTERM now would cut the report short
         error_file = out_dir / f"error-rank{rank}.txt"
         if not (isinstance(e, StoppedByLauncher) and error_file.exists()):
             error_file.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
