@@ -37,7 +37,7 @@ from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_v as v_model
 from solvers._ptdp_rows import recompute_flops_per_sample, throughput_row  # noqa: F401 (this module's API)
 from solvers._ptdp_states import (  # noqa: F401 (this module's API)
-    _exact_sum, _rank_ranges, _ranges_multiset, first_chunk_inflight, heaviest_state_bytes, held_chunk_array,
+    _exact_sum, _rank_ranges, block_value, first_chunk_inflight, heaviest_state_bytes, held_chunk_array,
     held_chunk_counts, multiset, rank_blocks)
 
 INTERLEAVED = "interleaved-1f1b"
@@ -223,19 +223,26 @@ def _block_sum(u: UnitCosts, first: int, num: int, value: Any) -> float:
     return total + (moe_count * value(u.moe_decoder) if moe_count else 0.0)
 
 
+def _blocks(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ...], ...]
+            ) -> tuple[tuple[tuple[tuple[int, int], ...], ...], tuple[int, ...]]:
+    """``rank_blocks`` of the ranks' chunk lists for this model (dense, or MoE from ``u.first_dense``)."""
+    return rank_blocks(all_ranges, None if u.moe_decoder is None else u.first_dense)
+
+
+def _layer_values(u: UnitCosts, value: Any) -> tuple[float, float]:
+    """``value`` of a dense and of an MoE decoder layer (0 for a dense model's MoE layers, of which it has none)."""
+    return value(u.decoder), value(u.moe_decoder) if u.moe_decoder is not None else 0.0
+
+
 def _ranges_sum(u: UnitCosts, ranges: Sequence[tuple[int, int]], value: Any) -> float:
     """``math.fsum`` of ``_block_sum`` over the ranges, from the distinct blocks and their counts."""
-    moe = u.moe_decoder
-    blocks = _ranges_multiset(tuple(ranges), None if moe is None else u.first_dense)
-    return _exact_sum(blocks, value(u.decoder), value(moe) if moe is not None else 0.0)
+    return rank_sums(u, (tuple(ranges),), value)[0]
 
 
 def rank_sums(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ...], ...], value: Any) -> list[float]:
     """``_ranges_sum`` of every rank, each distinct chunk list summed once (the same floats)."""
-    moe = u.moe_decoder
-    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
-    vd = value(u.decoder)
-    vm = value(moe) if moe is not None else 0.0
+    distinct, index = _blocks(u, all_ranges)
+    vd, vm = _layer_values(u, value)
     sums = [_exact_sum(multiset(blocks), vd, vm) for blocks in distinct]
     return [sums[i] for i in index]
 
@@ -251,9 +258,7 @@ def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
 
 
 def _moe_layers(u: UnitCosts, ranges: Sequence[tuple[int, int]]) -> int:
-    if u.moe_decoder is None:
-        return 0
-    return sum(n_moe * k for (_, n_moe), k in _ranges_multiset(tuple(ranges), u.first_dense))
+    return sum(n_moe for _, n_moe in _blocks(u, (tuple(ranges),))[0][0])
 
 
 def chunk_activations(u: UnitCosts, c: Config, ranges: Sequence[tuple[int, int]], rank: int) -> float:
@@ -270,33 +275,40 @@ def _sized_activations(c: Config, sizes: list[float], rank: int) -> float:
     return heaviest_state_bytes(c.pipeline, c.virtual, c.num_microbatches, rank, tuple(sizes))
 
 
+def _chunk_sizes(u: UnitCosts, c: Config, all_ranges: tuple[tuple[tuple[int, int], ...], ...]
+                 ) -> tuple[list[list[float]], tuple[int, ...]]:
+    """Activation bytes of each chunk of every distinct chunk list under ``c.recompute`` (the floats
+    ``chunk_activations`` sums), and each rank's index into the lists."""
+    distinct, index = _blocks(u, all_ranges)
+    vd, vm = _layer_values(u, lambda lay: option(lay, c.recompute).activation_bytes)
+    return [[block_value(block, vd, vm) for block in blocks] for blocks in distinct], index
+
+
 def ranks_peak_bytes(u: UnitCosts, c: Config, all_ranges: tuple[tuple[tuple[int, int], ...], ...],
                      fixed: list[tuple[int, float]]) -> float:
     """max over the (rank, fixed bytes) of ``rank_fixed_bytes`` of fixed + ``chunk_activations``, the chunk
     sizes of each distinct chunk list computed once (the same floats)."""
-    moe = u.moe_decoder
-    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
-    vd = option(u.decoder, c.recompute).activation_bytes
-    vm = option(moe, c.recompute).activation_bytes if moe is not None else 0.0
-    sizes = [[(dense * vd if dense else 0.0) + (n_moe * vm if n_moe else 0.0) for dense, n_moe in blocks]
-             for blocks in distinct]
+    sizes, index = _chunk_sizes(u, c, all_ranges)
     return max(f + _sized_activations(c, sizes[index[r]], r) for r, f in fixed)
 
 
-def rank_static_bytes(u: UnitCosts, ranges: list[tuple[int, int]], dims: dims_mod.Dims) -> float:
+def rank_static_bytes(u: UnitCosts, ranges: Sequence[tuple[int, int]], dims: dims_mod.Dims) -> float:
     """Model states of a rank's decoder blocks (its chunks' (first, count) ranges) under the ZeRO stage,
     dense and expert parts apart."""
-    expert = _moe_layers(u, ranges) * u.expert_static_bytes
-    dense = _ranges_sum(u, ranges, lambda lay: lay.static_bytes) - expert
-    return dims_mod.sharded_static_bytes(dense, expert, dims)
+    return ranks_static_bytes(u, (tuple(ranges),), dims)[0]
+
+
+def _fsdp_buffer_bytes(u: UnitCosts, dims: dims_mod.Dims) -> float:
+    """The FSDP gather buffer of the largest decoder layer (``_ptdp_dims.fsdp_buffer_bytes``)."""
+    return dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
 
 
 def ranks_static_bytes(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ...], ...],
                        dims: dims_mod.Dims) -> list[float]:
-    """``rank_static_bytes`` of every rank, each distinct chunk list costed once (the same floats)."""
-    moe = u.moe_decoder
-    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
-    vd, vm = u.decoder.static_bytes, moe.static_bytes if moe is not None else 0.0
+    """Model states of every rank's decoder blocks under the ZeRO stage, dense and expert parts apart,
+    each distinct chunk list costed once."""
+    distinct, index = _blocks(u, all_ranges)
+    vd, vm = _layer_values(u, lambda lay: lay.static_bytes)
     out = []
     for blocks in distinct:
         expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes
@@ -326,7 +338,7 @@ def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
     ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
     emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims)
     head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims)
-    buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
+    buffer = _fsdp_buffer_bytes(u, dims)
     out = []
     statics = ranks_static_bytes(u, all_ranges, dims)
     for r in ranks:
@@ -385,7 +397,7 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     activations = v_model.peak_memory_bytes(u, cfg, c) - v_model.rank0_static_bytes(u, cfg, c)
     dims = c.dims
     ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims)
-    buffer = dims_mod.fsdp_buffer_bytes(max(u.decoder.param_bytes, (u.moe_decoder or u.decoder).param_bytes), dims)
+    buffer = _fsdp_buffer_bytes(u, dims)
     return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
 
 
@@ -396,15 +408,9 @@ def peak_memory_lower_bound(u: UnitCosts, cfg: TransformerConfig, c: Config) -> 
     if c.v_schedule:
         return 0.0
     all_ranges = c.rank_ranges(cfg.num_layers)
-    moe = u.moe_decoder
-    distinct, index = rank_blocks(all_ranges, None if moe is None else u.first_dense)
-    vd = option(u.decoder, c.recompute).activation_bytes
-    vm = option(moe, c.recompute).activation_bytes if moe is not None else 0.0
-    smallest = min((dense * vd if dense else 0.0) + (n_moe * vm if n_moe else 0.0)
-                   for dense, n_moe in distinct[index[0]])
-    fixed = ranks_static_bytes(u, all_ranges, c.dims)[0] + dims_mod.fsdp_buffer_bytes(
-        max(u.decoder.param_bytes, (moe or u.decoder).param_bytes), c.dims)
-    return fixed + inflight_chunks(c, 0) * smallest
+    sizes, index = _chunk_sizes(u, c, all_ranges)
+    fixed = rank_static_bytes(u, all_ranges[0], c.dims) + _fsdp_buffer_bytes(u, c.dims)
+    return fixed + inflight_chunks(c, 0) * min(sizes[index[0]])
 
 
 def config_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:

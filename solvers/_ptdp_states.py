@@ -45,12 +45,6 @@ def rank_blocks(all_ranges: tuple[tuple[tuple[int, int], ...], ...], first_dense
 
 
 @lru_cache(maxsize=4096)
-def _ranges_multiset(ranges: tuple[tuple[int, int], ...],
-                     first_dense: int | None) -> tuple[tuple[tuple[int, int], int], ...]:
-    return multiset(rank_blocks((ranges,), first_dense)[0][0])
-
-
-@lru_cache(maxsize=4096)
 def multiset(blocks: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], int], ...]:
     """The distinct (dense, MoE) blocks of a chunk list and how many chunks have each."""
     counts: dict[tuple[int, int], int] = {}
@@ -59,11 +53,18 @@ def multiset(blocks: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int]
     return tuple(counts.items())
 
 
+def block_value(block: tuple[int, int], vd: float, vm: float) -> float:
+    """One chunk's value from its (dense, MoE) layer counts and the per-layer values, rounded as
+    ``_ptdp_model._block_sum`` rounds it."""
+    dense, n_moe = block
+    return (dense * vd if dense else 0.0) + (n_moe * vm if n_moe else 0.0)
+
+
 def _exact_sum(blocks: tuple[tuple[tuple[int, int], int], ...], vd: float, vm: float) -> float:
     """The correctly rounded sum of every chunk's value (dense x vd + MoE x vm, each rounded as
     ``_block_sum`` does), as ``math.fsum`` of the chunk list gives: k equal values sum to k x value rounded
     once; several distinct ones are summed exactly as fractions."""
-    values = [((dense * vd if dense else 0.0) + (n_moe * vm if n_moe else 0.0), k) for (dense, n_moe), k in blocks]
+    values = [(block_value(block, vd, vm), k) for block, k in blocks]
     if len(values) == 1:
         return values[0][1] * values[0][0]
     ratios = [(x.as_integer_ratio(), k) for x, k in values]  # denominators are powers of two
