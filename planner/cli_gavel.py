@@ -64,6 +64,9 @@ def _add_cluster_run(sub: Any) -> None:
                    help="round length in wall-clock seconds (default 1)")
     r.add_argument("--mechanism", choices=("gavel", "paper"), default="gavel",
                    help="round mechanism, as cluster-sim's (default gavel)")
+    r.add_argument("--decision-clock", choices=("accelerator", "wall"), default="accelerator",
+                   help="what the scheduler books and reads: accelerator time, steps/throughput, so the run takes "
+                        "the simulator's decisions (default), or measured wall-clock time, as a deployed scheduler")
     r.add_argument("--time-scale", type=T.positive_float(1e6, "a million times faster than the trace"), default=1.0,
                    help="divide the trace's times by K and multiply throughputs by K (360: a 6-minute round in 1 s)")
     r.add_argument("--checkpoint-dir", help="where job checkpoints go (default: a temporary folder)")
@@ -140,16 +143,18 @@ def cmd_cluster_run(args: argparse.Namespace) -> int:
     jobs = scale_time(_sim_jobs(args, workers), args.time_scale)
     with progress(f"running {len(jobs.jobs)} jobs on Ray under {args.policy}", delay_s=1.0):
         result = run_on_ray(jobs, worker_types=workers, policy=args.policy, round_s=args.round,
-                            checkpoint_dir=args.checkpoint_dir, address=args.address, mechanism=args.mechanism)
+                            checkpoint_dir=args.checkpoint_dir, address=args.address, mechanism=args.mechanism,
+                            decision_clock=args.decision_clock)
     if args.json:
         print(result.model_dump_json(indent=2))
         return 0
-    print(f"policy {result.policy} on {result.engine} ({result.mechanism} mechanism): {result.num_jobs} jobs, "
-          f"{result.num_rounds} rounds of {result.round_s:g} s, {result.num_preemptions} preemptions")
+    print(f"policy {result.policy} on {result.engine} ({result.mechanism} mechanism, {result.decision_clock} clock): "
+          f"{result.num_jobs} jobs, {result.num_rounds} rounds of {result.round_s:g} s "
+          f"({result.sim_num_rounds} simulated), {result.num_preemptions} preemptions ({result.sim_num_preemptions} simulated)")
     print(f"average JCT {result.avg_jct_s:.3f} s measured, {result.sim_avg_jct_s:.3f} s simulated; "
           f"makespan {result.makespan_s:.3f} s measured, {result.sim_makespan_s:.3f} s simulated")
     for j in result.jobs:
-        print(f"  {j.id:>8s}  JCT {j.jct_s:8.3f} s  sim {j.sim_jct_s:8.3f} s  leases {j.num_leases:3d}  loss {j.final_loss:.4g}")
+        print(f"  {j.id:>8s}  JCT {j.jct_s:8.3f} s  sim {j.sim_jct_s:8.3f} s  leases {j.num_leases:3d} (sim {j.sim_num_leases:3d})  loss {j.final_loss:.4g}")
     return 0
 
 

@@ -10,6 +10,14 @@ ends when the last of them returns: the round rule of Gavel's simulator, measure
 time. A job not selected next round is preempted: its state is in its checkpoint, and its
 next lease resumes from there, in whichever worker process Ray picks.
 
+Which clock the decisions read (``decision_clock``): ``accelerator`` (the default) books each
+lease's accelerator time, steps / throughput, the time the emulated device was busy, and moves
+the scheduler's clock by those round lengths, as the simulator does; the real run then takes the
+simulator's decisions, lease for lease, and its measured JCTs differ from the simulated ones by
+what the system adds (dispatch, checkpoint load and save, pacing). ``wall`` books the measured
+lease times and reads the wall clock, as a deployed scheduler would; millisecond jitter then
+breaks exact priority ties either way and can move whole rounds between jobs.
+
 Accelerator speed is emulated by pacing each lease to the job's throughput on that type
 (CPUs stand in for GPUs). The result puts every measured JCT beside the simulator's JCT for
 the same trace, policy and round length.
@@ -36,6 +44,7 @@ from solvers.gavel import get_policy
 from solvers.gavel.simulator import MECHANISMS, RoundLoop, round_steps, simulate
 
 RAY_REQUIREMENT = "ray==2.60.0"
+DECISION_CLOCKS = ("accelerator", "wall")
 
 
 def import_ray() -> Any:
@@ -71,18 +80,22 @@ def run_on_ray(
     options: dict[str, Any] | None = None,
     mechanism: str = "gavel",
     seed: int = 0,
+    decision_clock: str = "accelerator",
 ) -> ClusterRunResult:
     """Run the jobs to completion on Ray under ``policy``; compare with the simulator.
 
     Steps are whole: each job's num_steps is rounded up, for the real run and the simulation.
 
     Raises:
-        InvalidProblemError: bad round or mechanism, pairs, missing throughputs, ray not installed.
+        InvalidProblemError: bad round, mechanism or decision clock, pairs, missing throughputs,
+            ray not installed.
     """
     if round_s <= 0:
         raise InvalidProblemError(f"round length {round_s} s must be positive")
     if mechanism not in MECHANISMS:
         raise InvalidProblemError(f"mechanism {mechanism!r} is not one of {MECHANISMS}")
+    if decision_clock not in DECISION_CLOCKS:
+        raise InvalidProblemError(f"decision clock {decision_clock!r} is not one of {DECISION_CLOCKS}")
     get_policy(policy)
     check_jobs(jobs, worker_types)
     jobs = jobs.model_copy(update={"jobs": tuple(j.model_copy(update={"num_steps": float(math.ceil(j.num_steps))})
@@ -94,7 +107,8 @@ def run_on_ray(
     try:
         _check_resources(ray.cluster_resources(), worker_types)
         with tempfile.TemporaryDirectory(prefix="paraplan-ckpt-") as tmp:
-            loop = RayRoundLoop(ray, jobs, worker_types, policy, round_s, Path(checkpoint_dir or tmp), options or {})
+            loop = RayRoundLoop(ray, jobs, worker_types, policy, round_s, Path(checkpoint_dir or tmp), options or {},
+                                decision_clock)
             loop.configure(mechanism, seed)
             loop.warm_up()
             loop.start_clock()
@@ -127,7 +141,7 @@ class RayRoundLoop(RoundLoop):
     """The simulator's round loop with the work done by Ray tasks and the clock on the wall."""
 
     def __init__(self, ray: Any, jobs: JobsFile, worker_types: dict[str, int], policy: str, round_s: float,
-                 checkpoint_dir: Path, options: dict[str, Any]) -> None:
+                 checkpoint_dir: Path, options: dict[str, Any], decision_clock: str = "accelerator") -> None:
         from planner.cluster_job import train_lease
 
         super().__init__(jobs, worker_types, policy, round_s, options, {})
@@ -137,6 +151,7 @@ class RayRoundLoop(RoundLoop):
         self.pids: list[set[int]] = [set() for _ in jobs.jobs]
         self.loss = [float("nan")] * len(jobs.jobs)
         self.t0 = 0.0
+        self.wall_decisions = decision_clock == "wall"
 
     def warm_up(self) -> None:
         """One empty lease per accelerator, so worker start-up is not charged to the first round."""
@@ -152,30 +167,35 @@ class RayRoundLoop(RoundLoop):
         return time.time() - self.t0
 
     def advance_clock(self, length_s: float) -> None:
-        self.now = self._wall_s()
+        self.now = self._wall_s() if self.wall_decisions else self.now + length_s
 
     def idle_until(self, time_s: float) -> None:
         time.sleep(max(0.0, time_s - self._wall_s()))
-        self.now = self._wall_s()
+        self.now = self._wall_s() if self.wall_decisions else time_s
 
     def run_cells(self, current: Any, cells: list[tuple[int, int]]) -> tuple[list[float], set[int]]:
-        """Launch one lease per cell, wait for the last (the round's end), book what they did."""
+        """Launch one lease per cell, wait for the last (the round's end), book what they did.
+
+        The busy time booked is the lease's accelerator time (steps / throughput) or, with the
+        wall decision clock, its measured time; completion times are always the wall clock's.
+        """
         f = current.f
         jobs = [current.jobs[f.combos[k][0]] for k, _ in cells]
-        refs = []
+        refs, nominal_s = [], []
         for (k, j), m in zip(cells, jobs):
             thr = float(f.combo_throughput[k, j, 0])
             steps = int(min(self.state[m].remaining, max(1.0, math.floor(round_steps(thr, self.round_s)))))
+            nominal_s.append(steps / thr if thr > 0 else self.round_s)
             refs.append(self.lease.options(resources={self.types[j]: int(f.combo_scale[k])}).remote(
                 str(self.dir / f"job-{m}.npz"), seed=m, max_steps=steps, steps_per_s=thr))
         busy_s, finished = [], set()
-        for m, res in zip(jobs, self.ray.get(refs)):
+        for m, res, nominal in zip(jobs, self.ray.get(refs), nominal_s):
             st = self.state[m]
             st.num_rounds += 1
             st.remaining = max(0.0, st.remaining - res["steps"])
             self.pids[m].add(res["pid"])
             self.loss[m] = res["loss"]
-            busy_s.append(res["end"] - res["start"])
+            busy_s.append(res["end"] - res["start"] if self.wall_decisions else nominal)
             if st.remaining == 0.0:
                 st.completion_s = res["end"] - self.t0
                 finished.add(m)
@@ -188,11 +208,13 @@ class RayRoundLoop(RoundLoop):
             rows.append(RunJobResult(
                 id=job.id, arrival_s=job.arrival_time_s, completion_s=st.completion_s,
                 jct_s=st.completion_s - job.arrival_time_s, sim_jct_s=ref.jct_s, num_steps=job.num_steps,
-                steps_done=job.num_steps - st.remaining, num_leases=st.num_rounds,
+                steps_done=job.num_steps - st.remaining, num_leases=st.num_rounds, sim_num_leases=ref.num_rounds,
                 num_processes=len(self.pids[m]), final_loss=self.loss[m]))
         start = min(r.arrival_s for r in rows)
         return ClusterRunResult(
-            engine="ray", mechanism=mechanism, policy=self.policy, round_s=self.round_s, num_jobs=len(rows),
-            num_rounds=self.num_rounds, num_preemptions=self.num_preemptions,
+            engine="ray", mechanism=mechanism, decision_clock="wall" if self.wall_decisions else "accelerator",
+            policy=self.policy, round_s=self.round_s, num_jobs=len(rows),
+            num_rounds=self.num_rounds, sim_num_rounds=sim.num_rounds, num_preemptions=self.num_preemptions,
+            sim_num_preemptions=sim.num_preemptions,
             avg_jct_s=float(np.mean([r.jct_s for r in rows])), sim_avg_jct_s=sim.avg_jct_s,
             makespan_s=max(r.completion_s for r in rows) - start, sim_makespan_s=sim.makespan_s, jobs=tuple(rows))

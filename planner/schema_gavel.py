@@ -257,6 +257,8 @@ class RunJobResult(_Frozen):
     steps_done: NonNegativeFloat
     num_leases: NonNegativeInt
     """Rounds the job ran in; each ends with a checkpoint, and the next resumes from it."""
+    sim_num_leases: NonNegativeInt
+    """Rounds the simulator ran the job in (equal to num_leases under the accelerator clock)."""
     num_processes: NonNegativeInt
     """Distinct worker processes that ran its leases."""
     final_loss: float
@@ -269,11 +271,16 @@ class ClusterRunResult(_Frozen):
     engine: str
     mechanism: str
     """The round mechanism, ``gavel`` or ``paper`` (as ``cluster-sim --mechanism``)."""
+    decision_clock: str
+    """``accelerator``: decisions on the leases' accelerator time (the simulator's decisions);
+    ``wall``: on measured wall-clock time."""
     policy: str
     round_s: PositiveFloat
     num_jobs: NonNegativeInt
     num_rounds: NonNegativeInt
+    sim_num_rounds: NonNegativeInt
     num_preemptions: NonNegativeInt
+    sim_num_preemptions: NonNegativeInt
     avg_jct_s: NonNegativeFloat
     sim_avg_jct_s: NonNegativeFloat
     makespan_s: NonNegativeFloat
