@@ -146,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="export a plan for a training framework")
     e.add_argument("plan")
     e.add_argument("--format", required=True, choices=["megatron", "torch-csv", "torchtitan"])
-    e.add_argument("--schedule-csv", default="schedule.csv",
-                   help="torchtitan: path of the schedule CSV its arguments name (write it with --format torch-csv)")
+    e.add_argument("--schedule-csv",
+                   help="torchtitan only: path of the schedule CSV its arguments name, default schedule.csv "
+                        "(write it with --format torch-csv)")
     e.add_argument("-o", "--output")
     e.set_defaults(handler=cmd_export)
 
@@ -283,7 +284,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from planner.schema_io import check_output_path
 
     check_output_path(args.output, flag="-o")
-    text = api.export(api.load_plan(args.plan), args.format, schedule_csv_path=args.schedule_csv)
+    if args.schedule_csv is not None and (args.format != "torchtitan" or not args.schedule_csv.strip()):
+        raise InvalidProblemError(
+            f"--schedule-csv {args.schedule_csv!r}: give a file name, and only with --format torchtitan "
+            f"(--format {args.format} writes no reference to a schedule file)")
+    text = api.export(api.load_plan(args.plan), args.format, schedule_csv_path=args.schedule_csv or "schedule.csv")
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)

@@ -165,7 +165,9 @@ def check_output_path(path: str | Path | None, *, flag: str, create_parent: bool
     if path is None:
         return
     out = Path(path)
-    if str(path) == "" or out.is_dir():
+    if str(path).strip() == "":
+        raise InvalidProblemError(f"{flag} is empty; give a file name, e.g. {flag} plan.json")
+    if out.is_dir():
         raise InvalidProblemError(f"{flag} {str(path)!r} is a directory; give a file name, e.g. {flag} plan.json")
     parent = out.parent if str(out.parent) else Path(".")
     if create_parent:
