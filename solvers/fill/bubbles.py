@@ -73,6 +73,11 @@ def stage_bubbles(sim: SimResult, options: BubbleOptions = BubbleOptions()) -> t
     check_options(options)
     if not sim.stages:
         raise InvalidProblemError("the simulation has no stages; plan the main job first (paraplan plan)")
+    fixed, capacity = options.free_memory_bytes, sim.memory_capacity_bytes
+    if fixed is not None and 0 < capacity < float("inf") and fixed > capacity:
+        raise InvalidProblemError(
+            f"free_memory_bytes={fixed:.4g} (--free-memory-gb {fixed / 1e9:g}) exceeds the "
+            f"{capacity / 1e9:.4g} GB the plan's GPUs have; give at most that (the paper fixes 4.5 GB)")
     out = tuple(
         StageBubbles(stage=s.index, bubbles=_cycle(s.bubbles, sim.iteration_time_s, options)) for s in sim.stages
     )

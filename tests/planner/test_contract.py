@@ -173,6 +173,11 @@ def test_a_million_fill_jobs_are_refused_at_once(tmp_path: Path) -> None:
     refused(["fill", plan, "--fill-jobs", "bert-large-inference:1000000"], "100,000")
 
 
+def test_fixed_bubble_memory_beyond_the_gpu_is_refused(tmp_path: Path) -> None:
+    plan = str(write(tmp_path / "plan.json", plan_dict()))
+    refused(["fill", plan, "--fill-jobs", "bert-large-inference", "--free-memory-gb", "1e6"], "--free-memory-gb", "at most")
+
+
 def test_large_legitimate_scale_passes_the_input_layer() -> None:
     problem = api.make_problem("gpt-1.7b", "a100-80gb:4096", num_stages=64, global_batch_size=4096)
     assert problem.cluster.num_devices == 4096
