@@ -13,13 +13,11 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 from __future__ import annotations
 
 import importlib
-import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import solvers
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
 
 if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below): import planner.api loads no pydantic
@@ -42,11 +40,13 @@ __all__ = [
 ]
 
 # Names this module exports but loads on first access (PEP 562): the schema's types (pydantic),
-# the plan validator and the input readers. The functions import what they use when called.
+# the plan validator, the input readers, the solver registry and the logger. The functions
+# import what they use when called.
 _LAZY_NAMES = {name: "planner.schema" for name in (
     "Cluster", "ModelProfile", "PipelineProblem", "Plan", "SimResult", "TransformerConfig", "_Frozen")}
 _LAZY_NAMES["validate_plan"] = "planner.validate"
-_LAZY_MODULES = {"config_readers": "planner.config_readers", "schema_io": "planner.schema_io"}
+_LAZY_MODULES = {"config_readers": "planner.config_readers", "schema_io": "planner.schema_io", "solvers": "solvers",
+                 "logging": "logging"}
 
 
 def __getattr__(name: str) -> Any:
@@ -55,6 +55,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     elif name in _LAZY_MODULES:
         value = importlib.import_module(_LAZY_MODULES[name])
+    elif name == "log":
+        value = importlib.import_module("logging").getLogger(__name__)
     elif name in ("ModelSpec", "ClusterSpec"):
         from planner.schema import Cluster, ModelProfile, TransformerConfig
 
@@ -66,10 +68,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY_NAMES, *_LAZY_MODULES, "ModelSpec", "ClusterSpec"})
-
-
-log = logging.getLogger(__name__)
+    return sorted({*globals(), *_LAZY_NAMES, *_LAZY_MODULES, "log", "ModelSpec", "ClusterSpec"})
 
 
 def _cost_model(name: str) -> Any:
@@ -319,6 +318,10 @@ def plan(
 def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool,
                       began: float) -> Plan:
     """The solver's plan, or spipe's within what is left of ``problem.time_limit_s`` (see ``plan``)."""
+    import logging
+
+    import solvers
+
     try:
         return solvers.solve(problem, solver=solver, options=options)
     except InfeasibleError as error:
@@ -341,7 +344,7 @@ def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, of
         f"cluster's GPUs hold {aggregate / 2**30:.1f} GiB usable in all; planned with 'spipe' (parameters, gradients and "
         "optimizer in CPU memory, streamed to the GPUs)"
     )
-    log.warning(note)
+    logging.getLogger(__name__).warning(note)
     return fallback.model_copy(update={"notes": (note, *fallback.notes)})
 
 

@@ -42,7 +42,9 @@ def test_importing_the_api_loads_no_pydantic_numpy_schema_or_solver() -> None:
     assert [m for m in loaded if m.split(".")[0] in HEAVY] == []
     assert [m for m in loaded if m.startswith("planner.schema")] == []
     assert [m for m in loaded if m.startswith("solvers.")] == []
-    assert loaded == ["planner", "planner.api", "planner.errors", "solvers"]
+    assert loaded == ["planner", "planner.api", "planner.errors"]
+    registry = _loaded_after("import solvers; print([(i.name, i.description, i.schedules) for i in solvers.REGISTRY])")
+    assert registry == ["planner", "planner.errors", "solvers"]
 
 
 def test_cli_help_and_solvers_list_load_no_pydantic_numpy_or_solver() -> None:
