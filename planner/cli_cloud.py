@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the schema's types (pydantic) load in the handlers: buildin
     from planner.schema_cloud import CloudJobsFile, CloudPlan
 
 # planner.schema_cloud.MARKETS, repeated for --markets' help so that the parser loads no pydantic
-# (tests/test_lazy_imports.py checks that the two agree).
+# (tests/test_imports.py checks that the two agree).
 MARKETS = ("on-demand", "reserved", "spot")
 
 
