@@ -1,14 +1,22 @@
-"""Latency of the in-process API for autotuners: make_problem + plan(even) + simulate.
+"""Latency of the in-process API for autotuners, and the start-up cost of ``planner.api`` and the CLI.
 
 Prints a table: model, cluster, p, m, milliseconds per plan+simulate (median of repeats);
-then the cost of ``import planner.api`` in a fresh interpreter (``python -X importtime``'s
-cumulative figure, best of 5) and the wall time of ``paraplan plan`` on PipeDream's VGG-16
-profile (one V100 node of 4; best of 5, interpreter start included).
-Run: ``python bench/api_latency.py``.
+then start-up figures, each the best of N fresh interpreters:
+
+- ``import X``: ``python -X importtime``'s cumulative figure for ``planner.api``, ``pydantic``,
+  ``pydantic.main`` (its BaseModel) and ``planner.cli`` (interpreter start excluded);
+- the wall time of ``python -c pass`` (the interpreter alone), ``paraplan --help``,
+  ``paraplan solvers`` and ``paraplan plan`` on PipeDream's VGG-16 profile (one V100 node of 4),
+  each a fresh ``python -m planner.cli`` process, interpreter start included.
+
+The load average is printed with them (the figures move with it on a shared machine).
+Run: ``python bench/api_latency.py`` (``--startup`` skips the in-process table; ``--repeats N``).
+Against another checkout: ``PYTHONPATH=/other/checkout python bench/api_latency.py --startup``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import statistics
@@ -16,16 +24,25 @@ import subprocess
 import sys
 import time
 
-from planner import api
-
 CASES = [
     ("gpt-1.7b", "a100-80gb:8", 4, 16),
     ("gpt-7.5b", "a100-80gb:16", 8, 32),
     ("gpt3-175b", "a100-80gb:128", 16, 64),
 ]
 
+CLI_COMMANDS = {
+    "python -c pass (interpreter start)": ["-c", "pass"],
+    "paraplan --help": ["-m", "planner.cli", "--help"],
+    "paraplan solvers": ["-m", "planner.cli", "solvers"],
+    "paraplan plan --model pipedream:vgg16 --cluster v100:1x4 --solver pipedream --json": [
+        "-m", "planner.cli", "plan", "--model", "pipedream:vgg16", "--cluster", "v100:1x4", "--solver", "pipedream",
+        "--json"],
+}
 
-def main() -> None:
+
+def api_table() -> None:
+    from planner import api
+
     print(f"{'model':<12} {'cluster':<14} {'p':>3} {'m':>4} {'problem ms':>11} {'plan+sim ms':>12}")
     for model, cluster, p, m in CASES:
         build, solve = [], []
@@ -53,19 +70,35 @@ def import_time_s(module: str = "planner.api", repeats: int = 5) -> float:
     return best
 
 
-def cli_plan_s(repeats: int = 5) -> float:
-    """Wall time of ``paraplan plan`` on PipeDream's VGG-16 profile (interpreter start included)."""
-    args = [sys.executable, "-m", "planner.cli", "plan", "--model", "pipedream:vgg16", "--cluster", "v100:1x4",
-            "--solver", "pipedream", "--json"]
+def process_s(args: list[str], repeats: int = 5) -> float:
+    """Wall time of ``python ARGS`` in a fresh process (interpreter start included), best of ``repeats``."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run(args, capture_output=True, check=True, env=os.environ)
+        subprocess.run([sys.executable, *args], capture_output=True, check=True, env=os.environ)
         best = min(best, time.perf_counter() - start)
     return best
 
 
+def startup_table(repeats: int) -> None:
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"start-up, best of {repeats} fresh interpreters (load average {load}, {os.cpu_count()} CPUs)")
+    for module in ("planner.api", "pydantic", "pydantic.main", "planner.cli"):
+        print(f"  import {module:<13} {import_time_s(module, repeats):.3f} s")
+    for name, args in CLI_COMMANDS.items():
+        print(f"  {name}: {process_s(args, repeats):.3f} s")
+    print(f"  load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--startup", action="store_true", help="only the start-up figures")
+    parser.add_argument("--repeats", type=int, default=5, help="fresh interpreters per start-up figure")
+    args = parser.parse_args()
+    if not args.startup:
+        api_table()
+    startup_table(args.repeats)
+
+
 if __name__ == "__main__":
     main()
-    print(f"import planner.api: {import_time_s():.3f} s")
-    print(f"paraplan plan --model pipedream:vgg16 --cluster v100:1x4 --solver pipedream: {cli_plan_s():.3f} s")

@@ -13,35 +13,62 @@ a subprocess, so an autotuner can call ``plan`` and ``simulate`` thousands of ti
 from __future__ import annotations
 
 import importlib
-import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import solvers
-from planner import config_readers
-from planner import schema_io
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
-from planner.validate import validate_plan
-from planner.schema import (
-    Cluster,
-    ModelProfile,
-    PipelineProblem,
-    Plan,
-    SimResult,
-    TransformerConfig,
-    _Frozen,
-)
 
-if TYPE_CHECKING:  # the cloud types load with the first cloud call (import planner.api stays cheap)
+if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below): import planner.api loads no pydantic
+    from planner import config_readers, schema_io
+    from planner.schema import Cluster, ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig, _Frozen
     from planner.schema_cloud import Catalogue, CloudJob, CloudPlan, CloudProblem, PriceTrace, ReplayResult
+    from planner.validate import validate_plan
 
-ModelSpec = str | Path | ModelProfile | TransformerConfig
-ClusterSpec = str | Path | Cluster
+    ModelSpec = str | Path | ModelProfile | TransformerConfig
+    ClusterSpec = str | Path | Cluster
+
+__all__ = [
+    "Cluster", "ClusterSpec", "InfeasibleError", "InvalidProblemError", "MAX_CSV_ACTIONS", "ModelProfile", "ModelSpec",
+    "OFFLOAD_SOLVERS", "PipelineProblem", "Plan", "PlannerError", "SimResult", "TENSOR_SEARCHING_SOLVERS",
+    "TransformerConfig", "cloud_export", "cloud_plan", "cloud_problem", "cloud_replay", "cluster_simulate",
+    "default_solver", "export", "fill", "fill_jobs", "fill_options", "fill_scale", "gavel_policies", "gavel_policy",
+    "generate_cloud_trace", "link_timelines", "load_cloud_catalogue", "load_cloud_trace", "load_cluster",
+    "load_model", "load_plan", "make_problem", "memory_timelines", "model_info", "plan", "resource_timelines",
+    "save", "schedule", "simulate", "trace", "validate_plan",
+]
+
+# Names this module exports but loads on first access (PEP 562): the schema's types (pydantic),
+# the plan validator, the input readers, the solver registry and the logger. The functions
+# import what they use when called.
+_LAZY_NAMES = {name: "planner.schema" for name in (
+    "Cluster", "ModelProfile", "PipelineProblem", "Plan", "SimResult", "TransformerConfig", "_Frozen")}
+_LAZY_NAMES["validate_plan"] = "planner.validate"
+_LAZY_MODULES = {"config_readers": "planner.config_readers", "schema_io": "planner.schema_io", "solvers": "solvers",
+                 "logging": "logging"}
 
 
-log = logging.getLogger(__name__)
+def __getattr__(name: str) -> Any:
+    """A lazily exported name, loaded and kept on first access (the same object as its module's)."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    elif name in _LAZY_MODULES:
+        value = importlib.import_module(_LAZY_MODULES[name])
+    elif name == "log":
+        value = importlib.import_module("logging").getLogger(__name__)
+    elif name in ("ModelSpec", "ClusterSpec"):
+        from planner.schema import Cluster, ModelProfile, TransformerConfig
+
+        value = str | Path | ModelProfile | TransformerConfig if name == "ModelSpec" else str | Path | Cluster
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_NAMES, *_LAZY_MODULES, "log", "ModelSpec", "ClusterSpec"})
 
 
 def _cost_model(name: str) -> Any:
@@ -62,6 +89,8 @@ def load_model(spec: ModelSpec, *, seq_length: int | None = None) -> ModelProfil
         InvalidProblemError: unknown name, unreadable file, malformed content, or a sequence
             length given for a layer profile.
     """
+    from planner.schema import TransformerConfig
+
     model = _load_model(spec, seq_length=seq_length)
     if seq_length is None:
         return model
@@ -74,6 +103,9 @@ def load_model(spec: ModelSpec, *, seq_length: int | None = None) -> ModelProfil
 
 
 def _load_model(spec: ModelSpec, *, seq_length: int | None) -> ModelProfile | TransformerConfig:
+    from planner import config_readers
+    from planner.schema import ModelProfile, TransformerConfig
+
     if isinstance(spec, (ModelProfile, TransformerConfig)):
         return spec
     text = str(spec)
@@ -98,6 +130,8 @@ def _load_model(spec: ModelSpec, *, seq_length: int | None) -> ModelProfile | Tr
 
 def load_cluster(spec: ClusterSpec) -> Cluster:
     """A cluster from a preset spec (``a100-80gb:128``, ``h100:4x8``, ``cpu:2``) or a JSON file."""
+    from planner.schema import Cluster
+
     if isinstance(spec, Cluster):
         return spec
     text = str(spec)
@@ -114,6 +148,9 @@ def load_plan(source: str | Path | Mapping[str, Any]) -> Plan:
     Raises:
         InvalidProblemError: unreadable, malformed or inconsistent plan; the message lists the defects.
     """
+    from planner.schema import Plan
+    from planner.validate import validate_plan
+
     if isinstance(source, Mapping):
         return validate_plan(Plan.from_dict(dict(source)))
     text = str(source)
@@ -155,6 +192,8 @@ def make_problem(
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
     """
+    from planner.schema import PipelineProblem, TransformerConfig
+
     model_obj = load_model(model, seq_length=seq_length)
     cluster_obj = load_cluster(cluster)
     if cluster_obj.device is None:
@@ -279,6 +318,10 @@ def plan(
 def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool,
                       began: float) -> Plan:
     """The solver's plan, or spipe's within what is left of ``problem.time_limit_s`` (see ``plan``)."""
+    import logging
+
+    import solvers
+
     try:
         return solvers.solve(problem, solver=solver, options=options)
     except InfeasibleError as error:
@@ -301,7 +344,7 @@ def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, of
         f"cluster's GPUs hold {aggregate / 2**30:.1f} GiB usable in all; planned with 'spipe' (parameters, gradients and "
         "optimizer in CPU memory, streamed to the GPUs)"
     )
-    log.warning(note)
+    logging.getLogger(__name__).warning(note)
     return fallback.model_copy(update={"notes": (note, *fallback.notes)})
 
 
@@ -319,6 +362,8 @@ def simulate(plan: Plan, *, include_events: bool = False) -> SimResult:
     Raises:
         InvalidProblemError: the plan fails ``planner.validate.validate_plan``.
     """
+    from planner.validate import validate_plan
+
     return _cost_model("simulate").simulate(validate_plan(plan), include_events=include_events)
 
 
@@ -357,6 +402,7 @@ def export(plan: Plan, fmt: Literal["megatron", "torch-csv", "torchtitan"], *,
     # By name: ``planner.export`` is this function in the package namespace, not the module.
     from planner.export import megatron_args_text, to_torch_csv
     from planner.export_torchtitan import torchtitan_args_text
+    from planner.validate import validate_plan
 
     validate_plan(plan)
     if fmt == "megatron":
@@ -377,6 +423,8 @@ def export(plan: Plan, fmt: Literal["megatron", "torch-csv", "torchtitan"], *,
 
 def model_info(model: ModelSpec, *, global_batch_size: int = 1, seq_length: int | None = None) -> dict[str, Any]:
     """Size and cost of a model: parameters (total and active) and FLOPs per iteration (PTD-P Eq. 4.2/4.3)."""
+    from planner.schema import TransformerConfig
+
     obj = load_model(model, seq_length=seq_length)
     if isinstance(obj, TransformerConfig):
         return {
@@ -501,6 +549,8 @@ def save(obj: _Frozen, path: str | Path) -> Path:
 
 
 def _read_json(path: Path, *, what: str) -> Any:
+    from planner import schema_io
+
     return schema_io.load_json(path, what=what)
 
 

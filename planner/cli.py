@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from planner import cli_types as T
 from planner import report
 from planner.errors import InvalidProblemError, PlannerError
@@ -48,11 +46,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except ValidationError as e:
-        from planner.schema import format_validation_error
-
-        print(f"error: {format_validation_error(e.title, e)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -67,8 +60,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout went away (e.g. `| head`): not our bug
         _silence_stdout()
         return 0
-    except Exception as e:  # an internal bug: short message, traceback only on request
+    except Exception as e:  # a schema type's refusal (exit 2), else an internal bug: short message
+        if _is_validation_error(e):
+            from planner.schema import format_validation_error
+
+            print(f"error: {format_validation_error(e.title, e)}", file=sys.stderr)  # type: ignore[attr-defined]
+            return 2
         return _internal_error(e)
+
+
+def _is_validation_error(e: BaseException) -> bool:
+    """A pydantic ValidationError (checked without importing pydantic: if it is not loaded, no
+    schema type ran, so ``e`` cannot be one; ``--help`` and ``solvers`` never load it)."""
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(e, core.ValidationError)
 
 
 # Packages of optional extras (pyproject.toml), by import name: extra name.

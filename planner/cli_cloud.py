@@ -12,11 +12,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner import cli_types as T
 from planner.errors import InvalidProblemError
-from planner.schema_cloud import MARKETS, CloudJobsFile, CloudPlan
+
+if TYPE_CHECKING:  # the schema's types (pydantic) load in the handlers: building the parser needs none
+    from planner.schema_cloud import CloudJobsFile, CloudPlan
+
+# planner.schema_cloud.MARKETS, repeated for --markets' help so that the parser loads no pydantic
+# (tests/test_imports.py checks that the two agree).
+MARKETS = ("on-demand", "reserved", "spot")
 
 
 def add_parsers(sub: Any) -> None:
@@ -218,10 +224,14 @@ def plan_table(plan: CloudPlan) -> str:
 
 
 def load_cloud_jobs(path: str) -> CloudJobsFile:
+    from planner.schema_cloud import CloudJobsFile
+
     return CloudJobsFile.from_dict(_read_json(path, "cloud jobs"))
 
 
 def load_cloud_plan(path: str) -> CloudPlan:
+    from planner.schema_cloud import CloudPlan
+
     return CloudPlan.from_dict(_read_json(path, "cloud plan"))
 
 

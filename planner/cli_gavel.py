@@ -12,12 +12,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner import cli_types as T
 from planner.errors import InvalidProblemError
 from planner.progress import progress
-from planner.schema_gavel import Allocation, ClusterProblem, ClusterSimResult, JobsFile
+
+if TYPE_CHECKING:  # the schema's types (pydantic) load in the handlers: building the parser needs none
+    from planner.schema_gavel import Allocation, ClusterProblem, ClusterSimResult, JobsFile
 
 def add_parsers(sub: Any) -> None:
     """Register the Gavel sub-commands on the ``paraplan`` sub-parser set."""
@@ -247,6 +249,8 @@ def load_jobs(source: str, workers: dict[str, int], *, table: str | None = None,
         )
     if path.suffix != ".json":
         return throughputs.read_trace(path, worker_types=workers, table=throughputs.load_table(table), with_pairs=with_pairs)
+    from planner.schema_gavel import JobsFile
+
     jobs = JobsFile.from_dict(_read_json(path, "jobs"))
     if table is not None and not with_pairs:
         raise InvalidProblemError(

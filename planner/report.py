@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from planner.schema import Cluster, Plan, SimResult
+if TYPE_CHECKING:  # annotations only: the CLI's --help and solvers list load no pydantic
+    from planner.schema import Cluster, Plan, SimResult
 
 _GIB = 2.0**30
 

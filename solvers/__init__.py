@@ -2,8 +2,10 @@
 
 One entry per solver (``REGISTRY``) carries its name, module, description, capabilities and
 the schedules it plans; the CLI's ``paraplan solvers`` list and ``--solver`` help are generated
-from it. Modules are imported on first use, so ``import solvers`` loads no solver (and no
-numpy). The registry is an explicit tuple (house style: no decorators with import side effects).
+from it. Modules are imported on first use, so ``import solvers`` loads no solver, no numpy and
+not the schema's types (pydantic): the registry is readable without them, and a solver's
+``Options`` class loads with its module. The registry is an explicit tuple (house style: no
+decorators with import side effects).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import InvalidProblemError
-from planner.schema import PipelineProblem, Plan
 
-SolveFn = Callable[..., Plan]
+if TYPE_CHECKING:  # annotations only: ``import solvers`` does not load the schema (pydantic)
+    from planner.schema import PipelineProblem, Plan
+
+SolveFn = Callable[..., "Plan"]
 
 FLUSHED = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "flush")
 
