@@ -267,12 +267,13 @@ def _torchtitan_rate(name: str | TransformerConfig, cluster: Cluster, b: int, re
     per-block checkpointing. FSDP2 (one unit per block, the embedding and the head; bf16
     parameters all-gathered before the forward and again before the backward, fp32 gradients
     reduce-scattered, [torchtitan]) exposes what a unit's gathers do not hide behind the previous
-    unit's compute (``parallelism.fsdp_exposed_comm_s``, [fsdp] Sec. 3.3-3.4). ``kernels``: eager
+    unit's compute (``parallelism.fsdp_exposed_comm_s``, [fsdp] Sec. 3.3-3.4), and the compute under a
+    running collective proceeds on the SMs NCCL leaves it (``compute.collective_sm_share``). ``kernels``: eager
     PyTorch's unfused elementwise chains (the published rows without torch.compile) or fused.
     ``grad_accum`` microbatches per optimizer step, each with its own gathers and reduce-scatters
     (FSDP without ``no_sync``); ``reduce_bytes``: 4 for fp32 gradient reduction, 2 for bf16."""
     from cost_models.collectives import group_allgather_s
-    from cost_models.compute import optimizer_step_s
+    from cost_models.compute import collective_sm_share, optimizer_step_s
     from cost_models.moe import num_parameters
     from cost_models.parallelism import fsdp_exposed_comm_s
     from cost_models.transformer import transformer_profile
@@ -289,8 +290,10 @@ def _torchtitan_rate(name: str | TransformerConfig, cluster: Cluster, b: int, re
     params = [la.param_bytes / 2 for la in prof.layers]  # profile param_bytes are 16-bit
     gather = [group_allgather_s(cluster, 2 * n, gpus) for n in params]
     scatter = [group_allgather_s(cluster, reduce_bytes * n, gpus) for n in params]  # reduce-scatter of gradients
-    exposed = (fsdp_exposed_comm_s(gather, forward)
-               + fsdp_exposed_comm_s([g + r for g, r in zip(gather[::-1], scatter[::-1])], backward[::-1]))
+    share = collective_sm_share(device)  # the compute under a running collective runs on the other SMs
+    exposed = (fsdp_exposed_comm_s(gather, forward, sm_share=share)
+               + fsdp_exposed_comm_s([g + r for g, r in zip(gather[::-1], scatter[::-1])], backward[::-1],
+                                     sm_share=share))
     micro_s = sum(forward) + sum(backward) + exposed
     step_s = grad_accum * micro_s + optimizer_step_s(num_parameters(cfg) / gpus, device)
     return grad_accum * b * cfg.seq_length / step_s

@@ -170,3 +170,19 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
         activation_bytes=2 * e * bsh / (t if sp else 1) + 4 * b * cfg.seq_length * cfg.vocab_size / t,
         static_bytes=static_bytes(head_params), param_bytes=e * head_params, output_bytes=0.0, flops=3 * logits)
     return embedding, decoder, head_layer
+
+
+def with_grad_accum_pass(layers: tuple[LayerProfile, ...], device: Device, bytes_per_param: float,
+                         element_bytes: int) -> tuple[LayerProfile, ...]:
+    """The layers with a gradient-accumulation pass over their own parameters added to the backward
+    (and to its weight-gradient part, where the zero-bubble schedules put it); unchanged at 0 bytes."""
+    if bytes_per_param <= 0:
+        return layers
+    out = []
+    for layer in layers:
+        extra = compute.grad_accum_pass_s(layer.param_bytes / element_bytes, device, bytes_per_param=bytes_per_param)
+        update = {"backward_s": layer.backward_s + extra}
+        if layer.backward_weight_s is not None:
+            update["backward_weight_s"] = layer.backward_weight_s + extra
+        out.append(layer.model_copy(update=update))
+    return tuple(out)

@@ -160,3 +160,13 @@ def alltoall_s(num_bytes: float, num_ranks: int, ranks_per_node: int, intra_byte
     inside = (g - 1) / n * num_bytes / intra_bytes_per_s + intra_latency_s if g > 1 else 0.0
     across = (n - g) / n * num_bytes / inter_bytes_per_s + inter_latency_s if n > g else 0.0
     return max(inside, across)
+
+
+def deepspeed_bf16_sync_s(allreduce_16bit_s: float, zero_stage: int) -> float:
+    """Data-parallel synchronisation of DeepSpeed's BF16 optimizer under its pipeline engine
+    ([deepspeed-bf16] ``runtime/pipe/engine.py`` ``_exec_reduce_grads``, ``runtime/bf16_optimizer.py``),
+    given the time of a 16-bit all-reduce of the same gradients: the fp32 gradients are all-reduced
+    after the last microbatch (``buffered_allreduce_fallback`` on ``get_grads_for_reduction``: twice
+    the bytes, nothing overlapped) and, at ZeRO-1 (the optimizer's own partitioning), the updated
+    16-bit weights are all-gathered over the same ranks (half an all-reduce)."""
+    return 2.0 * allreduce_16bit_s + (allreduce_16bit_s / 2 if zero_stage >= 1 else 0.0)

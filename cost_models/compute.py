@@ -158,3 +158,38 @@ def profile_optimizer_step_s(source: str, static_bytes: float, device: Device, *
     if not source.startswith("analytic") or not has_constants(device) or static_bytes <= 0:
         return 0.0
     return optimizer_step_s(static_bytes / ADAM_STATIC_BYTES_PER_PARAM / max(1, shard), device)
+
+
+DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM = 18.0
+"""HBM bytes per parameter that DeepSpeed's BF16 optimizer moves after every microbatch's backward
+under its pipeline engine ([deepspeed-bf16] ``runtime/bf16_optimizer.py``, ``update_hp_grads``,
+called from ``runtime/pipe/engine.py`` ``_exec_backward_pass``): ``hp_grad.add_(lp_grad.to(fp32))``
+is two eager kernels, the cast (read the bf16 gradient, 2, write an fp32 copy, 4) and the add
+(read both fp32 tensors, 8, write the sum, 4). Megatron-LM instead accumulates the fp32 main
+gradient inside the weight-gradient GEMM (``--gradient-accumulation-fusion``): no extra pass."""
+
+
+def grad_accum_pass_s(num_params: float, device: Device, *, bytes_per_param: float) -> float:
+    """A gradient-accumulation pass outside the GEMMs over ``num_params`` parameters of one rank,
+    once per microbatch: memory-bound, two kernels (cast and add)."""
+    if bytes_per_param <= 0 or num_params <= 0:
+        return 0.0
+    return memory_op_s(bytes_per_param * num_params, device, num_kernels=2)
+
+
+NCCL_COLLECTIVE_CTAS = 24
+"""Thread blocks an NCCL all-gather or reduce-scatter keeps resident on their SMs while it runs on an
+8-GPU NVSwitch node: one CTA per channel ([nccl-env], ``NCCL_MIN_CTAS``/``NCCL_MAX_CTAS``), and NCCL
+builds 24 ring channels on an 8-GPU HGX A100 node ([nccl-a100-channels]: its log lists channels
+00/24-23/24); an Nsight Systems trace on an H100 node shows the all-gather of FSDP's prefetch
+launching 24 blocks beside a GEMM ([nccl-overlap-trace]). Nodes of other shapes may differ (NCCL
+picks the count from the topology); the planner uses 24 throughout."""
+
+
+def collective_sm_share(device: Device) -> float:
+    """Share of the device's SMs an overlapped NCCL collective holds, so the compute that runs
+    under it proceeds on the rest (``parallelism.fsdp_exposed_comm_s``); 0 for devices without
+    compute constants."""
+    if not has_constants(device):
+        return 0.0
+    return min(1.0, NCCL_COLLECTIVE_CTAS / compute_constants(device).num_sms)

@@ -80,19 +80,27 @@ def zero_comm_bytes_per_rank(num_params: float, *, data_parallel: int, zero_stag
     return rounds * weight_bytes * num_params * (n - 1) / n
 
 
-def fsdp_exposed_comm_s(allgather_s: list[float], compute_s: list[float]) -> float:
+def fsdp_exposed_comm_s(allgather_s: list[float], compute_s: list[float], *, sm_share: float = 0.0) -> float:
     """Communication time FSDP leaves on the critical path of one pass over the units (FSDP Sec. 3.4,
     forward or backward prefetch of one unit): the first unit's all-gather waits, then unit i's
     all-gather overlaps unit i-1's compute: t_ag[0] + sum_i max(0, t_ag[i] - t_compute[i-1]).
 
+    ``sm_share``: share of the SMs a running collective holds (``compute.collective_sm_share``).
+    The compute under it runs on the other SMs, so each overlapped stretch min(t_ag[i],
+    t_compute[i-1]) costs ``sm_share`` of itself more (docs/cost-model.md, "SM contention").
+
     Raises:
-        InvalidProblemError: lists of different lengths.
+        InvalidProblemError: lists of different lengths, or ``sm_share`` outside [0, 1).
     """
     if len(allgather_s) != len(compute_s):
         raise InvalidProblemError(f"{len(allgather_s)} all-gather times for {len(compute_s)} units; give one per unit")
+    if not 0.0 <= sm_share < 1.0:
+        raise InvalidProblemError(f"sm_share={sm_share} must be in [0, 1): the share of SMs a collective holds")
     if not allgather_s:
         return 0.0
-    return allgather_s[0] + sum(max(0.0, ag - c) for ag, c in zip(allgather_s[1:], compute_s[:-1]))
+    pairs = list(zip(allgather_s[1:], compute_s[:-1]))
+    exposed = allgather_s[0] + sum(max(0.0, ag - c) for ag, c in pairs)
+    return exposed + sm_share * sum(min(ag, c) for ag, c in pairs)
 
 
 def _check_stage(zero_stage: int, data_parallel: int) -> None:

@@ -339,6 +339,7 @@ def transformer_profile(
     attention: str = "flash",
     overlap_tp_backward: bool = False,
     recompute_modules: bool | list[tuple[str, ...]] = False,
+    grad_accum_bytes_per_param: float = 0.0,
 ) -> ModelProfile:
     """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
 
@@ -379,6 +380,10 @@ def transformer_profile(
             every non-redundant set of the modules the model has (``cost_models.recompute``), or
             the sets to offer; each becomes a strategy named by its modules joined with ``+``.
             Per-operation model only (the flat model has no per-module times).
+        grad_accum_bytes_per_param: HBM bytes per parameter of a gradient-accumulation pass run
+            after every microbatch's backward outside the GEMMs (DeepSpeed's BF16 optimizer:
+            ``compute.DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM``), added to each layer's backward;
+            0 (Megatron-LM's accumulation fused into the weight-gradient GEMM).
 
     Returns:
         A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
@@ -420,8 +425,10 @@ def transformer_profile(
                                           attention)
         decoders = decoders[:cfg.first_dense_layers] + [
             moe_block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.first_dense_layers, cfg.num_layers)]
+    layers = lp.with_grad_accum_pass((embedding, *decoders, head), device, grad_accum_bytes_per_param,
+                                     _element_bytes(cfg))
     return ModelProfile(
-        name=cfg.name, layers=(embedding, *decoders, head), microbatch_size=b, tensor_parallel=t,
+        name=cfg.name, layers=layers, microbatch_size=b, tensor_parallel=t,
         tokens_per_sample=cfg.seq_length, device=device.name,
         source="analytic" if efficiency is None else f"analytic:efficiency={efficiency:g}",
     )

@@ -26,6 +26,7 @@ from functools import lru_cache
 
 from cost_models import moe, parallelism
 from cost_models.collectives import group_allgather_s
+from cost_models.compute import collective_sm_share
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 from cost_models.memory import zero_static_scale
 from cost_models.parallelism import (
@@ -237,8 +238,10 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         experts = element_bytes(cfg) * expert_params_per_rank(cfg, dims) if moe_layer else 0.0
         gather = (group_allgather_s(cluster, params - experts, dims.dp_ranks, dims.tensor)
                   + group_allgather_s(cluster, experts, dims.expert_dp_ranks, dims.expert * dims.expert_tensor))
-        fwd += max(0.0, gather - fwd)
-        bwd += max(0.0, gather - bwd)
+        share = collective_sm_share(cluster.device) if cluster.device is not None else 0.0
+        # the next layer's gather runs under this layer's compute, on the SMs NCCL leaves it
+        fwd += max(0.0, gather - fwd) + share * min(gather, fwd)
+        bwd += max(0.0, gather - bwd) + share * min(gather, bwd)
     if "full" in options:
         options["full"] = options["full"].model_copy(update={"extra_s": fwd})
     moe_again = (a2a_fwd + regroup[0] + imbalance * layer.forward_s) if moe_layer else 0.0

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
+from cost_models.collectives import deepspeed_bf16_sync_s, exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.recompute import frontier
 from cost_models.memory import usable_memory_bytes
@@ -146,6 +146,8 @@ class ProfileSettings:
     overlap_tp_comm: bool = False
     recompute_modules: bool = False
     """Offer Megatron-Core's per-module recompute sets (per-operation model only)."""
+    grad_accum_bytes_per_param: float = 0.0
+    """A gradient-accumulation pass after every microbatch's backward (DeepSpeed's BF16 optimizer)."""
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
@@ -190,6 +192,7 @@ def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
     else:
         kwargs["overlap_tp_backward"] = settings.overlap_tp_comm
         kwargs["recompute_modules"] = settings.recompute_modules
+        kwargs["grad_accum_bytes_per_param"] = settings.grad_accum_bytes_per_param
     return kwargs
 
 
@@ -361,13 +364,15 @@ def option(layer: LayerProfile, strategy: str) -> RecomputeOption:
 
 
 def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int, int]], *, overlap_grad_reduce: bool,
-               overlap_param_gather: bool = False) -> float:
+               overlap_param_gather: bool = False, fp32_allreduce: bool = False) -> float:
     """Rank 0's gradient synchronisation: dense weights over the d x c ranks, experts over the expert-DP
     ranks. ZeRO-0 all-reduces; ZeRO-1/2 reduce-scatter the gradients and all-gather the updated weights
     (the all-reduce's volume, ZeRO Sec. 7.2); ZeRO-3 only reduce-scatters (its all-gathers run per layer,
     in the layer costs), under the backward as FSDP does. ``overlap_grad_reduce`` hides the reduction
     bucket by bucket under rank 0's backward, ``overlap_param_gather`` the all-gather under its forward
-    (``collectives.exposed_dp_allreduce_s``)."""
+    (``collectives.exposed_dp_allreduce_s``). ``fp32_allreduce``: DeepSpeed's BF16 optimizer under its
+    pipeline engine all-reduces its fp32 gradients after the last microbatch (twice the bytes, not
+    overlapped) and, at ZeRO-1, all-gathers the updated 16-bit weights (``collectives.deepspeed_bf16_sync_s``)."""
     dims = c.dims
     expert = _moe_layers(u, ranges) * u.expert_param_bytes
     params = u.embedding.param_bytes + _ranges_sum(u, ranges, lambda lay: lay.param_bytes)
@@ -378,6 +383,8 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int
                                      (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
         if ranks > 1 and num_bytes > 0:  # stage 0's group in Megatron's order, the simulator's collective
             total += ranks_allreduce_s(cluster, num_bytes, [j * stride for j in range(ranks)])
+    if fp32_allreduce:
+        return deepspeed_bf16_sync_s(total, c.zero_stage)
     backward = _ranges_sum(u, ranges, lambda lay: lay.backward_s) + u.embedding.backward_s
     if c.zero_stage == 0:
         return exposed_dp_allreduce_s(total, backward) if overlap_grad_reduce else total
@@ -438,11 +445,13 @@ def module_frontier(u: UnitCosts, cfg: TransformerConfig) -> list[str]:
 
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
-             overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
+             overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+             fp32_allreduce: bool = False) -> Estimate:
     """Closed-form iteration time and memory of one configuration."""
     assert cluster.device is not None
     pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, overlap_grad_reduce=overlap_grad_reduce,
-                                                  overlap_param_gather=overlap_param_gather)
+                                                  overlap_param_gather=overlap_param_gather,
+                                                  fp32_allreduce=fp32_allreduce)
     peak = config_peak_memory_bytes(u, cfg, c)
     return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
@@ -472,7 +481,8 @@ def pipeline_time_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: C
 
 
 def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
-               overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> tuple[float, float, float]:
+               overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+               fp32_allreduce: bool = False) -> tuple[float, float, float]:
     """(pipeline, data-parallel sync, optimizer step) seconds of the closed form; no memory."""
     assert cluster.device is not None
     pipeline_s = pipeline_time_s(u, cfg, cluster, c)
@@ -481,7 +491,7 @@ def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config
     allreduce = 0.0
     if c.num_devices > c.tensor * p:
         allreduce = _dp_sync_s(u, cluster, c, rank0, overlap_grad_reduce=overlap_grad_reduce,
-                               overlap_param_gather=overlap_param_gather)
+                               overlap_param_gather=overlap_param_gather, fp32_allreduce=fp32_allreduce)
     expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
     dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
     if c.v_schedule:  # rank 0 also holds the head

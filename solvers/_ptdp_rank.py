@@ -54,7 +54,8 @@ def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], 
     """Cost configurations by increasing time bound; stop once ``keep`` fit and the rest cannot rank
     among them (``keep`` None: cost every one)."""
     cfg, cluster = search.cfg, search.problem.cluster
-    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather}
+    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather,
+               "fp32_allreduce": opts.optimizer == "deepspeed-bf16"}
     capacity = usable_memory_bytes(cluster.device)  # type: ignore[arg-type]
     pending = []
     for index, c in enumerate(enumerate_configs(search, opts, units, lazy_modules=True)):

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cost_models.compute import DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import V_SCHEDULES, ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
@@ -82,6 +83,12 @@ class Options:
     (Megatron's --overlap-grad-reduce); off charges it in full after the backward (2021 runs)."""
     overlap_param_gather: bool = False
     """ZeRO-1/2: all-gather the updated weights under the next forward (Megatron's --overlap-param-gather)."""
+    optimizer: str = "megatron"
+    """Gradient handling of the mixed-precision optimizer: 'megatron' (fp32 main gradients accumulated
+    inside the weight-gradient GEMMs, reduction as ``zero_stage`` says) or 'deepspeed-bf16' (DeepSpeed's
+    BF16 optimizer under its pipeline engine, as BLOOM ran: a cast-and-add pass into fp32 gradients
+    after every microbatch, an fp32 all-reduce after the last one, the updated weights all-gathered;
+    ZeRO 0 or 1 only)."""
     overlap_moe_alltoall: bool = False
     """Hide one microbatch's expert all-to-alls under another's compute of the layer (Megatron's
     --overlap-moe-expert-parallel-comm, DualPipe's pairing)."""
@@ -150,7 +157,8 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     start = time.perf_counter()
     search = _prepare(problem, opts)
     units = unit_cache(search, opts)
-    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather}
+    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather,
+               "fp32_allreduce": opts.optimizer == "deepspeed-bf16"}
     ranking = rank_configs(search, opts, units, _tie_key, keep=opts.num_simulated + opts.num_candidates)
     scored = ranking.prefix
     if not scored:  # nothing whose model states fit: cost them all for the memory message
@@ -249,7 +257,9 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
                                      attention=attention, overlap_tp_comm=opts.overlap_tp_comm,
-                                     recompute_modules="modules" in _csv(opts.recompute, RECOMPUTE, "recompute"))
+                                     recompute_modules="modules" in _csv(opts.recompute, RECOMPUTE, "recompute"),
+                                     grad_accum_bytes_per_param=DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
+                                     if opts.optimizer == "deepspeed-bf16" else 0.0)
     search = Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
                     efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
     check_degree_options(opts, search)
@@ -267,6 +277,12 @@ def _csv(text: str, valid: tuple[str, ...], key: str) -> tuple[str, ...]:
 
 def _check_options(opts: Options, cfg: TransformerConfig) -> None:
     _csv(opts.schedules, SCHEDULES, "schedules")
+    if opts.optimizer not in ("megatron", "deepspeed-bf16"):
+        raise InvalidProblemError(f"option optimizer={opts.optimizer!r} of solver 'ptdp' must be 'megatron' or "
+                                  f"'deepspeed-bf16' (DeepSpeed's BF16 optimizer under its pipeline engine)")
+    if opts.optimizer == "deepspeed-bf16" and opts.zero_stage not in (0, 1):
+        raise InvalidProblemError(f"option optimizer='deepspeed-bf16' needs zero_stage=0 or 1 (got "
+                                  f"{opts.zero_stage!r}): DeepSpeed's pipeline engine runs BF16 only up to ZeRO-1")
     _csv(opts.recompute, RECOMPUTE, "recompute")
     if opts.efficiency is not None and not 0 < opts.efficiency <= 1:
         raise InvalidProblemError(f"option efficiency={opts.efficiency} must be in (0, 1]; PTD-P reaches 0.44-0.52")

@@ -47,11 +47,13 @@ from cost_models import moe
 from cost_models.collectives import (
     alltoall_s,
     allreduce_s,
+    deepspeed_bf16_sync_s,
     exposed_dp_allreduce_s,
     hierarchical_allreduce_s,
     ranks_allreduce_s,
     ring_allgather_s,
 )
+from cost_models.compute import collective_sm_share
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 from cost_models.memory import zero_static_scale
 from cost_models.sim.layercomm import LayerComm, StageComm, closed_form_extra
@@ -304,7 +306,8 @@ def stage_comm(plan: Plan, chunks: Sequence[Chunk], scale: float) -> list[StageC
                                  ring_transfer_s=2 * transfer,
                                  alltoall_cover_s=scale * layer.forward_s if overlap else None, **common))
         crosses = dense.num_nodes > 1 or experts.num_nodes > 1
-        out.append(StageComm(forward=tuple(fwd), backward=tuple(bwd), fsdp=fsdp,
+        share = collective_sm_share(plan.cluster.device) if fsdp and plan.cluster.device is not None else 0.0
+        out.append(StageComm(forward=tuple(fwd), backward=tuple(bwd), fsdp=fsdp, sm_share=share,
                              fsdp_nic=_node(plan, dense) if fsdp and crosses else None,
                              alltoall_nic=_node(plan, ep) if ep.num_nodes > 1 else None))
     return out
@@ -318,8 +321,8 @@ def stage_extras(plan: Plan, chunks: Sequence[Chunk], scale: float) -> tuple[lis
 
 def closed_form_extras(comm: Sequence[StageComm]) -> tuple[list[float], list[float]]:
     """``stage_extras`` of a ``stage_comm`` result."""
-    return ([closed_form_extra(s.forward, s.fsdp) for s in comm],
-            [closed_form_extra(s.backward, s.fsdp, backward=True) for s in comm])
+    return ([closed_form_extra(s.forward, s.fsdp, sm_share=s.sm_share) for s in comm],
+            [closed_form_extra(s.backward, s.fsdp, backward=True, sm_share=s.sm_share) for s in comm])
 
 
 def _node(plan: Plan, group: Group) -> int:
@@ -420,7 +423,9 @@ def _sync_parts(plan: Plan, dense: Group, experts: Group, dense_bytes: float, ex
 
     The default (``ring``) model charges the gradient all-reduce as ``collectives.ranks_allreduce_s``
     (the ptdp closed form's); ZeRO-1/2 split it into a reduce-scatter and an all-gather of half
-    each (ZeRO Sec. 7.2), ZeRO-3 keeps only the reduce-scatter."""
+    each (ZeRO Sec. 7.2), ZeRO-3 keeps only the reduce-scatter. DeepSpeed's BF16 optimizer
+    (option ``optimizer``) all-reduces fp32 gradients and all-gathers the weights, nothing
+    overlapped (``collectives.deepspeed_bf16_sync_s``)."""
     options, z = plan.options, plan.zero_stage
     if dense.model == "ring":
         total = ranks_allreduce_s(plan.cluster, dense_bytes, dense.ranks) + ranks_allreduce_s(
@@ -429,6 +434,8 @@ def _sync_parts(plan: Plan, dense: Group, experts: Group, dense_bytes: float, ex
     else:
         total = dense.allreduce_s(dense_bytes) + experts.allreduce_s(expert_bytes)
         half = dense.allgather_s(dense_bytes) + experts.allgather_s(expert_bytes)
+    if options.get("optimizer") == "deepspeed-bf16":  # fp32 all-reduce, then the weights' all-gather
+        return 2.0 * total, deepspeed_bf16_sync_s(total, z) - 2.0 * total, False
     if z == 0:
         return total, 0.0, bool(options.get("overlap_grad_reduce"))
     gather = half if z < 3 else 0.0  # ZeRO-3 gathers per layer (stage_extras)

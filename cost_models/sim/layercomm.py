@@ -10,8 +10,9 @@ reduction keeps ``("comm", r)``, ``cost_models.sim.sync``):
 
 - FSDP (ZeRO-3): layer i's weights are all-gathered before its compute; the gather of the next
   layer is issued when layer i's compute starts (one layer of prefetch, two layers resident), the
-  first when the action starts (after a backward's recompute). Without contention the action
-  lasts its compute plus ``parallelism.fsdp_exposed_comm_s`` (FSDP Sec. 3.4). FSDP's
+  first when the action starts (after a backward's recompute); a layer's compute under the next
+  gather runs on the SMs NCCL leaves it (``StageComm.sm_share``). Without link contention the
+  action lasts its compute plus ``parallelism.fsdp_exposed_comm_s`` (FSDP Sec. 3.4). FSDP's
   reduce-scatter is the ZeRO-3 reduction of ``sim.sync`` (buckets released as the last backward
   of each virtual stage produces them);
 - expert parallelism: the dispatch and the combine all-to-all of an MoE layer run after the
@@ -88,6 +89,9 @@ class StageComm:
     backward: tuple[LayerComm, ...]
     """In layer order (the backward runs them in reverse)."""
     fsdp: bool = False
+    sm_share: float = 0.0
+    """Share of the SMs a running FSDP gather holds (``compute.collective_sm_share``): the layer's
+    compute under the next layer's gather runs on the rest."""
     fsdp_nic: int | None = None
     """The node whose NICs the FSDP gathers cross (None: inside one node); likewise below."""
     alltoall_nic: int | None = None
@@ -105,16 +109,18 @@ class CommSpec:
     node: tuple[int, ...]
 
 
-def closed_form_extra(layers: Sequence[LayerComm], fsdp: bool, *, backward: bool = False) -> float:
+def closed_form_extra(layers: Sequence[LayerComm], fsdp: bool, *, backward: bool = False,
+                      sm_share: float = 0.0) -> float:
     """What the collectives add to one pass over ``layers`` (layer order; ``backward`` runs them in
-    reverse) without contention: the ring's and the all-to-alls' exposed parts, then FSDP's with one
-    layer prefetched."""
+    reverse) without link contention: the ring's and the all-to-alls' exposed parts, then FSDP's with
+    one layer prefetched and ``sm_share`` of each gather's overlap with compute."""
     extra = 0.0
     for x in layers:
         extra = extra + x.ring_exposed_s() + x.alltoall_exposed_s()
     if fsdp:
         order = layers[::-1] if backward else layers
-        extra = extra + fsdp_exposed_comm_s([x.gather_s for x in order], [x.compute_s for x in order])
+        extra = extra + fsdp_exposed_comm_s([x.gather_s for x in order], [x.compute_s for x in order],
+                                            sm_share=sm_share)
     return extra
 
 
@@ -172,6 +178,8 @@ def _layers(graph: engine.Graph, start: int, layers: Sequence[LayerComm], stage:
     pending = 0.0  # compute not yet on the graph (layers without an operation of their own)
     for i, x in enumerate(layers):
         pending += x.compute_s + x.ring_exposed_s()  # the K/V ring stays closed form (module docstring)
+        if stage.fsdp and i + 1 < len(layers):  # under the next layer's gather, on the SMs NCCL leaves
+            pending += stage.sm_share * min(layers[i + 1].gather_s, x.compute_s)
         if x.alltoall_cover_s is not None:
             pending += x.alltoall_exposed_s()
         on_path = x.alltoall_s > 0 and x.alltoall_cover_s is None

@@ -71,6 +71,21 @@ def test_memory_op_and_optimizer_step() -> None:
     assert compute.optimizer_step_s(1e9, TOY) == pytest.approx(36e9 / 0.5e11)
 
 
+def test_deepspeed_bf16_gradient_accumulation_pass() -> None:
+    """DeepSpeed's BF16 optimizer: cast (2 + 4 B) and add (8 + 4 B) per parameter per microbatch, two
+    kernels; none at 0 bytes (Megatron-LM's accumulation inside the weight-gradient GEMM)."""
+    assert compute.DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM == 2 + 4 + 8 + 4
+    launch = compute.compute_constants(TOY).kernel_launch_s
+    assert compute.grad_accum_pass_s(1e9, TOY, bytes_per_param=18.0) == pytest.approx(18e9 / 0.5e11 + 2 * launch)
+    assert compute.grad_accum_pass_s(1e9, TOY, bytes_per_param=0.0) == 0.0
+
+
+def test_deepspeed_bf16_sync() -> None:
+    """fp32 all-reduce (twice a 16-bit one) and, at ZeRO-1, the weights' all-gather (half of one)."""
+    assert coll.deepspeed_bf16_sync_s(2.0, 1) == 2 * 2.0 + 1.0
+    assert coll.deepspeed_bf16_sync_s(2.0, 0) == 4.0
+
+
 def test_preset_compute_constants_and_device_override() -> None:
     assert compute.compute_constants(A100).num_sms == 108
     assert compute.compute_constants(hardware.device_preset("h100")).num_sms == 132

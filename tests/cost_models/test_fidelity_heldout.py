@@ -33,11 +33,13 @@ HELDOUT = _load("fidelity_heldout")
 
 
 def test_bloom_176b_on_384_a100() -> None:
-    """BLOOM-176B as trained (t = 4, p = 12, d = 8, b = 2, full recompute, ZeRO-1, Omni-Path):
-    about 150 TFLOP/s per GPU published, 168 predicted (+12.2 %): over the 10 % target
-    (docs/cost-model.md, "Held-out runs", what is not modelled). Memory fits (27 GiB)."""
+    """BLOOM-176B as trained (t = 4, p = 12, d = 8, b = 2, full recompute, ZeRO-1, Omni-Path) with
+    DeepSpeed's BF16 optimizer (ptdp option ``optimizer='deepspeed-bf16'``: the fp32 accumulation pass
+    after every microbatch, the fp32 all-reduce and the weights' all-gather after the last one):
+    about 150 TFLOP/s per GPU published, 155.6 predicted (+3.8 %; GENCI's 156 sustained: -0.2 %).
+    With Megatron-LM's gradient handling it was 168 (+12.2 %). Memory fits (27 GiB)."""
     row = HELDOUT.bloom_row()
-    assert float(row["error"]) == pytest.approx(0.122, abs=0.01)
+    assert float(row["error"]) == pytest.approx(0.038, abs=0.005)
     assert float(row["peak_memory_gib"]) < 80
 
 
@@ -66,11 +68,12 @@ def test_llama3_interleave_depths() -> None:
 
 
 def test_torchtitan_compiled_rows_and_eager_ratio() -> None:
-    """torchtitan Llama 3.1 8B + torch.compile on 8 and 128 Grand Teton H100: -7.2 % and -4.5 %
-    with fused kernels (NVL-end peak, as the eager rows). Eager over compiled throughput: 0.864 and
-    0.860 measured, 0.852 and 0.852 predicted (within 2 %; the peak cancels in the ratio)."""
+    """torchtitan Llama 3.1 8B + torch.compile on 8 and 128 Grand Teton H100: -8.1 % and -5.8 %
+    with fused kernels (NVL-end peak, as the eager rows; -7.2 and -4.5 % before the SM share of
+    FSDP's overlapped collectives). Eager over compiled throughput: 0.864 and 0.860 measured, 0.854
+    and 0.854 predicted (within 2 %; the peak cancels in the ratio)."""
     rows = HELDOUT.torchtitan_compiled_rows()
-    assert [float(r["error"]) for r in rows] == pytest.approx([-0.072, -0.045], abs=0.01)
+    assert [float(r["error"]) for r in rows] == pytest.approx([-0.081, -0.058], abs=0.005)
     for r in rows:
         assert float(r["ratio_predicted"]) == pytest.approx(float(r["ratio_published"]), rel=0.02)
 
@@ -92,22 +95,25 @@ def test_mpt_parameter_counts_match_the_tables() -> None:
 
 def test_mpt_on_a100(mpt: list[dict[str, object]]) -> None:
     """llm-foundry's MPT runs on A100 80 GB (FSDP, 1B-70B, s = 2k-32k; held out: the A100 constant
-    comes from PTD-P Tables 4.1/4.2): +4.2, +2.9, +2.5, +11.2, -8.1, -1.8, -4.8, +7.6 %; mean |error|
-    5.4 %, max 11.2 % (the 13B at b = 2 without checkpointing), tested at that accuracy."""
+    comes from PTD-P Tables 4.1/4.2), with the compute under FSDP's overlapped collectives on the SMs
+    NCCL's 24 CTAs leave it: +3.5, +1.9, +0.8, +5.8, -10.5, -3.0, -5.0, +7.5 %; mean |error| 4.7 %,
+    max 10.5 % (the 30B with checkpointing: measured at 73.7 % HFU, above the A100 GEMM ceiling of
+    the PTD-P fit). Before: +4.2, +2.9, +2.5, +11.2, -8.1, -1.8, -4.8, +7.6 % (mean 5.4 %)."""
     errors = [float(r["error"]) for r in mpt if "a100" in str(r["row"])]
-    assert errors == pytest.approx([0.042, 0.029, 0.025, 0.112, -0.081, -0.018, -0.048, 0.076], abs=0.006)
-    assert sum(abs(e) for e in errors) / len(errors) < 0.056
+    assert errors == pytest.approx([0.035, 0.019, 0.008, 0.058, -0.105, -0.030, -0.050, 0.075], abs=0.003)
+    assert sum(abs(e) for e in errors) / len(errors) < 0.048
 
 
 def test_mpt_on_h100(mpt: list[dict[str, object]]) -> None:
-    """The same stack on H100 SXM: -5.2 to +22.6 % (mean 7.9 %; the 13B at b = 2 without
-    checkpointing is the outlier, as on A100) at the preset's GEMM fraction 0.58 (+9.6 to +39.8 %
-    at the former 0.68); the same-configuration H100/A100 ratios imply 0.54 for this 2023 stack
-    alone (docs/cost-model.md, "Held-out runs"). Recorded as reached, so a change shows."""
+    """The same stack on H100 SXM: -6.8 to +15.0 % (mean 6.1 %; the 13B at b = 2 without
+    checkpointing is the largest, as on A100; +22.6 % before the SM share of the overlapped
+    collectives) at the preset's GEMM fraction 0.58; the same-configuration H100/A100 ratios imply
+    about 0.54 for this 2023 stack alone (docs/cost-model.md, "Held-out runs"). Recorded as reached,
+    so a change shows."""
     errors = [float(r["error"]) for r in mpt if "h100" in str(r["row"])]
-    assert errors == pytest.approx([0.105, 0.079, 0.226, 0.028, -0.052, 0.002], abs=0.006)
+    assert errors == pytest.approx([0.096, 0.055, 0.150, -0.008, -0.068, -0.000], abs=0.003)
     ratios = HELDOUT.mpt_ratio_errors(mpt)
-    assert ratios == pytest.approx([1.061, 1.053, 1.103, 1.118, 0.966, 1.053], abs=0.005)
+    assert ratios == pytest.approx([1.058, 1.047, 1.088, 1.109, 0.961, 1.052], abs=0.003)
 
 
 def test_mpt_h100_over_a100_ratios_imply_054() -> None:
@@ -170,13 +176,14 @@ def test_eager_activation_bytes_hand_count() -> None:
 
 
 def test_held_out_summary_by_device() -> None:
-    """All held-out throughput rows: A100 (BLOOM + 8 MPT) mean |error| 6.1 %, max 12.2 %: the mean
-    misses the 5 % target, the max the 10 % one (BLOOM, MPT-13B); H100 (Llama 3, torchtitan compiled,
-    6 MPT) mean 6.7 %, max 22.6 % (MPT-13B) at the GEMM fraction fitted on them (0.58; 15.6 % and
-    39.8 % at the former 0.68; docs/cost-model.md, "Held-out runs")."""
+    """All held-out throughput rows: A100 (BLOOM + 8 MPT) mean |error| 4.6 % (target 5 %), max 10.5 %
+    (MPT-30B; target 10 %); H100 (Llama 3, torchtitan compiled, 6 MPT) mean 5.7 %, max 15.0 %
+    (MPT-13B) at the GEMM fraction fitted on them (0.58, still the best of the sweep). Before
+    DeepSpeed's BF16 optimizer and the SM share of overlapped collectives: A100 6.1 % and 12.2 %,
+    H100 6.7 % and 22.6 % (docs/cost-model.md, "Held-out runs")."""
     summary = HELDOUT.device_summary(HELDOUT.heldout_rows())
     a100_mean, a100_max, a100_rows = summary["a100"]
     h100_mean, h100_max, h100_rows = summary["h100"]
     assert (a100_rows, h100_rows) == (9, 10)
-    assert a100_mean == pytest.approx(0.061, abs=0.003) and a100_max == pytest.approx(0.122, abs=0.003)
-    assert h100_mean == pytest.approx(0.067, abs=0.003) and h100_max == pytest.approx(0.226, abs=0.003)
+    assert a100_mean == pytest.approx(0.046, abs=0.002) and a100_max == pytest.approx(0.105, abs=0.002)
+    assert h100_mean == pytest.approx(0.057, abs=0.002) and h100_max == pytest.approx(0.150, abs=0.002)

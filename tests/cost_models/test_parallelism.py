@@ -50,6 +50,28 @@ def test_fsdp_prefetch_overlap() -> None:
         par.fsdp_exposed_comm_s([1.0], [])
 
 
+def test_fsdp_sm_contention() -> None:
+    """A collective holding a quarter of the SMs lengthens the compute it runs under by a quarter of
+    each overlapped stretch min(t_ag[i], t_compute[i-1]): 3 under 5 -> 0.75, 6 under 1 -> 0.25,
+    1 under 4 -> 0.25; the first gather overlaps nothing."""
+    assert par.fsdp_exposed_comm_s([2, 3, 6, 1], [5, 1, 4, 9], sm_share=0.25) == 7 + 0.25 * (3 + 1 + 1)
+    assert par.fsdp_exposed_comm_s([2, 3], [5, 1], sm_share=0.0) == 2
+    with pytest.raises(InvalidProblemError, match="sm_share"):
+        par.fsdp_exposed_comm_s([1.0, 1.0], [1.0, 1.0], sm_share=1.0)
+
+
+def test_collective_sm_share_of_the_presets() -> None:
+    """NCCL's 24 CTAs ([nccl-a100-channels], [nccl-overlap-trace]) of the A100's 108 and the H100's
+    132 SMs; devices without compute constants (the nominal cpu preset) have none to share."""
+    from cost_models.compute import NCCL_COLLECTIVE_CTAS, collective_sm_share
+    from cost_models.hardware import device_preset
+
+    assert NCCL_COLLECTIVE_CTAS == 24
+    assert collective_sm_share(device_preset("a100-80gb")) == 24 / 108
+    assert collective_sm_share(device_preset("h100")) == 24 / 132
+    assert collective_sm_share(device_preset("cpu")) == 0.0
+
+
 def test_ring_attention_volumes_llama3_8b() -> None:
     """Llama 3 8B at 128K tokens on c = 8: K/V width 8 x 128 = 1024, blocks of 16384 tokens, bf16:
     7 steps x 2 (K, V) x 16384 x 1024 x 2 bytes = 469.8 MB forward, twice that backward."""
