@@ -19,6 +19,8 @@ the weights too.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from planner.errors import InvalidProblemError
 from planner.schema import Device
@@ -28,6 +30,12 @@ RUNTIME_RESERVED_BYTES = 1.0 * GIB
 RUNTIME_RESERVED_FRACTION = 0.05
 FRAGMENTATION_FRACTION = 0.05
 OPTIMIZER_STATE_BYTES = {"adam": 12.0, "sgd": 8.0, "none": 0.0}
+GRAD_BYTES_PER_PARAM = 2.0
+"""16-bit gradients (the ZeRO paper's 2 + 2 + 12 bytes of mixed-precision Adam)."""
+DEEPSPEED_BF16_GRAD_BYTES_PER_PARAM = 6.0
+"""DeepSpeed's BF16 optimizer: the bf16 gradients plus an fp32 accumulation buffer of the whole
+parameter set on every data-parallel rank, not sharded by ZeRO-1 ([deepspeed-bf16],
+``runtime/bf16_optimizer.py``: the fp32 gradients are allocated like the full flat bf16 group)."""
 _AMOUNT_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>gib|gb|mib|mb|b)?\s*$", re.IGNORECASE)
 
 
@@ -98,7 +106,17 @@ def model_state_bytes_per_param(*, zero_stage: int = 0, data_parallel: int = 1, 
     return weight + grad + opt
 
 
-def zero_static_scale(zero_stage: int, data_parallel: int, optimizer: str = "adam") -> float:
-    """Factor applied to 16-B/param mixed-precision Adam static bytes under a ZeRO stage."""
+def zero_static_scale(zero_stage: int, data_parallel: int, optimizer: str = "adam",
+                      grad_bytes: float = GRAD_BYTES_PER_PARAM) -> float:
+    """Factor applied to 16-B/param mixed-precision Adam static bytes under a ZeRO stage, with
+    ``grad_bytes`` of gradients per parameter (sharded from ZeRO-2 on)."""
     full = model_state_bytes_per_param(optimizer=optimizer)
-    return model_state_bytes_per_param(zero_stage=zero_stage, data_parallel=data_parallel, optimizer=optimizer) / full
+    return model_state_bytes_per_param(zero_stage=zero_stage, data_parallel=data_parallel, optimizer=optimizer,
+                                       grad_bytes=grad_bytes) / full
+
+
+def plan_grad_bytes_per_param(options: Mapping[str, Any]) -> float:
+    """Gradient bytes per parameter of a plan's optimizer (its ``optimizer`` option)."""
+    if options.get("optimizer") == "deepspeed-bf16":
+        return DEEPSPEED_BF16_GRAD_BYTES_PER_PARAM
+    return GRAD_BYTES_PER_PARAM

@@ -28,7 +28,7 @@ from cost_models import moe, parallelism
 from cost_models.collectives import group_allgather_s
 from cost_models.compute import collective_sm_share
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
-from cost_models.memory import zero_static_scale
+from cost_models.memory import GRAD_BYTES_PER_PARAM, zero_static_scale
 from cost_models.parallelism import (
     expert_alltoall_bytes_per_rank,
     expert_load_time_factor,
@@ -365,14 +365,16 @@ def routed_share(cfg: TransformerConfig) -> float:
 # ------------------------------------------------------------------------------------------
 
 
-def sharded_static_bytes(dense_static_bytes: float, expert_static_bytes: float, dims: Dims) -> float:
+def sharded_static_bytes(dense_static_bytes: float, expert_static_bytes: float, dims: Dims,
+                         grad_bytes: float = GRAD_BYTES_PER_PARAM) -> float:
     """Model states on one rank: dense over d x c, experts over the expert-data-parallel ranks
-    (``memory.zero_static_scale``, i.e. ``parallelism.zero_state_bytes_per_rank`` over 16 B/param)."""
+    (``memory.zero_static_scale``, i.e. ``parallelism.zero_state_bytes_per_rank`` over 16 B/param),
+    with ``grad_bytes`` of gradients per parameter (6 under DeepSpeed's BF16 optimizer)."""
     z = dims.zero_stage
-    if z == 0:
+    if z == 0 and grad_bytes == GRAD_BYTES_PER_PARAM:
         return dense_static_bytes + expert_static_bytes
-    return (dense_static_bytes * zero_static_scale(z, dims.dp_ranks)
-            + expert_static_bytes * zero_static_scale(z, dims.expert_dp_ranks))
+    return (dense_static_bytes * zero_static_scale(z, dims.dp_ranks, grad_bytes=grad_bytes)
+            + expert_static_bytes * zero_static_scale(z, dims.expert_dp_ranks, grad_bytes=grad_bytes))
 
 
 def fsdp_buffer_bytes(layer_param_bytes: float, dims: Dims) -> float:

@@ -30,7 +30,7 @@ from typing import Any
 from cost_models.collectives import deepspeed_bf16_sync_s, exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.recompute import frontier
-from cost_models.memory import usable_memory_bytes
+from cost_models.memory import GRAD_BYTES_PER_PARAM, usable_memory_bytes
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, transformer_profile
 from planner.schema import KNOWN_RECOMPUTE, Cluster, LayerProfile, RecomputeOption, TransformerConfig, recompute_modules_of
 from solvers import _ptdp_dims as dims_mod
@@ -62,6 +62,8 @@ class UnitCosts:
     """Part of ``moe_decoder.param_bytes`` in routed-expert weights (reduced over the expert-DP ranks)."""
     module_sets: tuple[str, ...] = ()
     """The per-module recompute strategies worth searching, cheapest first (``module_frontier``)."""
+    grad_bytes: float = GRAD_BYTES_PER_PARAM
+    """Resident gradient bytes per parameter (``ProfileSettings.grad_bytes_per_param``)."""
 
     def counts(self, first: int, num: int) -> tuple[int, int]:
         """(dense, MoE) decoder layers among layers [first, first + num)."""
@@ -148,6 +150,8 @@ class ProfileSettings:
     """Offer Megatron-Core's per-module recompute sets (per-operation model only)."""
     grad_accum_bytes_per_param: float = 0.0
     """A gradient-accumulation pass after every microbatch's backward (DeepSpeed's BF16 optimizer)."""
+    grad_bytes_per_param: float = GRAD_BYTES_PER_PARAM
+    """Resident gradient bytes per parameter (6 under DeepSpeed's BF16 optimizer: its fp32 buffer)."""
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
@@ -179,7 +183,8 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
                       decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
                       decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
                       expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
-                      expert_param_bytes=dims_mod.element_bytes(cfg) * experts)
+                      expert_param_bytes=dims_mod.element_bytes(cfg) * experts,
+                      grad_bytes=settings.grad_bytes_per_param)
     return replace(units, module_sets=tuple(module_frontier(units, cfg))) if settings.recompute_modules else units
 
 
@@ -316,7 +321,7 @@ def ranks_static_bytes(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ..
     for blocks in distinct:
         expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes
         dense = _exact_sum(multiset(blocks), vd, vm) - expert
-        out.append(dims_mod.sharded_static_bytes(dense, expert, dims))
+        out.append(dims_mod.sharded_static_bytes(dense, expert, dims, u.grad_bytes))
     return [out[i] for i in index]
 
 
@@ -339,8 +344,8 @@ def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
     all_ranges = all_ranges or c.rank_ranges(cfg.num_layers)
     p = c.pipeline
     ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
-    emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims)
-    head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims)
+    emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims, u.grad_bytes)
+    head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims, u.grad_bytes)
     buffer = _fsdp_buffer_bytes(u, dims)
     out = []
     statics = ranks_static_bytes(u, all_ranges, dims)
@@ -403,7 +408,7 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     its blocks', embedding's and head's model states sharded as the ZeRO stage says."""
     activations = v_model.peak_memory_bytes(u, cfg, c) - v_model.rank0_static_bytes(u, cfg, c)
     dims = c.dims
-    ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims)
+    ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims, u.grad_bytes)
     buffer = _fsdp_buffer_bytes(u, dims)
     return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
-from cost_models.memory import usable_memory_bytes, zero_static_scale
+from cost_models.memory import plan_grad_bytes_per_param, usable_memory_bytes, zero_static_scale
 from cost_models.sim import dims
 from cost_models.sim.layercomm import CommSpec, StageComm
 from cost_models.sim.pipeline import Durations
@@ -275,12 +275,13 @@ def _per_rank(plan: Plan, share: Sequence[tuple[float, ...]]) -> tuple[list[floa
     layers = plan.model.layers
     overlap = bool(plan.options.get("overlap_grad_reduce"))
     static, allreduce, syncs = [], [], []
+    grad = plan_grad_bytes_per_param(plan.options)
     for x, stage in enumerate(plan.stages):
         own = [layers[i] for chunk in stage.chunks for i in range(*chunk.layers)]
         params = math.fsum(layer.param_bytes for layer in own)
         extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
         d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (cost_models.sim.rr)
-        zero = zero_static_scale(plan.zero_stage, d) if plan.zero_stage else 1.0  # ZeRO sharding over d
+        zero = zero_static_scale(plan.zero_stage, d, grad_bytes=grad)  # ZeRO sharding over d
         static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra)
         optimizer = _optimizer_s(plan, own, d)
         reduce, nic = 0.0, None

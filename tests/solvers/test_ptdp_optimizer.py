@@ -76,3 +76,27 @@ def test_optimizer_option_errors(options: dict[str, object], match: str) -> None
     problem = api.make_problem(CFG, "a100-80gb:2x8", global_batch_size=128, num_stages=2, data_parallel=8)
     with pytest.raises(InvalidProblemError, match=match):
         ptdp.solve(problem, options={**OPTIONS, **options})
+
+
+def test_fp32_gradient_buffer_is_held_whole_on_every_rank() -> None:
+    """DeepSpeed's BF16 optimizer keeps an fp32 gradient of every parameter of the stage, unsharded by
+    ZeRO-1: 4 B/parameter (twice the bf16 parameter bytes) more than Megatron's handling, in the
+    closed form and in the simulator of the same plan."""
+    cluster = api.load_cluster("a100-80gb:2x8")
+    c = model.Config(tensor=1, pipeline=2, data=8, virtual=1, microbatch_size=4, num_microbatches=4,
+                     recompute="full", zero_stage=1)
+    plain = model.unit_costs(CFG, cluster, 1, 4, model.ProfileSettings())
+    ds = model.unit_costs(CFG, cluster, 1, 4, model.ProfileSettings(grad_bytes_per_param=6.0))
+    half = CFG.num_layers // 2 * plain.decoder.param_bytes
+    held = {0: plain.embedding.param_bytes + half, 1: half + plain.head.param_bytes}
+    fixed = dict(model.rank_fixed_bytes(plain, CFG, c))
+    for rank, total in model.rank_fixed_bytes(ds, CFG, c):
+        assert total - fixed[rank] == pytest.approx(2 * held[rank])
+    problem = api.make_problem(CFG, "a100-80gb:2x8", global_batch_size=128, num_stages=2, data_parallel=8)
+    plan = ptdp.solve(problem, options={**OPTIONS, "optimizer": "deepspeed-bf16"})
+    as_megatron = plan.model_copy(update={"options": {**plan.options, "optimizer": "megatron"}})
+    held = [sum(plan.model.layers[i].param_bytes for ch in s.chunks for i in range(*ch.layers)) for s in plan.stages]
+    ds_sim, mg_sim = api.simulate(plan), api.simulate(as_megatron)
+    for stage, params in enumerate(held):
+        grown = ds_sim.stages[stage].peak_memory_bytes - mg_sim.stages[stage].peak_memory_bytes
+        assert grown == pytest.approx(2 * params)
