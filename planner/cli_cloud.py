@@ -121,8 +121,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_output_path(args.output, flag="-o")
     jobs = load_cloud_jobs(args.jobs)
     problem = api.cloud_problem(
-        jobs.jobs, objective=args.objective, markets=_split(args.markets), clouds=_split(args.clouds),
-        instances=_split(args.instances), budget_usd=args.budget, budget_usd_per_h=args.budget_per_hour,
+        jobs.jobs, objective=args.objective, markets=_split(args.markets, "--markets"),
+        clouds=_split(args.clouds, "--clouds"), instances=_split(args.instances, "--instances"),
+        budget_usd=args.budget, budget_usd_per_h=args.budget_per_hour,
         quotas=_quotas(args.quota), preemption=not args.no_preemption)
     plan = api.cloud_plan(problem, catalogue=args.catalogue, trace=args.trace)
     if args.output:
@@ -242,8 +243,16 @@ def _pick(jobs: CloudJobsFile, job_id: str):
     raise InvalidProblemError(f"--job {job_id!r} is not in the jobs file; its jobs: {[j.id for j in jobs.jobs]}")
 
 
-def _split(text: str | None) -> tuple[str, ...] | None:
-    return tuple(p.strip() for p in text.split(",") if p.strip()) if text else None
+def _split(text: str | None, flag: str) -> tuple[str, ...] | None:
+    """A comma list; None when the flag was not given, refused when given without one name."""
+    if text is None:
+        return None
+    items = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not items:
+        example = {"--markets": "on-demand,spot", "--clouds": "aws,azure"}.get(flag, "p3.2xlarge")
+        raise InvalidProblemError(f"{flag} {text!r} names nothing; give a comma list (e.g. {flag} {example}) "
+                                  "or drop the flag")
+    return items
 
 
 def _quotas(pairs: list[str]) -> dict[str, float]:

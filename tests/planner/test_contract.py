@@ -209,9 +209,14 @@ def test_output_paths_are_checked_first(tmp_path: Path, flag: str) -> None:
     (["cloud", "trace", "--generate", "--seed", "-1"], "--seed"),
     (["cloud", "trace", "--generate", "-o", "{tmp}"], "is a directory"),
     (["cloud", "catalogue", "--catalogue", "{tmp}/latin1.json"], "latin1.json"),
+    (["cloud", "plan", "--jobs", "{tmp}/jobs.json", "--markets", ""], "--markets"),
+    (["cloud", "plan", "--jobs", "{tmp}/jobs.json", "--clouds", " , "], "--clouds"),
+    (["cloud", "plan", "--jobs", "{tmp}/jobs.json", "--instances", ""], "--instances"),
 ])
 def test_cloud_commands_keep_the_contract(tmp_path: Path, argv: list[str], needle: str) -> None:
     (tmp_path / "latin1.json").write_bytes('{"name": "caf\u00e9"}'.encode("latin-1"))
+    (tmp_path / "jobs.json").write_text(json.dumps({"format": "paraplan.cloud-jobs/v1", "jobs": [
+        {"id": "small", "throughputs": {"k80": 2.0, "v100": 5.0}, "num_steps": 1000}]}))
     refused([a.replace("{tmp}", str(tmp_path)) for a in argv], needle)
 
 
