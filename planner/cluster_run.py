@@ -134,7 +134,49 @@ def _start(ray: Any, worker_types: dict[str, int], address: str | None) -> None:
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address is None:
         kwargs.update(num_cpus=sum(worker_types.values()), resources=dict(worker_types))
-    ray.init(address=address, **kwargs)
+    else:
+        check_address(address)
+    try:
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, ValueError) as error:  # e.g. ``auto`` with no cluster running
+        raise InvalidProblemError(f"--address {address!r}: Ray could not join a cluster ({error}); start one with "
+                                  "`ray start --head --resources ...`, or drop --address to start a local head") from None
+
+
+RAY_DEFAULT_PORT = 6379
+"""The port ``ray start --head`` listens on unless told otherwise."""
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_address(address: str) -> None:
+    """Refuse a --address where nothing listens, at once: Ray itself waits about a minute for a head
+    that is not there. ``auto`` / ``local`` (Ray's own lookups) pass unprobed.
+
+    Raises:
+        InvalidProblemError: a malformed address, or no head node answering at it.
+    """
+    if address in ("auto", "local"):
+        return
+    hostport = address.removeprefix("ray://").strip()
+    host, sep, port_text = hostport.rpartition(":")
+    if not sep:
+        host, port_text = hostport, str(RAY_DEFAULT_PORT)
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not host or not 0 < port < 65536:
+        raise InvalidProblemError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.1:{RAY_DEFAULT_PORT}, "
+                                  "ray://HOST:10001 or auto)")
+    import socket
+
+    try:
+        socket.create_connection((host.strip("[]"), port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise InvalidProblemError(
+            f"--address {address!r}: no Ray head node answers at {host}:{port} ({error.strerror or error}); "
+            "start one there with `ray start --head --resources ...`, or drop --address to start a local "
+            "head") from None
 
 
 class RayRoundLoop(RoundLoop):

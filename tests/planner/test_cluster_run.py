@@ -129,3 +129,25 @@ def test_a_cluster_without_the_resources_is_refused() -> None:
     _check_resources({"CPU": 2.0, "v100": 1.0, "p100": 2.0}, {"v100": 1, "p100": 1})
     with pytest.raises(InvalidProblemError, match="start its nodes with --resources"):
         _check_resources({"CPU": 2.0, "v100": 1.0}, {"v100": 1, "p100": 1})
+
+
+def test_an_address_without_a_head_is_refused_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Ray waits about a minute for a head that is not there; the probe answers in milliseconds.
+    import socket
+
+    from planner.cluster_run import check_address
+    from planner.errors import InvalidProblemError
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(InvalidProblemError, match="no Ray head node answers"):
+        check_address(f"127.0.0.1:{port}")
+    for bad in ("x:y", ":80", "host:70000"):
+        with pytest.raises(InvalidProblemError, match="is not HOST:PORT"):
+            check_address(bad)
+    check_address("auto")  # Ray's own lookup: not probed
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_address(f"ray://127.0.0.1:{listening.getsockname()[1]}")
