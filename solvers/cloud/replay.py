@@ -91,12 +91,17 @@ def replay(job: CloudJob, mk: Market, catalogue: Catalogue, *, strategy: str, st
     """Run one job from ``start_h`` under a strategy; returns its dollars, moves and timeline.
 
     Raises:
-        InvalidProblemError: an unknown strategy, or no instance in the strategy's scope can run the job.
+        InvalidProblemError: an unknown strategy, a start after the trace's last price change, or no
+            instance in the strategy's scope can run the job.
     """
     if strategy not in STRATEGIES:
         raise InvalidProblemError(f"unknown strategy {strategy!r}; choose from {list(STRATEGIES)}")
     if decide_every_h is not None and not decide_every_h > 0:
         raise InvalidProblemError(f"decide_every_h={decide_every_h} must be positive (hours between decisions)")
+    last_h = float(mk.times_h[-1])
+    if not 0.0 <= start_h <= last_h:
+        raise InvalidProblemError(f"start_h={start_h:g} h is outside the price trace, whose last price change is at "
+                                  f"{last_h:g} h; start between 0 and {last_h:g} (--start-h)")
     scope = STRATEGIES[strategy]
     speed, share = _candidates(job, mk, scope)
     if not (speed > 0).any():

@@ -212,6 +212,7 @@ def test_output_paths_are_checked_first(tmp_path: Path, flag: str) -> None:
     (["cloud", "plan", "--jobs", "{tmp}/jobs.json", "--markets", ""], "--markets"),
     (["cloud", "plan", "--jobs", "{tmp}/jobs.json", "--clouds", " , "], "--clouds"),
     (["cloud", "plan", "--jobs", "{tmp}/jobs.json", "--instances", ""], "--instances"),
+    (["cloud", "replay", "--jobs", "{tmp}/jobs.json", "--job", "small", "--start-h", "1e14"], "--start-h"),
 ])
 def test_cloud_commands_keep_the_contract(tmp_path: Path, argv: list[str], needle: str) -> None:
     (tmp_path / "latin1.json").write_bytes('{"name": "caf\u00e9"}'.encode("latin-1"))
