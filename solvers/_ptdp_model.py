@@ -113,11 +113,23 @@ class Config:
         chunks = self.chunk_layers(num_layers)
         return [sum(chunks[x::self.pipeline]) for x in range(self.pipeline)]
 
+    def but(self, **changes: Any) -> Config:
+        """``dataclasses.replace(self, **changes)`` without its per-call field checks (the search
+        copies configurations some 10^5 times); itself when nothing changes."""
+        if all(getattr(self, name) == value for name, value in changes.items()):
+            return self
+        values = {name: getattr(self, name) for name in _CONFIG_FIELDS}
+        values.update(changes)
+        return Config(**values)
+
     def rank_ranges(self, num_layers: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         """Per rank, (first layer, count) of each of its chunks: virtual stage k on rank k mod p, or in a
         V schedule on rank k for k < p and 2p - 1 - k after (cached: the search asks for the same
         layouts thousands of times)."""
         return _rank_ranges(num_layers, self.pipeline, self.virtual, self.ends, bool(self.v_schedule))
+
+
+_CONFIG_FIELDS = tuple(Config.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cost_models.memory import usable_memory_bytes
@@ -59,25 +59,24 @@ def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], 
     pending = []
     for index, c in enumerate(enumerate_configs(search, opts, units, lazy_modules=True)):
         u = units(c)
-        names = u.module_sets if c.recompute == MODULES else (c.recompute,)
-        bound = min(model.pipeline_time_s(u, cfg, cluster, replace(c, recompute=name)) for name in names)
-        pending.append((bound, index, c, u, names))
+        variants = [c.but(recompute=name) for name in u.module_sets] if c.recompute == MODULES else [c]
+        bound = min(model.pipeline_time_s(u, cfg, cluster, variant) for variant in variants)
+        pending.append((bound, index, c, u, variants))
     pending.sort(key=lambda item: (item[0], item[1]))
     costed: list[tuple[int, model.Config, model.Estimate]] = []
     fastest: list[float] = []  # max-heap (negated) of the ``keep`` least fitting times
     complete = True
-    for bound, index, c, u, names in pending:
+    for bound, index, c, u, variants in pending:
         full = keep is not None and len(fastest) >= keep
         if full and bound > -fastest[0]:
             complete = False
             break
         # the sync and optimizer times only add: the whole closed-form time, a tighter bound
-        if full and min(model.iteration_s(u, cfg, cluster, replace(c, recompute=name), **overlap)
-                        for name in names) > -fastest[0]:
+        if full and min(model.iteration_s(u, cfg, cluster, variant, **overlap) for variant in variants) > -fastest[0]:
             complete = False
             continue
         # cannot fit (with the module set that keeps the fewest bytes, the frontier's last): not costed
-        lightest = replace(c, recompute=u.module_sets[-1]) if c.recompute == MODULES else c
+        lightest = variants[-1]
         if keep is not None and model.peak_memory_lower_bound(u, cfg, lightest) > capacity:
             complete = False
             continue
@@ -85,7 +84,7 @@ def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], 
             picked = cheapest_fitting_modules(u, cfg, c, capacity)
             if picked is None:
                 continue  # the empty set fits: ``none`` is its own configuration
-            c = replace(c, recompute=picked)
+            c = c.but(recompute=picked)
         est = model.estimate(u, cfg, cluster, c, **overlap)
         costed.append((index, c, est))
         if est.fits and keep is not None:
