@@ -23,6 +23,7 @@ them up per pipeline rank and applies the schedule:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -115,10 +116,8 @@ class Config:
 
     def but(self, **changes: Any) -> Config:
         """``dataclasses.replace(self, **changes)`` without its per-call field checks (the search
-        copies configurations some 10^5 times); itself when nothing changes."""
-        if all(getattr(self, name) == value for name, value in changes.items()):
-            return self
-        values = {name: getattr(self, name) for name in _CONFIG_FIELDS}
+        copies configurations some 10^5 times)."""
+        values = dict(zip(_CONFIG_FIELDS, _config_values(self)))
         values.update(changes)
         return Config(**values)
 
@@ -130,6 +129,7 @@ class Config:
 
 
 _CONFIG_FIELDS = tuple(Config.__dataclass_fields__)
+_config_values = operator.attrgetter(*_CONFIG_FIELDS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

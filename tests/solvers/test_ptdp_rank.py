@@ -89,3 +89,23 @@ def test_exact_sum_of_repeated_values_is_fsum() -> None:
         vd, vm = rng.uniform(0, 1e9) * rng.choice([1, 1e-12]), rng.uniform(0, 1e3)
         chunks = [(d * vd if d else 0.0) + (e * vm if e else 0.0) for (d, e), k in blocks for _ in range(k)]
         assert model._exact_sum(blocks, vd, vm) == math.fsum(chunks)
+
+
+def test_config_copies_and_layouts_equal_their_plain_forms() -> None:
+    """``Config.but`` is ``dataclasses.replace``; a ``Layout`` hashes and compares as its plain tuple."""
+    import dataclasses
+
+    from solvers._ptdp_states import Layout, _rank_ranges
+
+    rng = random.Random(5)
+    base = model.Config(tensor=2, pipeline=4, data=8, virtual=3, microbatch_size=2, num_microbatches=16,
+                        recompute="selective", ends=(3, 5), v_schedule="")
+    fields = {"tensor": [1, 4], "virtual": [1, 2], "recompute": ["none", "full"], "ends": [(0, 0), (2, 1)],
+              "v_schedule": ["zb-v"], "zero_stage": [1, 3]}
+    for _ in range(30):
+        changes = {k: rng.choice(v) for k, v in fields.items() if rng.random() < 0.5}
+        assert base.but(**changes) == dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    for args in [(30, 4, 2, (0, 0), False), (48, 8, 3, (4, 2), False), (24, 4, 2, (0, 0), True)]:
+        layout = _rank_ranges(*args)
+        plain = tuple(tuple(r) for r in layout)
+        assert isinstance(layout, Layout) and layout == plain and hash(layout) == hash(plain) == hash(layout)
