@@ -323,7 +323,8 @@ def ranks_static_bytes(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ..
     vd, vm = _layer_values(u, lambda lay: lay.static_bytes)
     out = []
     for blocks in distinct:
-        expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes
+        # a dense model has no expert bytes: skip counting its (zero) MoE layers, the same 0.0
+        expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes if u.expert_static_bytes else 0.0
         dense = _exact_sum(multiset(blocks), vd, vm) - expert
         out.append(dims_mod.sharded_static_bytes(dense, expert, dims))
     return [out[i] for i in index]
@@ -450,20 +451,23 @@ def module_frontier(u: UnitCosts, cfg: TransformerConfig) -> list[str]:
 
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
-             overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> Estimate:
-    """Closed-form iteration time and memory of one configuration."""
+             overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+             pipeline_s: float | None = None) -> Estimate:
+    """Closed-form iteration time and memory of one configuration (``pipeline_s``: its ``pipeline_time_s``
+    when the caller has it)."""
     assert cluster.device is not None
     pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, overlap_grad_reduce=overlap_grad_reduce,
-                                                  overlap_param_gather=overlap_param_gather)
+                                                  overlap_param_gather=overlap_param_gather, pipeline_s=pipeline_s)
     peak = config_peak_memory_bytes(u, cfg, c)
     return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
                     optimizer_s=optimizer)
 
 
-def iteration_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, **overlap: bool) -> float:
+def iteration_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
+                pipeline_s: float | None = None, **overlap: bool) -> float:
     """``estimate(...).iteration_s`` without the memory (the same float)."""
-    pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, **overlap)
+    pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, pipeline_s=pipeline_s, **overlap)
     return pipeline_s + allreduce + optimizer
 
 
@@ -484,10 +488,13 @@ def pipeline_time_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: C
 
 
 def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
-               overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> tuple[float, float, float]:
-    """(pipeline, data-parallel sync, optimizer step) seconds of the closed form; no memory."""
+               overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+               pipeline_s: float | None = None) -> tuple[float, float, float]:
+    """(pipeline, data-parallel sync, optimizer step) seconds of the closed form; no memory (``pipeline_s``:
+    the first when the caller has it)."""
     assert cluster.device is not None
-    pipeline_s = pipeline_time_s(u, cfg, cluster, c)
+    if pipeline_s is None:
+        pipeline_s = pipeline_time_s(u, cfg, cluster, c)
     p = c.pipeline
     rank0 = c.rank_ranges(cfg.num_layers)[0]
     allreduce = 0.0

@@ -109,3 +109,29 @@ def test_config_copies_and_layouts_equal_their_plain_forms() -> None:
         layout = _rank_ranges(*args)
         plain = tuple(tuple(r) for r in layout)
         assert isinstance(layout, Layout) and layout == plain and hash(layout) == hash(plain) == hash(layout)
+
+
+def test_the_time_bound_floor_is_below_every_time_bound() -> None:
+    """``_time_bound_floor`` (the ranking's cheap first key) never exceeds ``pipeline_time_s``: every
+    non-V configuration of the dense cases and of a toy MoE (dense first layer, expert layers after)."""
+    from solvers._ptdp_rank import _time_bound_floor
+    from tests.solvers.test_ptdp_dims import _toy_moe_problem
+
+    moe = _toy_moe_problem(1e9)
+    moe_opts = ptdp.Options(min_tokens_per_context_rank=1)
+    moe_search = ptdp._prepare(moe, moe_opts)
+    searches = [_search(*case)[1:] for case in CASES[:2]] + [(moe_opts, moe_search, ptdp.unit_cache(moe_search, moe_opts))]
+    checked = 0
+    for opts, search, units in searches:
+        cluster = search.problem.cluster
+        for c in enumerate_configs(search, opts, units, prune=False):
+            if c.v_schedule:
+                continue
+            u = units(c)
+            exact = model.pipeline_time_s(u, search.cfg, cluster, c)
+            floor = _time_bound_floor(u, search.cfg, cluster, c)
+            assert floor <= exact, c
+            if c.pipeline == 1:  # one rank: its work is the average, the floor is the bound less the margin
+                assert floor == pytest.approx(exact, rel=1e-8), c
+            checked += 1
+    assert checked > 500
