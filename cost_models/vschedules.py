@@ -58,7 +58,7 @@ class VSchedule:
 
     def emit(self, chunk: int, kind: str) -> None:
         """Append the chunk's next microbatch of this kind (B and I share one counter, as do B and W)."""
-        k = self.stage(chunk)
+        k = self.rank if chunk == 0 else 2 * self.num_stages - 1 - self.rank  # ``stage``, inlined
         counter = "I" if kind in "BI" else kind
         mb = self._next.get((k, counter), 0)
         self._next[(k, counter)] = mb + 1
