@@ -421,9 +421,11 @@ def peak_memory_lower_bound(u: UnitCosts, cfg: TransformerConfig, c: Config) -> 
     if c.v_schedule:
         return 0.0
     all_ranges = c.rank_ranges(cfg.num_layers)
-    sizes, index = _chunk_sizes(u, c, all_ranges)
+    distinct, index = _blocks(u, all_ranges)
+    vd, vm = _layer_values(u, lambda lay: option(lay, c.recompute).activation_bytes)
+    smallest = min(block_value(block, vd, vm) for block in distinct[index[0]])  # rank 0's of ``_chunk_sizes``
     fixed = rank_static_bytes(u, all_ranges[0], c.dims) + _fsdp_buffer_bytes(u, c.dims)
-    return fixed + inflight_chunks(c, 0) * min(sizes[index[0]])
+    return fixed + inflight_chunks(c, 0) * smallest
 
 
 def config_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
