@@ -69,11 +69,15 @@ def simulate_many(plan: Plan, simulate: SimulateFn, *, include_events: bool = Fa
     # stages can repeat every c microbatches (the cyclicity of the critical circuit): 12 covers c <= 4 and 6.
     step = math.lcm(p, _CYCLICITY)
     base = max(2 * p, 8)
+    done: dict[int, SimResult] = {}  # a retry's window overlaps the last one: each count simulated once
     for _ in range(_ATTEMPTS):
         m_a = base + (m - base) % step
         if 3 * (m_a + step) >= m:
             return simulate(plan)  # the three runs would simulate as many microbatches as the plan
-        runs = [simulate(_with_microbatches(plan, m_a + j * step)) for j in range(3)]
+        for count in (m_a + j * step for j in range(3)):
+            if count not in done:
+                done[count] = simulate(_with_microbatches(plan, count))
+        runs = [done[m_a + j * step] for j in range(3)]
         result = _extrapolate(plan, runs, m_a, step)
         if result is not None:
             return result

@@ -205,11 +205,13 @@ def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
     total = m * v
     warmup = warmup_forwards("interleaved-1f1b", num_stages=p, num_chunks=v, num_microbatches=m, rank=rank)
 
+    group = p * v  # ``_interleaved_virtual_stage`` and ``_interleaved_microbatch`` inlined (10^5 calls)
+
     def fwd(k: int) -> Action:
-        return Action(_interleaved_virtual_stage(k, rank, p, v, forward=True), "F", _interleaved_microbatch(k, p, v))
+        return Action((k % group) // p * p + rank, "F", k // group * p + k % p)
 
     def bwd(k: int) -> Action:
-        return Action(_interleaved_virtual_stage(k, rank, p, v, forward=False), "B", _interleaved_microbatch(k, p, v))
+        return Action((v - 1 - (k % group) // p) * p + rank, "B", k // group * p + k % p)
 
     out = [fwd(k) for k in range(warmup)]
     for k in range(total - warmup):

@@ -38,7 +38,7 @@ from functools import lru_cache
 
 from planner.schema import Action
 
-__all__ = ["VSchedule", "dualpipe_v", "peak_inflight", "zb_v"]
+__all__ = ["VSchedule", "count_inflight", "dualpipe_v", "peak_inflight", "zb_v"]
 
 
 @dataclass(slots=True)
@@ -58,7 +58,7 @@ class VSchedule:
 
     def emit(self, chunk: int, kind: str) -> None:
         """Append the chunk's next microbatch of this kind (B and I share one counter, as do B and W)."""
-        k = self.stage(chunk)
+        k = self.rank if chunk == 0 else 2 * self.num_stages - 1 - self.rank  # ``stage``, inlined
         counter = "I" if kind in "BI" else kind
         mb = self._next.get((k, counter), 0)
         self._next[(k, counter)] = mb + 1
@@ -184,7 +184,18 @@ def peak_inflight(schedule: str, p: int, m: int, rank: int = 0) -> tuple[int, in
     ZB-V holds 2p on every rank once m >= 2p - 1: the 1F1B peak of p stage activations, as
     chunks are half a stage (Qi et al. Sec. 6); DualPipeV 2p + 1 (DeepSeek-V3 Sec. 3.2.1: PP + 1
     with PP = 2p stages).
+
+    The count is that of min(m, 2p) microbatches: from 2p on, one more microbatch adds one more
+    steady-state step to every rank's order (ZB-V: F chunk 0, F chunk 1, then I and W of each;
+    DualPipeV: two overlapped F&B blocks), each step ends holding what it started with and peaks
+    as high as the one before, and what comes before and after the steady state is the same
+    (``count_inflight`` counts the whole order; the tests compare the two).
     """
+    return count_inflight(schedule, p, min(m, 2 * p), rank)
+
+
+def count_inflight(schedule: str, p: int, m: int, rank: int = 0) -> tuple[int, int, int]:
+    """``peak_inflight`` counted on the whole order of m microbatches (O(m))."""
     build = zb_v if schedule == "zb-v" else dualpipe_v
     order = build(rank, p, m).actions
     split = {(a.stage, a.microbatch) for a in order if a.kind == "W"}

@@ -9,7 +9,6 @@ overflow the device is dropped before its microbatch loop (no b, v or recompute 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cost_models.memory import usable_memory_bytes
@@ -201,7 +200,7 @@ def _states_overflow(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config
 
 
 def _replace(c: model.Config, **changes: object) -> model.Config:
-    return replace(c, **changes)  # type: ignore[arg-type]
+    return c.but(**changes)
 
 
 def _schedules(search: Search, opts: Options) -> tuple[str, ...]:

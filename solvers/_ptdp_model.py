@@ -23,6 +23,7 @@ them up per pipeline rank and applies the schedule:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -115,11 +116,22 @@ class Config:
         chunks = self.chunk_layers(num_layers)
         return [sum(chunks[x::self.pipeline]) for x in range(self.pipeline)]
 
+    def but(self, **changes: Any) -> Config:
+        """``dataclasses.replace(self, **changes)`` without its per-call field checks (the search
+        copies configurations some 10^5 times)."""
+        values = dict(zip(_CONFIG_FIELDS, _config_values(self)))
+        values.update(changes)
+        return Config(**values)
+
     def rank_ranges(self, num_layers: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         """Per rank, (first layer, count) of each of its chunks: virtual stage k on rank k mod p, or in a
         V schedule on rank k for k < p and 2p - 1 - k after (cached: the search asks for the same
         layouts thousands of times)."""
         return _rank_ranges(num_layers, self.pipeline, self.virtual, self.ends, bool(self.v_schedule))
+
+
+_CONFIG_FIELDS = tuple(Config.__dataclass_fields__)
+_config_values = operator.attrgetter(*_CONFIG_FIELDS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -319,7 +331,8 @@ def ranks_static_bytes(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ..
     vd, vm = _layer_values(u, lambda lay: lay.static_bytes)
     out = []
     for blocks in distinct:
-        expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes
+        # a dense model has no expert bytes: skip counting its (zero) MoE layers, the same 0.0
+        expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes if u.expert_static_bytes else 0.0
         dense = _exact_sum(multiset(blocks), vd, vm) - expert
         out.append(dims_mod.sharded_static_bytes(dense, expert, dims, u.grad_bytes))
     return [out[i] for i in index]
@@ -420,9 +433,11 @@ def peak_memory_lower_bound(u: UnitCosts, cfg: TransformerConfig, c: Config) -> 
     if c.v_schedule:
         return 0.0
     all_ranges = c.rank_ranges(cfg.num_layers)
-    sizes, index = _chunk_sizes(u, c, all_ranges)
+    distinct, index = _blocks(u, all_ranges)
+    vd, vm = _layer_values(u, lambda lay: option(lay, c.recompute).activation_bytes)
+    smallest = min(block_value(block, vd, vm) for block in distinct[index[0]])  # rank 0's of ``_chunk_sizes``
     fixed = rank_static_bytes(u, all_ranges[0], c.dims) + _fsdp_buffer_bytes(u, c.dims)
-    return fixed + inflight_chunks(c, 0) * min(sizes[index[0]])
+    return fixed + inflight_chunks(c, 0) * smallest
 
 
 def config_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
@@ -451,21 +466,23 @@ def module_frontier(u: UnitCosts, cfg: TransformerConfig) -> list[str]:
 
 def estimate(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
-             fp32_allreduce: bool = False) -> Estimate:
-    """Closed-form iteration time and memory of one configuration."""
+             fp32_allreduce: bool = False, pipeline_s: float | None = None) -> Estimate:
+    """Closed-form iteration time and memory of one configuration (``pipeline_s``: its ``pipeline_time_s``
+    when the caller has it)."""
     assert cluster.device is not None
     pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, overlap_grad_reduce=overlap_grad_reduce,
                                                   overlap_param_gather=overlap_param_gather,
-                                                  fp32_allreduce=fp32_allreduce)
+                                                  fp32_allreduce=fp32_allreduce, pipeline_s=pipeline_s)
     peak = config_peak_memory_bytes(u, cfg, c)
     return Estimate(iteration_s=pipeline_s + allreduce + optimizer, pipeline_s=pipeline_s, allreduce_s=allreduce,
                     peak_memory_bytes=peak, fits=peak <= usable_memory_bytes(cluster.device),
                     optimizer_s=optimizer)
 
 
-def iteration_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, **overlap: bool) -> float:
+def iteration_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
+                pipeline_s: float | None = None, **overlap: bool) -> float:
     """``estimate(...).iteration_s`` without the memory (the same float)."""
-    pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, **overlap)
+    pipeline_s, allreduce, optimizer = time_parts(u, cfg, cluster, c, pipeline_s=pipeline_s, **overlap)
     return pipeline_s + allreduce + optimizer
 
 
@@ -487,10 +504,12 @@ def pipeline_time_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: C
 
 def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
                overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
-               fp32_allreduce: bool = False) -> tuple[float, float, float]:
-    """(pipeline, data-parallel sync, optimizer step) seconds of the closed form; no memory."""
+               fp32_allreduce: bool = False, pipeline_s: float | None = None) -> tuple[float, float, float]:
+    """(pipeline, data-parallel sync, optimizer step) seconds of the closed form; no memory (``pipeline_s``:
+    the first when the caller has it)."""
     assert cluster.device is not None
-    pipeline_s = pipeline_time_s(u, cfg, cluster, c)
+    if pipeline_s is None:
+        pipeline_s = pipeline_time_s(u, cfg, cluster, c)
     p = c.pipeline
     rank0 = c.rank_ranges(cfg.num_layers)[0]
     allreduce = 0.0

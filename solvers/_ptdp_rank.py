@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cost_models.memory import usable_memory_bytes
@@ -27,9 +27,11 @@ from solvers import _ptdp_model as model
 from solvers._ptdp_enum import MODULES, cheapest_fitting_modules, enumerate_configs
 
 if TYPE_CHECKING:
+    from planner.schema import Cluster, TransformerConfig
     from solvers.ptdp import Options, Search
 
 Scored = list[tuple[model.Config, model.Estimate]]
+_FLOOR_MARGIN = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,28 +59,41 @@ def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], 
     overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather,
                "fp32_allreduce": opts.optimizer == "deepspeed-bf16"}
     capacity = usable_memory_bytes(cluster.device)  # type: ignore[arg-type]
+    # (time bound, index, exact?, ...) in a heap: an entry holding only the cheap lower bound on the time
+    # bound (``_time_bound_floor``) is replaced by its exact bound when it comes first, so entries leave
+    # in the order of (time bound, index), and those past the stop never have their bound computed.
     pending = []
     for index, c in enumerate(enumerate_configs(search, opts, units, lazy_modules=True)):
         u = units(c)
-        names = u.module_sets if c.recompute == MODULES else (c.recompute,)
-        bound = min(model.pipeline_time_s(u, cfg, cluster, replace(c, recompute=name)) for name in names)
-        pending.append((bound, index, c, u, names))
-    pending.sort(key=lambda item: (item[0], item[1]))
+        variants = [c.but(recompute=name) for name in u.module_sets] if c.recompute == MODULES else [c]
+        if c.v_schedule:
+            times = [model.pipeline_time_s(u, cfg, cluster, variant) for variant in variants]
+            pending.append((min(times), index, True, c, u, variants, times))
+        else:
+            pending.append((min(_time_bound_floor(u, cfg, cluster, variant) for variant in variants),
+                            index, False, c, u, variants, []))
+    searched = len(pending)
+    heapq.heapify(pending)
     costed: list[tuple[int, model.Config, model.Estimate]] = []
     fastest: list[float] = []  # max-heap (negated) of the ``keep`` least fitting times
     complete = True
-    for bound, index, c, u, names in pending:
+    while pending:
+        bound, index, exact, c, u, variants, times = heapq.heappop(pending)
         full = keep is not None and len(fastest) >= keep
-        if full and bound > -fastest[0]:
+        if full and bound > -fastest[0]:  # every entry left has a time bound at least this one
             complete = False
             break
+        if not exact:
+            times = [model.pipeline_time_s(u, cfg, cluster, variant) for variant in variants]
+            heapq.heappush(pending, (min(times), index, True, c, u, variants, times))
+            continue
         # the sync and optimizer times only add: the whole closed-form time, a tighter bound
-        if full and min(model.iteration_s(u, cfg, cluster, replace(c, recompute=name), **overlap)
-                        for name in names) > -fastest[0]:
+        if full and min(model.iteration_s(u, cfg, cluster, variant, pipeline_s=time, **overlap)
+                        for variant, time in zip(variants, times)) > -fastest[0]:
             complete = False
             continue
         # cannot fit (with the module set that keeps the fewest bytes, the frontier's last): not costed
-        lightest = replace(c, recompute=u.module_sets[-1]) if c.recompute == MODULES else c
+        lightest = variants[-1]
         if keep is not None and model.peak_memory_lower_bound(u, cfg, lightest) > capacity:
             complete = False
             continue
@@ -86,8 +101,9 @@ def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], 
             picked = cheapest_fitting_modules(u, cfg, c, capacity)
             if picked is None:
                 continue  # the empty set fits: ``none`` is its own configuration
-            c = replace(c, recompute=picked)
-        est = model.estimate(u, cfg, cluster, c, **overlap)
+            times = [times[u.module_sets.index(picked)]]
+            c = c.but(recompute=picked)
+        est = model.estimate(u, cfg, cluster, c, pipeline_s=times[0], **overlap)
         costed.append((index, c, est))
         if est.fits and keep is not None:
             heapq.heappush(fastest, -est.iteration_s)
@@ -96,4 +112,22 @@ def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], 
     if not complete and len(fastest) < keep:  # type: ignore[operator]
         return rank_configs(search, opts, units, tie_key, keep=None)  # the ranking needs those that do not fit
     costed.sort(key=lambda item: (not item[2].fits, item[2].iteration_s, tie_key(item[1]), item[0]))
-    return Ranking(entries=[(c, est) for _, c, est in costed], searched=len(pending), complete=complete, keep=keep)
+    return Ranking(entries=[(c, est) for _, c, est in costed], searched=searched, complete=complete, keep=keep)
+
+
+def _time_bound_floor(u: model.UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: model.Config) -> float:
+    """At most ``model.pipeline_time_s`` of a configuration that is not a V schedule, without its per-rank
+    sums: the slowest rank's work is at least the average, the whole model's work over p (less a relative
+    1e-9 for the roundings of the two ways of summing it)."""
+    p, v, m = c.pipeline, c.virtual, c.num_microbatches
+    send_s = 0.0
+    if p > 1:
+        bandwidth, latency = model.p2p_link(cluster, c)
+        send_s = latency + u.decoder.output_bytes / bandwidth
+    dense, moe_count = u.counts(0, cfg.num_layers)
+    total = u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+    for layer, count in ((u.decoder, dense), (u.moe_decoder, moe_count)):
+        if layer is not None and count:
+            total += count * (layer.forward_s + layer.backward_s + model.option(layer, c.recompute).extra_s)
+    average = total / p
+    return (m * (average + 2 * v * send_s) + (p - 1) / v * average + 2 * (p - 1) * send_s) * (1 - _FLOOR_MARGIN)

@@ -17,6 +17,18 @@ import numpy as np
 from solvers import _ptdp_dims as dims_mod
 
 
+class Layout(tuple):  # type: ignore[type-arg]
+    """Every rank's chunk list (a tuple of tuples) that hashes once: layouts key the caches below,
+    and hashing p x v ranges on every lookup cost more than the lookups save."""
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash  # type: ignore[no-any-return]
+        except AttributeError:
+            self._hash: int = tuple.__hash__(self)
+            return self._hash
+
+
 @lru_cache(maxsize=4096)
 def _rank_ranges(num_layers: int, p: int, v: int, ends: tuple[int, int],
                  v_shape: bool) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -25,7 +37,7 @@ def _rank_ranges(num_layers: int, p: int, v: int, ends: tuple[int, int],
     for k, n in enumerate(dims_mod.chunk_layer_counts(num_layers, p, v, ends)):
         out[(k if k < p else 2 * p - 1 - k) if v_shape else k % p].append((first, n))
         first += n
-    return tuple(tuple(r) for r in out)
+    return Layout(tuple(r) for r in out)
 
 
 @lru_cache(maxsize=4096)

@@ -110,8 +110,8 @@ def _chunk(model: ModelProfile, layers: tuple[int, int], cfg: OffloadConfig) -> 
 
 
 def evaluate(plan: Plan) -> tuple[Plan, OffloadResult]:
-    """Simulate a plan and attach its prediction."""
-    result = simulate_offload(plan, include_events=False)
+    """Simulate a plan and attach its prediction (which keeps no bubble list: none is built)."""
+    result = simulate_offload(plan, include_events=False, include_bubbles=False)
     sim = result.sim
     pred = Predicted(iteration_time_s=sim.iteration_time_s, throughput_samples_per_s=sim.throughput_samples_per_s,
                      bubble_fraction=sim.bubble_fraction, bottleneck_s=max(st.busy_s for st in sim.stages)

@@ -38,6 +38,7 @@ from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Chunk, Degrees, PipelineProblem, Plan, Stage
 from solvers import _pipedream_blocks as blocks
+from solvers._pipedream_cover import min_max_cover
 from solvers._pipedream_artifact import (
     COST_MODES,
     Chain,
@@ -221,6 +222,9 @@ def partition(
     """
     costs = level_costs(chain, levels, mode=mode, memory=memory, compression_ratio=compression_ratio,
                         deadline=deadline)
+    top_lower = costs[-1].lower
+    if top_lower is not None and not np.isfinite(min_max_cover(top_lower, chain.num_layers, costs[-1].num_workers)):
+        return np.inf, []  # no cover by finite ranges of the level below: the top level is all inf
     bound = upper_bound_s(costs[-1]) if mode != "memory" else np.inf
     value, top = solve_range(costs[-1], 0, chain.num_layers, bound_s=bound)
     if not np.isfinite(value):
@@ -303,15 +307,30 @@ def _data_parallel_plan(problem: PipelineProblem, chain: Chain, levels: list[Lev
     return plan.model_copy(update={"status": "time_limit", "notes": (*plan.notes, note)})
 
 
+def memory_needed(chain: Chain, levels: list[Level], num_workers: int, *, deadline: float | None = None) -> float:
+    """The smallest per-device memory of any partition: ``partition`` in the memory accounting,
+    whose top level, above a level that prices every range, is a min-max cover
+    (``solvers._pipedream_cover``, the same float without the top-level table).
+
+    Raises:
+        OutOfTime: ``deadline`` passed before the tables were done.
+    """
+    limit = MemoryLimit(capacity_bytes=np.inf, num_workers=num_workers)
+    costs = level_costs(chain, levels, mode="memory", memory=limit, deadline=deadline)
+    lower = costs[-1].lower
+    if lower is None:
+        return partition(chain, levels, mode="memory", memory=limit, deadline=deadline)[0]
+    return min_max_cover(lower, chain.num_layers, costs[-1].num_workers)
+
+
 def _memory_message(problem: PipelineProblem, chain: Chain, levels: list[Level], num_workers: int,
                     budget: Budget) -> str:
     """Why no partition fits: the smallest per-device memory any partition needs (the same DP
     with a stage's memory as its cost, within what is left of the time limit)."""
-    limit = MemoryLimit(capacity_bytes=np.inf, num_workers=num_workers)
     device = problem.cluster.device
     assert device is not None
     try:
-        needed, _ = partition(chain, levels, mode="memory", memory=limit, deadline=budget.deadline)
+        needed = memory_needed(chain, levels, num_workers, deadline=budget.deadline)
     except OutOfTime:
         return (f"no PipeDream partition of {problem.model.name} over {num_workers} workers fits in device memory "
                 f"({device.name}, {format_bytes(usable_memory_bytes(device))} usable); time_limit_s="

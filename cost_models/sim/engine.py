@@ -110,6 +110,7 @@ class Graph:
             stream: keeps program order: the operation also waits for the previous one added
                 with the same stream.
         """
+        # Offload simulations add some 10^5 operations: ``resource_id`` and ``_child`` are inlined.
         op = len(self.duration_s)
         preds = {d for d in deps if d >= 0}
         if stream is not None:
@@ -119,15 +120,25 @@ class Graph:
             self._stream_last[stream] = op
         self.duration_s.append(duration_s)
         self.transfers_out.append(None)
-        self.resource.append(NO_RESOURCE if resource is None else self.resource_id(resource))
+        rid = NO_RESOURCE if resource is None else self._resource_ids.get(resource)
+        if rid is None:
+            rid = self.resource_id(resource)
+        elif rid >= 0:
+            self.ordered[rid] = False  # what ``resource_id(resource)`` does for a known name
+        self.resource.append(rid)
         if also:
             assert resource is not None, "give the first resource as 'resource'"
             self.also_holds[op] = tuple(self.resource_id(name) for name in also)
         self.num_deps.append(len(preds))
-        self.children.append([])
+        children = self.children
+        children.append([])
         self.chained.append(False)
         for p in preds:
-            self._child(p, op)
+            kids = children[p]
+            if kids is None:
+                children[p] = [op]
+            else:
+                kids.append(op)
         return op
 
     def _child(self, parent: int, op: int) -> None:

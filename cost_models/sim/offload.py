@@ -203,9 +203,10 @@ def _build_pipeline(s: _Setup) -> tuple[_Graph, list[int]]:
         p = _prefetch(s, graph, gpu, "F", i, layers, visits[gpu])
         fwd, _ = _range_times(s, layers)
         hop = _p2p_s(s, s.forward_gpus[i - 1], gpu, model.layers[layers[0] - 1].output_bytes) if i else 0.0
+        src = s.forward_gpus[i - 1] if i else gpu
+        peer = _peer(s, src, gpu)
         for j in range(m):
-            src = s.forward_gpus[i - 1] if i else gpu
-            dep = graph.add(hop, ("A", src, i, j), deps=[prev[j]], **_peer(s, src, gpu)) if hop else prev[j]
+            dep = graph.add(hop, ("A", src, i, j), deps=[prev[j]], **peer) if hop else prev[j]
             prev[j] = graph.add(fwd, ("F", gpu, i, j), stream=("gpu", gpu), deps=[p, dep])
         visits[gpu].append(prev[m - 1])
     return _add_backward(s, graph, visits)
@@ -232,10 +233,11 @@ def _add_backward(s: _Setup, graph: _Graph, visits: dict[int, list[int]]) -> tup
         if n + 1 < len(s.backward):
             hop = _p2p_s(s, s.backward_gpus[n + 1], gpu, model.layers[layers[1] - 1].output_bytes)
         buffer_gate = grad_ops[gpu][-2] if len(grad_ops[gpu]) >= 2 else -1
+        src_f, src_b = s.forward_gpus[i], s.backward_gpus[min(n + 1, len(s.backward) - 1)]
+        peer_f, peer_b = _peer(s, src_f, gpu), _peer(s, src_b, gpu)
         for j in range(m):
-            src_f, src_b = s.forward_gpus[i], s.backward_gpus[min(n + 1, len(s.backward) - 1)]
-            ck = graph.add(ckpt_s, ("C", src_f, n, j), deps=[fops[(i, j)]], **_peer(s, src_f, gpu)) if ckpt_s else fops[(i, j)]
-            dep = graph.add(hop, ("A", src_b, n, j), deps=[prev[j]], **_peer(s, src_b, gpu)) if hop else prev[j]
+            ck = graph.add(ckpt_s, ("C", src_f, n, j), deps=[fops[(i, j)]], **peer_f) if ckpt_s else fops[(i, j)]
+            dep = graph.add(hop, ("A", src_b, n, j), deps=[prev[j]], **peer_b) if hop else prev[j]
             prev[j] = graph.add(bwd, ("B", gpu, n, j), stream=("gpu", gpu),
                                 deps=[p, ck, dep, buffer_gate if j == 0 else -1])
         visits[gpu].append(prev[m - 1])
@@ -336,7 +338,7 @@ def _memory(s: _Setup) -> tuple[list[float], list[float]]:
     return gpu_mem, cpu_mem
 
 
-def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResult:
+def simulate_offload(plan: Plan, *, include_events: bool = True, include_bubbles: bool = True) -> OffloadResult:
     """Simulate one iteration of an offloaded plan (spipe, mobius or zero-offload).
 
     The plan's ``offload`` (``planner.schema.OffloadSpec``) gives ``mode`` (``pipeline`` or ``zero-offload``),
@@ -347,6 +349,8 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
     Args:
         plan: an offloaded plan.
         include_events: build the compute, transfer and CPU timelines.
+        include_bubbles: list each GPU's idle gaps in its stage result (a sweep that keeps only
+            the prediction skips them: tens of thousands on deep pipelines).
 
     Returns:
         The ``SimResult`` (one stage result per GPU; B events carry the backward stage index) and
@@ -366,7 +370,7 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
     gpu_ops = [op for op, meta in enumerate(graph.meta) if meta[0] in ("F", "B", "P", "G")]
     makespan = max(end[op] for op in gpu_ops) - min(start[op] for op in gpu_ops)
     gpu_mem, cpu_mem = _memory(s)
-    sim = _sim_result(s, graph, start, end, iteration, gpu_mem, include_events)
+    sim = _sim_result(s, graph, start, end, iteration, gpu_mem, include_events, include_bubbles)
     transfers, cpu = _resource_events(graph, start, end) if include_events else ((), ())
     links = _link_events(graph, start, end) if include_events else ()
     return OffloadResult(sim=sim, transfers=transfers, cpu=cpu, gpu_makespan_s=makespan,
@@ -376,7 +380,7 @@ def simulate_offload(plan: Plan, *, include_events: bool = True) -> OffloadResul
 
 
 def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], iteration: float,
-                gpu_mem: list[float], include_events: bool) -> SimResult:
+                gpu_mem: list[float], include_events: bool, include_bubbles: bool = True) -> SimResult:
     capacity = usable_memory_bytes(s.plan.cluster.device)  # type: ignore[arg-type]
     per_gpu: dict[int, list[tuple[float, float]]] = defaultdict(list)
     events: list[TimelineEvent] = []
@@ -391,7 +395,7 @@ def _sim_result(s: _Setup, graph: _Graph, start: list[float], end: list[float], 
         busy = sum(b - a for a, b in spans)
         free = max(capacity - gpu_mem[gpu], 0.0)
         bubbles, cursor = [], 0.0
-        for a, b in spans + [(iteration, iteration)]:
+        for a, b in spans + [(iteration, iteration)] if include_bubbles else ():
             if a - cursor > _EPS * max(iteration, 1.0):
                 # computed finite floats: construct without re-validating (thousands per GPU on deep models)
                 bubbles.append(Bubble.model_construct(start_s=cursor, end_s=a, free_memory_bytes=free))

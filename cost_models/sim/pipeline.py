@@ -264,6 +264,10 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], 
     I(k, i), which run earlier on the same rank: built-in (trusted) lists get that from the
     rank's order alone; other lists keep the edges, so that a misordered list deadlocks."""
     nd, kids, f_op, b_op = top.num_deps, top.children, top.f_op, top.b_op
+    # the loop runs once per action (10^5 on deep pipelines): the lists it appends to are locals
+    boundary, resource, transfers, child_of = (top.transfer_boundary, top.transfer_resource, top.transfers,
+                                               top.transfer_child)
+    transfers_out, resource_names = top.transfers_out, top.resource_names
     last = max((k for _, k in top.code_stage), default=0)
     links: dict[tuple[int, int], int] = {}
     for r, rank_ops in enumerate(top.ops):
@@ -293,11 +297,14 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], 
             if forward is None:
                 _child(kids, src, op)
                 continue
-            pair = (owner[src], r)
-            rid = links.get(pair, engine.NO_RESOURCE)
-            if rid < 0 and pair[0] != r:  # on one rank a transfer is a plain delay, no link
-                rid = links[pair] = len(top.resource_names)
-                top.resource_names.append(("link", names[pair[0]], names[pair[1]]))
+            sender = owner[src]
+            if sender == r:
+                rid = engine.NO_RESOURCE  # on one rank a transfer is a plain delay, no link
+            else:
+                rid = links.get((sender, r), -1)
+                if rid < 0:
+                    rid = links[(sender, r)] = len(resource_names)
+                    resource_names.append(("link", names[sender], names[r]))
             if as_ops:
                 t = len(nd)
                 nd.append(1)
@@ -305,16 +312,16 @@ def _add_sends(top: _Topology, m: int, owner: list[int], names: list[Hashable], 
                 top.chained.append(False)
                 _child(kids, src, t)
             else:
-                t = len(top.transfer_child)
-                top.transfer_child.append(op)
-                out = top.transfers_out[src]
+                t = len(child_of)
+                child_of.append(op)
+                out = transfers_out[src]
                 if out is None:
-                    top.transfers_out[src] = [t]
+                    transfers_out[src] = [t]
                 else:
                     out.append(t)
-            top.transfer_boundary.append((forward, k))
-            top.transfer_resource.append(rid)
-            top.transfers.append((t, "SF" if forward else "SB", k, i))
+            boundary.append((forward, k))
+            resource.append(rid)
+            transfers.append((t, "SF" if forward else "SB", k, i))
 
 
 def _child(kids: list[list[int] | None], parent: int, op: int) -> None:

@@ -80,3 +80,31 @@ def test_bpipe_plans_extrapolate_exactly(monkeypatch: pytest.MonkeyPatch) -> Non
     approx = sim.simulate(plan, include_events=False)
     assert approx.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-9)
     assert [s.peak_memory_bytes for s in approx.stages] == pytest.approx([s.peak_memory_bytes for s in exact.stages])
+
+
+def test_a_retry_simulates_each_microbatch_count_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the first window is not affine the retry's window overlaps it: the shared counts are
+    simulated once, and the result is the one the retry's three runs give."""
+    plan = h.plan(h.uniform_layers(4, 1.0, 2.0), num_stages=4, num_microbatches=404)
+    calls: list[int] = []
+
+    def simulate(pl):  # noqa: ANN001, ANN202
+        calls.append(pl.num_microbatches)
+        return sim.simulate(pl, include_events=False)
+
+    original = extrapolate._extrapolate
+    windows: list[int] = []
+
+    def first_window_fails(pl, runs, m_a, step):  # noqa: ANN001, ANN202
+        windows.append(m_a)
+        return None if len(windows) == 1 else original(pl, runs, m_a, step)
+
+    monkeypatch.setattr(extrapolate, "_extrapolate", first_window_fails)
+    result = extrapolate.simulate_many(plan, simulate)
+    step = 12
+    first, second = windows
+    assert (first, second) == (8, 20)  # base 8, then 16: windows 8, 20, 32 and 20, 32, 44
+    assert sorted(calls) == [first, first + step, first + 2 * step, first + 3 * step]
+    runs = [sim.simulate(extrapolate._with_microbatches(plan, second + j * step), include_events=False)
+            for j in range(3)]
+    assert result == original(plan, runs, second, step)

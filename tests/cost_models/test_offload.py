@@ -189,3 +189,17 @@ def test_plans_with_the_old_options_offload_section_still_load():
     old = Plan.from_dict(data)
     assert old.offload == plan.offload and "offload" not in old.options
     assert simulate_offload(old).sim.iteration_time_s == simulate_offload(plan).sim.iteration_time_s
+
+
+def test_sweeps_skip_the_bubble_lists_only():
+    """``include_bubbles=False`` (the spipe/mobius sweep): every other field is the same."""
+    plan = _plan(_toy(16, 0.5, 1.5), _cluster(4), v=2, d=2, decoupled=True, m=4)
+    full = simulate_offload(plan, include_events=False)
+    lean = simulate_offload(plan, include_events=False, include_bubbles=False)
+    assert any(stage.bubbles for stage in full.sim.stages)
+    assert all(not stage.bubbles for stage in lean.sim.stages)
+    stripped = full.sim.model_copy(update={"stages": tuple(s.model_copy(update={"bubbles": ()})
+                                                           for s in full.sim.stages)})
+    assert lean.sim == stripped
+    assert (lean.gpu_makespan_s, lean.cpu_exposed_s, lean.gpu_memory_bytes) == (
+        full.gpu_makespan_s, full.cpu_exposed_s, full.gpu_memory_bytes)

@@ -248,3 +248,15 @@ def test_zb_v_engine_agrees_with_an_independent_event_simulation() -> None:
         result = simulate_costs(costs, actions, num_microbatches=m)
         assert result.iteration_time_s == pytest.approx(float(max(s[1] for s in spans))), (p, m, f, i, w)
         assert [st.busy_s for st in result.stages] == pytest.approx([float(s[2]) for s in spans])
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipe-v"])
+def test_peak_inflight_from_2p_microbatches_equals_the_whole_count(schedule: str) -> None:
+    """``peak_inflight`` counts min(m, 2p) microbatches: the same three peaks as counting the whole
+    order, on every rank, for m up to well past 2p."""
+    from cost_models.vschedules import count_inflight, peak_inflight
+
+    for p in range(1, 13):
+        for rank in range(p):
+            for m in range(2 * p if schedule == "dualpipe-v" else 1, 5 * p + 7):
+                assert peak_inflight(schedule, p, m, rank) == count_inflight(schedule, p, m, rank), (p, rank, m)

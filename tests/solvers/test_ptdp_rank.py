@@ -89,3 +89,49 @@ def test_exact_sum_of_repeated_values_is_fsum() -> None:
         vd, vm = rng.uniform(0, 1e9) * rng.choice([1, 1e-12]), rng.uniform(0, 1e3)
         chunks = [(d * vd if d else 0.0) + (e * vm if e else 0.0) for (d, e), k in blocks for _ in range(k)]
         assert model._exact_sum(blocks, vd, vm) == math.fsum(chunks)
+
+
+def test_config_copies_and_layouts_equal_their_plain_forms() -> None:
+    """``Config.but`` is ``dataclasses.replace``; a ``Layout`` hashes and compares as its plain tuple."""
+    import dataclasses
+
+    from solvers._ptdp_states import Layout, _rank_ranges
+
+    rng = random.Random(5)
+    base = model.Config(tensor=2, pipeline=4, data=8, virtual=3, microbatch_size=2, num_microbatches=16,
+                        recompute="selective", ends=(3, 5), v_schedule="")
+    fields = {"tensor": [1, 4], "virtual": [1, 2], "recompute": ["none", "full"], "ends": [(0, 0), (2, 1)],
+              "v_schedule": ["zb-v"], "zero_stage": [1, 3]}
+    for _ in range(30):
+        changes = {k: rng.choice(v) for k, v in fields.items() if rng.random() < 0.5}
+        assert base.but(**changes) == dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    for args in [(30, 4, 2, (0, 0), False), (48, 8, 3, (4, 2), False), (24, 4, 2, (0, 0), True)]:
+        layout = _rank_ranges(*args)
+        plain = tuple(tuple(r) for r in layout)
+        assert isinstance(layout, Layout) and layout == plain and hash(layout) == hash(plain) == hash(layout)
+
+
+def test_the_time_bound_floor_is_below_every_time_bound() -> None:
+    """``_time_bound_floor`` (the ranking's cheap first key) never exceeds ``pipeline_time_s``: every
+    non-V configuration of the dense cases and of a toy MoE (dense first layer, expert layers after)."""
+    from solvers._ptdp_rank import _time_bound_floor
+    from tests.solvers.test_ptdp_dims import _toy_moe_problem
+
+    moe = _toy_moe_problem(1e9)
+    moe_opts = ptdp.Options(min_tokens_per_context_rank=1)
+    moe_search = ptdp._prepare(moe, moe_opts)
+    searches = [_search(*case)[1:] for case in CASES[:2]] + [(moe_opts, moe_search, ptdp.unit_cache(moe_search, moe_opts))]
+    checked = 0
+    for opts, search, units in searches:
+        cluster = search.problem.cluster
+        for c in enumerate_configs(search, opts, units, prune=False):
+            if c.v_schedule:
+                continue
+            u = units(c)
+            exact = model.pipeline_time_s(u, search.cfg, cluster, c)
+            floor = _time_bound_floor(u, search.cfg, cluster, c)
+            assert floor <= exact, c
+            if c.pipeline == 1:  # one rank: its work is the average, the floor is the bound less the margin
+                assert floor == pytest.approx(exact, rel=1e-8), c
+            checked += 1
+    assert checked > 500
