@@ -16,6 +16,8 @@ from planner import cli_types as T
 
 __all__ = ["add_parsers"]
 
+MAX_REPEATS = 100
+
 
 def add_parsers(sub: Any) -> None:
     """Add ``calibrate`` to the ``paraplan`` sub-command parser."""
@@ -24,7 +26,8 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device to measure on")
     c.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="GEMM precision (default: bf16 on cuda, fp32 on cpu)")
     c.add_argument("--quick", action="store_true", help="small shapes only (seconds; for tests and smoke runs)")
-    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--repeats", type=T.count(MAX_REPEATS, "timed runs per shape; 5 to 20 are plenty"), default=5,
+                   help=f"timed runs per shape, 1 to {MAX_REPEATS} (default 5)")
     c.add_argument("-o", "--output", help="write the calibrated cluster JSON here (default: stdout)")
     c.set_defaults(handler=cmd_calibrate)
 
@@ -33,9 +36,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from cost_models import calibration
     from planner import api
     from planner.errors import InvalidProblemError
+    from planner.schema_io import check_output_path
 
-    if args.repeats < 1:
-        raise InvalidProblemError(f"--repeats={args.repeats} must be at least 1")
+    check_output_path(args.output, flag="-o")
     cluster = api.load_cluster(args.cluster)
     from planner.report import expansion_line
 
@@ -43,6 +46,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if cluster.device is None:
         raise InvalidProblemError(f"--cluster {args.cluster!r} has no device to calibrate")
     from runtime_bridge import calibrate as bench
+
+    bench.check_device(args.device)
 
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     shapes = bench.QUICK_GEMM_SHAPES if args.quick else bench.DEFAULT_GEMM_SHAPES

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from cost_models.calibration import CopySample, GemmSample
+from planner.errors import InvalidProblemError
 
 DEFAULT_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
     (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
@@ -21,6 +22,18 @@ DEFAULT_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
 )
 QUICK_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 64, 64), (128, 128, 128), (256, 128, 64), (256, 256, 256))
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this torch cannot measure on (a CUDA device without a CUDA build or GPU).
+
+    Raises:
+        InvalidProblemError: naming the device and what to use instead.
+    """
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise InvalidProblemError(f"--device cuda: {why}; run on a GPU machine with a CUDA build of torch, "
+                                  "or use --device cpu")
 
 
 def _sync(device: torch.device) -> None:

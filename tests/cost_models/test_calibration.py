@@ -62,3 +62,19 @@ def test_calibrate_cli_writes_a_cluster_every_solver_accepts(tmp_path: Path) -> 
     problem = api.make_problem("gpt-tiny", str(out), num_stages=2, global_batch_size=8)
     assert problem.model.source == "analytic"  # the per-operation model with the fitted constants
     assert api.plan(problem, solver="even").predicted is not None
+
+
+def test_calibrate_cli_refuses_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A directory as output, an unbounded repeat count and a CUDA device this torch lacks: exit 2
+    at once, naming the flag (the output was written only after the measurements before)."""
+    torch = pytest.importorskip("torch")
+    from planner.cli import main
+
+    base = ["calibrate", "--cluster", "cpu:1", "--quick", "--repeats", "1"]
+    assert main([*base, "-o", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main([*base, "--repeats", "99999999999999"]) == 2
+    assert "--repeats" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*base, "--device", "cuda"]) == 2
+        assert "--device cuda" in capsys.readouterr().err
