@@ -85,9 +85,11 @@ def fsdp_exposed_comm_s(allgather_s: list[float], compute_s: list[float], *, sm_
     forward or backward prefetch of one unit): the first unit's all-gather waits, then unit i's
     all-gather overlaps unit i-1's compute: t_ag[0] + sum_i max(0, t_ag[i] - t_compute[i-1]).
 
-    ``sm_share``: share of the SMs a running collective holds (``compute.collective_sm_share``).
-    The compute under it runs on the other SMs, so each overlapped stretch min(t_ag[i],
-    t_compute[i-1]) costs ``sm_share`` of itself more (docs/cost-model.md, "SM contention").
+    ``sm_share`` s: share of the SMs a running collective holds (``compute.collective_sm_share``).
+    The compute under it runs on the other SMs at 1 - s of its speed, so unit i-1's compute c,
+    started with unit i's all-gather ag, ends at c + s min(ag, c / (1 - s)) and unit i starts at the
+    later of that and ag: each pair adds max(ag - c, s min(ag, c / (1 - s))) (docs/cost-model.md,
+    "SM contention"; at s = 0 the formula above).
 
     Raises:
         InvalidProblemError: lists of different lengths, or ``sm_share`` outside [0, 1).
@@ -98,9 +100,8 @@ def fsdp_exposed_comm_s(allgather_s: list[float], compute_s: list[float], *, sm_
         raise InvalidProblemError(f"sm_share={sm_share} must be in [0, 1): the share of SMs a collective holds")
     if not allgather_s:
         return 0.0
-    pairs = list(zip(allgather_s[1:], compute_s[:-1]))
-    exposed = allgather_s[0] + sum(max(0.0, ag - c) for ag, c in pairs)
-    return exposed + sm_share * sum(min(ag, c) for ag, c in pairs)
+    pairs = zip(allgather_s[1:], compute_s[:-1])
+    return allgather_s[0] + sum(max(ag - c, sm_share * min(ag, c / (1.0 - sm_share))) for ag, c in pairs)
 
 
 def _check_stage(zero_stage: int, data_parallel: int) -> None:

@@ -179,7 +179,7 @@ def _layers(graph: engine.Graph, start: int, layers: Sequence[LayerComm], stage:
     for i, x in enumerate(layers):
         pending += x.compute_s + x.ring_exposed_s()  # the K/V ring stays closed form (module docstring)
         if stage.fsdp and i + 1 < len(layers):  # under the next layer's gather, on the SMs NCCL leaves
-            pending += stage.sm_share * min(layers[i + 1].gather_s, x.compute_s)
+            pending += stage.sm_share * min(layers[i + 1].gather_s, x.compute_s / (1.0 - stage.sm_share))
         if x.alltoall_cover_s is not None:
             pending += x.alltoall_exposed_s()
         on_path = x.alltoall_s > 0 and x.alltoall_cover_s is None

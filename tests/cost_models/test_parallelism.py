@@ -54,7 +54,11 @@ def test_fsdp_sm_contention() -> None:
     """A collective holding a quarter of the SMs lengthens the compute it runs under by a quarter of
     each overlapped stretch min(t_ag[i], t_compute[i-1]): 3 under 5 -> 0.75, 6 under 1 -> 0.25,
     1 under 4 -> 0.25; the first gather overlaps nothing."""
-    assert par.fsdp_exposed_comm_s([2, 3, 6, 1], [5, 1, 4, 9], sm_share=0.25) == 7 + 0.25 * (3 + 1 + 1)
+    # pairs (ag, c) = (3, 5), (6, 1), (1, 4): the compute under a gather runs at 0.75 of its speed, so
+    # it grows by 0.25 min(ag, c / 0.75) and the next unit waits for the later of it and the gather
+    assert par.fsdp_exposed_comm_s([2, 3, 6, 1], [5, 1, 4, 9], sm_share=0.25) == pytest.approx(2 + 0.75 + 5 + 0.25)
+    # a gather a little longer than the compute (c < ag < c / 0.75): the slowed compute ends last
+    assert par.fsdp_exposed_comm_s([0, 1.2], [1, 1], sm_share=0.25) == pytest.approx(0.25 * 1.2)
     assert par.fsdp_exposed_comm_s([2, 3], [5, 1], sm_share=0.0) == 2
     with pytest.raises(InvalidProblemError, match="sm_share"):
         par.fsdp_exposed_comm_s([1.0, 1.0], [1.0, 1.0], sm_share=1.0)

@@ -38,7 +38,11 @@ def _slow_ring(plan: Plan) -> Plan:
     _with_weights(preset_plan(DENSE, data=8, zero_stage=3, p=2, m=4), 1e9),  # FSDP inside a node
     preset_plan(MOE.model_copy(update={"num_experts": 16}), data=16, expert=16),  # all-to-alls over 2 nodes' NICs
     _with_weights(preset_plan(MOE, p=2, data=4, context=2, expert=4, tensor=2, zero_stage=3, m=4), 1e8),
-], ids=["fsdp", "expert-alltoall-nic", "every-dimension"])
+    # gathers outlasting a layer's 0.1 s compute: 0.117 s (the compute slowed to 0.82 of its speed still
+    # ends last) and 0.194 s (the gather ends last)
+    _with_weights(preset_plan(DENSE, data=8, zero_stage=3, p=2, m=4), 6e10),
+    _with_weights(preset_plan(DENSE, data=8, zero_stage=3, p=2, m=4), 1e11),
+], ids=["fsdp", "expert-alltoall-nic", "every-dimension", "fsdp-gather-past-compute", "fsdp-gather-past-slowed"])
 def test_without_contention_the_engine_reproduces_the_closed_form(plan: Plan) -> None:
     events, closed = _events_and_closed_form(plan)
     assert events == pytest.approx(closed, rel=1e-12)
