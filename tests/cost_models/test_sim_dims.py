@@ -70,10 +70,11 @@ def test_fsdp_gathers_each_layer_before_forward_and_backward_with_one_layer_pref
     layers = plan.model.layers
     fwd = [layer.forward_s for layer in layers]
     bwd = [layer.backward_s for layer in layers][::-1]
-    # a gather holds NCCL's 24 CTAs of the device's SMs: the compute under it runs on the rest
+    # a gather holds NCCL's 24 CTAs of the device's SMs: the compute under it runs on the rest, at
+    # 1 - share of its speed, and the next layer waits for the later of it and the gather
     share = 24 / compute_constants(plan.cluster.device).num_sms  # type: ignore[arg-type]
-    exposed_f = gather + sum(max(0.0, gather - c) + share * min(gather, c) for c in fwd[:-1])
-    exposed_b = gather + sum(max(0.0, gather - c) + share * min(gather, c) for c in bwd[:-1])
+    exposed_f = gather + sum(max(gather - c, share * min(gather, c / (1 - share))) for c in fwd[:-1])
+    exposed_b = gather + sum(max(gather - c, share * min(gather, c / (1 - share))) for c in bwd[:-1])
     costs = pipeline_costs(plan)
     assert costs.forward_s[0] == pytest.approx(sum(fwd) + exposed_f, rel=1e-12)
     assert costs.backward_s[0] == pytest.approx(sum(bwd) + exposed_b, rel=1e-12)
