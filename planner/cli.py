@@ -41,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse already printed the usage error
         return 0 if e.code == 0 else 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    empty = _empty_flag(parser, args)
+    if empty is not None:
+        print(f"error: {empty} is empty; give it a value or drop the flag", file=sys.stderr)
+        return 2
     try:
         return int(args.handler(args) or 0)
     except PlannerError as e:
@@ -67,6 +71,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {format_validation_error(e.title, e)}", file=sys.stderr)  # type: ignore[attr-defined]
             return 2
         return _internal_error(e)
+
+
+def _empty_flag(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first option given an empty or blank text value (``--solver ''`` would read as not given)."""
+    stack, seen = [parser], set()
+    while stack:
+        p = stack.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+            elif action.option_strings and action.dest not in seen:
+                value = getattr(args, action.dest, None)
+                if isinstance(value, str) and not value.strip() and value != action.default:
+                    return action.option_strings[-1]
+                seen.add(action.dest)
+    return None
 
 
 def _is_validation_error(e: BaseException) -> bool:

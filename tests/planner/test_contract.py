@@ -192,12 +192,14 @@ def test_output_paths_are_checked_first(tmp_path: Path, flag: str) -> None:
     for argv in (["plan", "--model", "gpt-tiny", "--cluster", "cpu:2"], ["export", plan, "--format", "megatron"],
                  ["fill", plan, "--fill-jobs", "bert-large-inference"], ["profile", "--model", "gpt-tiny"]):
         refused([*argv, flag, str(tmp_path)], "is a directory")
-        refused([*argv, flag, ""], "is empty", "give a file name")
+        refused([*argv, flag, ""], "is empty")
         refused([*argv, flag, str(tmp_path / "missing" / "out.json")], "does not exist", "mkdir -p")
     refused(["simulate", plan, "--timeline", str(tmp_path / "nope" / "t.png")], "--timeline")
     refused(["simulate", plan, "--trace", str(tmp_path)], "--trace", "is a directory")
     refused(["export", plan, "--format", "torch-csv", "--schedule-csv", "s.csv"], "--schedule-csv", "torchtitan")
-    refused(["export", plan, "--format", "torchtitan", "--schedule-csv", ""], "--schedule-csv", "file name")
+    refused(["export", plan, "--format", "torchtitan", "--schedule-csv", ""], "--schedule-csv", "is empty")
+    refused(["plan", "--model", "gpt-tiny", "--cluster", "cpu:2", "--solver", " "], "--solver", "is empty")
+    refused(["plan", "--model", "gpt-tiny", "--cluster", "cpu:2", "--schedule", ""], "--schedule", "is empty")
     refused(["simulate", plan, "--window", "nan:inf", "--timeline", str(tmp_path / "t.png")], "--window", "finite")
     refused(["cluster-sim", "--cluster", "v100:2", "--policy", "fifo", "--jobs", "2", "--rate", "1",
               "--cdf", str(tmp_path)], "--cdf")
