@@ -68,7 +68,7 @@ def test_torchtitan_rows() -> None:
     """torchtitan's FSDP2 runs (layer times, op-level selective checkpointing, FSDP2's exposed
     collectives, optimizer step), costed with eager PyTorch's unfused elementwise chains (fp32
     RMSNorm and rotary, two-kernel SwiGLU, K/V expanded before SDPA) and the compute under FSDP's
-    overlapped collectives run on the SMs NCCL's 24 CTAs leave it: the six A100 rows -6.2 to +3.6 %
+    overlapped collectives run on the SMs NCCL's 24 CTAs leave it: the six A100 rows -6.2 to +3.7 %
     (mean |error| 3.8 %, max 6.2 %; before the SM share -3.6 to +10.9 %, mean 3.5 %), tested within
     7 % and mean 4 %. The Grand Teton H100 rows (peak between 835 and 989 TF/s, 2.4 TB/s, PyTorch
     SDPA's FlashAttention-2 at 35 % of peak): -9.2 and -6.5 % at the NVL end, +3.2 and +6.2 % at the
@@ -76,7 +76,7 @@ def test_torchtitan_rows() -> None:
     tested at the accuracy reached."""
     rows = FIDELITY.torchtitan_rows()
     a100 = [float(r["error"]) for r in rows if "a100" in str(r["row"])]
-    assert a100 == pytest.approx([-0.062, -0.037, -0.018, -0.021, 0.036, -0.055], abs=0.003)
+    assert a100 == pytest.approx([-0.062, -0.037, -0.018, -0.021, 0.037, -0.055], abs=0.003)
     assert len(a100) == 6 and all(abs(e) < 0.07 for e in a100)
     assert sum(abs(e) for e in a100) / len(a100) == pytest.approx(0.038, abs=0.003)
     h100 = [r for r in rows if "h100" in str(r["row"])]
