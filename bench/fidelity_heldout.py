@@ -18,6 +18,8 @@ Sources (docs/references.md; table and notes: docs/cost-model.md, "Held-out runs
 - MPT [llm-foundry] ``scripts/train/benchmarking/README.md``: 1B-70B models on A100 80 GB and on
   H100 80 GB in BF16 with FSDP, microbatch, gradient accumulation and checkpointing per row.
 
+Megatron-Bridge's BF16 rows on H100, B200 and GB200 are held out in bench/fidelity_bridge.py.
+
 Run from the repository root: ``PYTHONPATH=. .venv/bin/python bench/fidelity_heldout.py``.
 """
 
