@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cost_models import compute, layer_ops, moe, recompute
+from cost_models import compute, fp8, layer_ops, moe, recompute
 from cost_models.transformer import (
     _TOKEN_ID_BYTES,
     _element_bytes,
@@ -146,6 +146,10 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     if compute.compute_constants(device).elementwise_kernels == "eager":  # fp32 norm copies, SiLU output, K/V
         extra = layer_ops.eager_extra_activation_bytes(cfg, b * cfg.seq_length, t, sp)
         options = {k: o if k == "full" else o.model_copy(update={"activation_bytes": o.activation_bytes + extra})
+                   for k, o in options.items()}
+    if fp8.is_fp8(device):  # linear-layer inputs kept in FP8 (cost_models.fp8)
+        saving = fp8.activation_saving_bytes(cfg, b * cfg.seq_length, t, sp)
+        options = {k: o if k == "full" else o.model_copy(update={"activation_bytes": o.activation_bytes - saving})
                    for k, o in options.items()}
     if module_sets:
         options.update(recompute.module_set_options(cfg, device, dec, options["none"].activation_bytes, **mkw,

@@ -62,6 +62,27 @@ def with_elementwise_kernels(device: Device, kernels: str) -> Device:
         update={"elementwise_kernels": kernels})})
 
 
+LINEAR_PRECISIONS = ("bf16", "fp8", "fp8-cs")
+
+
+def with_linear_precision(device: Device, precision: str) -> Device:
+    """The device with ``ComputeModel.linear_precision`` set (its other constants kept): ``bf16``,
+    ``fp8`` (Transformer Engine, delayed scaling) or ``fp8-cs`` (current scaling); ``cost_models.fp8``.
+
+    Raises:
+        InvalidProblemError: ``precision`` is none of these, or FP8 on a device with no FP8 peak.
+    """
+    if precision not in LINEAR_PRECISIONS:
+        raise InvalidProblemError(f"precision={precision!r} must be 'bf16', 'fp8' (Transformer Engine FP8 "
+                                  f"linear layers, delayed scaling) or 'fp8-cs' (current scaling)")
+    c = compute_constants(device)
+    if precision != "bf16" and "fp8" not in c.peak_flops_by_dtype:
+        raise InvalidProblemError(f"precision={precision!r} needs an FP8 peak, which device {device.name!r} does "
+                                  f"not give (compute.peak_flops_by_dtype.fp8); use precision='bf16' or an "
+                                  f"FP8 device such as h100")
+    return device.model_copy(update={"compute": c.model_copy(update={"linear_precision": precision})})
+
+
 def peak_flops_per_s(device: Device, dtype: str = "bf16") -> float:
     """Dense peak FLOP/s of a precision (16-bit: ``Device.peak_flops``)."""
     if dtype in ("fp16", "bf16"):
@@ -91,7 +112,8 @@ def gemm_compute_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, dt
     """Tile/wave-quantized compute time of ``batch`` GEMMs (M x K)(K x N), without the roofline:
     the fastest of the device's tile sizes."""
     c = compute_constants(device)
-    per_sm_flops = peak_flops_per_s(device, dtype) / c.num_sms * c.gemm_max_fraction
+    fraction = c.fp8_gemm_max_fraction or c.gemm_max_fraction if dtype == "fp8" else c.gemm_max_fraction
+    per_sm_flops = peak_flops_per_s(device, dtype) / c.num_sms * fraction
     best = math.inf
     for tm, tn, rate in _tiles(c):
         waves = math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / c.num_sms)
@@ -108,7 +130,7 @@ def gemm_time_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, dtype
     """Time of ``batch`` GEMMs: max(compute, memory) plus one kernel launch."""
     if min(m, n, k, batch) <= 0:
         return 0.0
-    e = 4 if dtype == "fp32" else 2
+    e = {"fp32": 4, "fp8": 1}.get(dtype, 2)  # FP8: 1-byte operands (the 16-bit output is left at 1 byte)
     compute = gemm_compute_s(m, n, k, device, batch=batch, dtype=dtype)
     return max(compute, gemm_memory_s(m, n, k, device, batch=batch, bytes_per_element=e)) + (
         compute_constants(device).kernel_launch_s)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models import moe, moe_ops
+from cost_models import fp8, moe, moe_ops
 from cost_models.collectives import ring_allreduce_s
 from cost_models.compute import compute_constants, gemm_compute_s, gemm_fwd_bwd_s, gemm_time_s, memory_op_s
 from cost_models.moe_ops import Gemm
@@ -204,8 +204,9 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     b, t = microbatch_size, tensor_parallel
     tokens = b * cfg.seq_length
     fwd_gemm = bwd_in = bwd_w = 0.0
-    for m, n, k, count in _linear_gemms(cfg, tokens, t, layer_index):
-        f_s, i_s, w_s = gemm_fwd_bwd_s(m, n, k, device)  # type: ignore[arg-type]  # MoE rows may be fractional
+    gemms, dtype = _linear_gemms(cfg, tokens, t, layer_index), fp8.gemm_dtype(device)
+    for m, n, k, count in gemms:
+        f_s, i_s, w_s = gemm_fwd_bwd_s(m, n, k, device, dtype=dtype)  # type: ignore[arg-type]  # MoE rows: fractional
         fwd_gemm, bwd_in, bwd_w = fwd_gemm + count * f_s, bwd_in + count * i_s, bwd_w + count * w_s
     core_fwd, core_bwd = _attention_core(cfg, device, b, t, attention)
     ew_fwd, ew_bwd = _elementwise_bytes(cfg, tokens, t, sequence_parallel, layer_index)
@@ -214,9 +215,11 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
         extra_fwd, extra_bwd = eager_extra_bytes(cfg, tokens, t, sequence_parallel)
         ew_fwd, ew_bwd = ew_fwd + extra_fwd, ew_bwd + extra_bwd
         kernels = (6 + EAGER_EXTRA_KERNELS[0], 8 + EAGER_EXTRA_KERNELS[1])
+    q_fwd, q_bwd, q_kf, q_kb = fp8.quantize_bytes(gemms, device)  # type: ignore[arg-type]  # FP8 casts (0 in BF16)
+    ew_fwd, ew_bwd, kernels = ew_fwd + q_fwd, ew_bwd + q_bwd, (kernels[0] + q_kf, kernels[1] + q_kb)
     mem_fwd = memory_op_s(ew_fwd, device, num_kernels=kernels[0])
-    comm = 2 * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size, t, tp_link_bytes_per_s,
-                               tp_latency_s)
+    comm = 2 * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size * fp8.tp_comm_scale(
+        device, sequence_parallel), t, tp_link_bytes_per_s, tp_latency_s)
     forward = fwd_gemm + core_fwd + mem_fwd + comm
     back_comm = 2 * max(0.0, comm / 2 - bwd_w / 2) if overlap_tp_backward else comm
     backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=kernels[1]) + back_comm

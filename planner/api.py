@@ -178,6 +178,7 @@ def make_problem(
     memory_headroom: str | float | None = None,
     attention: str | None = None,
     kernels: str | None = None,
+    precision: str | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -188,6 +189,8 @@ def make_problem(
     2021-2022 Megatron-LM) sets the attention core's kernels and activation bytes. ``kernels``
     (``fused``, the device's default, or ``eager``: PyTorch eager's unfused norm, rotary and SwiGLU
     chains) sets how the memory-bound layer kernels are costed (``ComputeModel.elementwise_kernels``).
+    ``precision`` (``bf16``, the default, ``fp8`` or ``fp8-cs``: Transformer Engine FP8 linear layers
+    with delayed or current scaling) sets ``ComputeModel.linear_precision`` (``cost_models.fp8``).
 
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
@@ -205,6 +208,9 @@ def make_problem(
     if kernels is not None:  # --kernels: fused or eager elementwise kernels (cost_models.compute)
         cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_elementwise_kernels(
             cluster_obj.device, kernels)})
+    if precision is not None:  # --precision: BF16 or Transformer Engine FP8 linear layers (cost_models.fp8)
+        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_linear_precision(
+            cluster_obj.device, precision)})
     config: TransformerConfig | None = None
     if isinstance(model_obj, TransformerConfig):
         config = model_obj

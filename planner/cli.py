@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory-bound layer kernels (default fused: Megatron-LM / Transformer Engine, torch.compile; "
                         "eager: PyTorch eager's unfused RMSNorm, rotary and SwiGLU chains, e.g. torchtitan without "
                         "compile; docs/cost-model.md, Eager elementwise kernels)")
+    p.add_argument("--precision", choices=("bf16", "fp8", "fp8-cs"),
+                   help="linear-layer GEMMs (default bf16; fp8: Transformer Engine FP8 with delayed scaling, "
+                        "fp8-cs: current scaling as Megatron-Bridge's FP8-CS; attention, norms and logits stay "
+                        "BF16; docs/cost-model.md, FP8)")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=T.positive_float(), help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -224,6 +228,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory_headroom=args.memory_headroom,
         attention=args.attention,
         kernels=args.kernels,
+        precision=args.precision,
     )
     print(report.expansion_line(args.cluster, problem.cluster), file=sys.stderr)
     solver = args.solver or api.default_solver(problem)

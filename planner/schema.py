@@ -437,6 +437,13 @@ class ComputeModel(_Frozen):
     Transformer Engine fused norms, rotary and SwiGLU; also ``torch.compile``) or ``eager``
     (PyTorch eager: RMSNorm and rotary as chains of fp32 kernels, SwiGLU as two kernels, grouped
     K/V expanded before SDPA; byte counts in docs/cost-model.md)."""
+    linear_precision: Literal["bf16", "fp8", "fp8-cs"] = "bf16"
+    """Precision of the linear layers' GEMMs (``cost_models.fp8``): ``bf16``, or Transformer Engine
+    FP8 (QKV, projection and MLP GEMMs in FP8; attention core, norms, softmax, embedding and logits
+    in BF16) with delayed scaling (``fp8``, TE's default recipe) or current scaling (``fp8-cs``,
+    Megatron-Bridge's FP8-CS: one more pass over each tensor for its amax)."""
+    fp8_gemm_max_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Fraction of the FP8 peak a full wave of large FP8 tiles sustains; None = ``gemm_max_fraction``."""
 
 
 class Device(_Frozen):

@@ -137,9 +137,22 @@ def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_lay
     out = [(0, 0)] if even else []
     if uneven and k >= 2:
         split = _balanced(num_layers, k, round(embedding_layers, 2), round(head_layers, 2))
+        if split is None and not even:  # an end left empty: one layer there (Megatron-Bridge's 405B layouts)
+            split = _single_layer_ends(num_layers, k)
         if split is not None and (not even or len(set(split)) > 1):
             out.append((split[0], split[-1]))
     return out
+
+
+def _single_layer_ends(num_layers: int, k: int) -> tuple[int, ...] | None:
+    """One decoder layer in each end virtual stage and an even middle, when the balanced split would
+    leave an end empty (an embedding or head heavier than the layers beside it; Megatron-Bridge's
+    recipes count the embedding and the loss as layers of the split, e.g. Llama 3.1 405B's 126 layers
+    on 64 virtual stages: 1, 2 x 62, 1); None when the middle does not divide evenly."""
+    middle = num_layers - 2
+    if k <= 2 or middle % (k - 2) or middle // (k - 2) < 1:
+        return None
+    return (1, *[middle // (k - 2)] * (k - 2), 1)
 
 
 def _valid_ends(num_layers: int, pipeline: int, first: int, last: int) -> bool:

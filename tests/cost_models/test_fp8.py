@@ -1,0 +1,121 @@
+"""Transformer Engine FP8 linear layers (cost_models.fp8, docs/cost-model.md "FP8"): opt-in, hand-checked
+traffic, and the published FP8 rows (bench/fidelity_fp8.py) at the accuracy reached: the H100 FP8 GEMM
+fraction was fitted on the Megatron-Bridge rows; the llm-foundry rows are held out and disagree (+25 to
++34 %), pinned with their sign so a change that moves them is seen."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from cost_models import fp8, layer_ops
+from cost_models.compute import compute_constants, gemm_compute_s, with_linear_precision
+from cost_models.hardware import device_preset
+from cost_models.transformer import transformer_profile
+from planner import api
+from planner.errors import InvalidProblemError
+from planner.schema import TransformerConfig
+
+_BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+TOY = TransformerConfig(name="toy", hidden_size=256, num_layers=2, num_heads=4, seq_length=128, vocab_size=1024,
+                        ffn_hidden_size=1024, dtype="bf16")
+
+
+def _load(name: str):  # noqa: ANN202
+    if str(_BENCH) not in sys.path:
+        sys.path.insert(0, str(_BENCH))  # fidelity_fp8 imports fidelity and fidelity_heldout
+    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bf16_is_the_default_and_changes_nothing() -> None:
+    h100 = device_preset("h100")
+    assert compute_constants(h100).linear_precision == "bf16"
+    explicit = with_linear_precision(h100, "bf16")
+    a = transformer_profile(api.load_model("llama3-8b"), device=h100, microbatch_size=1, tensor_parallel=2)
+    b = transformer_profile(api.load_model("llama3-8b"), device=explicit, microbatch_size=1, tensor_parallel=2)
+    assert a.layers == b.layers
+
+
+def test_cast_transpose_bytes_by_hand() -> None:
+    """One GEMM (M, N, K) = (8, 4, 2): forward casts X (16 elements) and W (8) at 4 B, backward dY (32)
+    at 4 B; current scaling adds a 2-byte amax read of each and one launch per pass."""
+    h100 = device_preset("h100")
+    assert fp8.quantize_bytes([(8, 4, 2, 1)], h100) == (0.0, 0.0, 0, 0)
+    assert fp8.quantize_bytes([(8, 4, 2, 1)], with_linear_precision(h100, "fp8")) == (96.0, 128.0, 3, 2)
+    assert fp8.quantize_bytes([(8, 4, 2, 1)], with_linear_precision(h100, "fp8-cs")) == (144.0, 192.0, 5, 3)
+
+
+def test_fp8_gemm_runs_at_the_fitted_fraction_of_the_fp8_peak() -> None:
+    """A full-wave GEMM's compute time scales by (989.4 TF/s x 0.58) / (1,978.9 TF/s x 0.682)."""
+    h100 = device_preset("h100")
+    m, n, k = 132 * 256, 128, 8192
+    ratio = gemm_compute_s(m, n, k, h100, dtype="fp8") / gemm_compute_s(m, n, k, h100)
+    assert ratio == pytest.approx(989.4e12 * 0.58 / (1978.9e12 * 0.682), rel=1e-9)
+
+
+def test_activation_saving_by_hand() -> None:
+    """QKV and MLP inputs (T h / t each with SP) and the second MLP GEMM's input (T f / t) at 1 B less."""
+    tokens, t = 128, 2
+    assert fp8.activation_saving_bytes(TOY, tokens, t, True) == (2 - 1) * (2 * tokens * 256 / 2 + tokens * 1024 / 2)
+    h100 = device_preset("h100")
+    bf = transformer_profile(TOY, device=h100, microbatch_size=1, tensor_parallel=t, sequence_parallel=True)
+    f8 = transformer_profile(TOY, device=with_linear_precision(h100, "fp8"), microbatch_size=1, tensor_parallel=t,
+                             sequence_parallel=True)
+    saved = bf.layers[1].recompute["none"].activation_bytes - f8.layers[1].recompute["none"].activation_bytes
+    assert saved == pytest.approx(fp8.activation_saving_bytes(TOY, tokens, t, True))
+    assert bf.layers[1].recompute["full"] == f8.layers[1].recompute["full"] or (
+        bf.layers[1].recompute["full"].activation_bytes == f8.layers[1].recompute["full"].activation_bytes)
+
+
+def test_tp_all_gathers_in_fp8_with_sequence_parallelism() -> None:
+    h100 = device_preset("h100")
+    kw = {"microbatch_size": 1, "tensor_parallel": 4, "tp_link_bytes_per_s": 450e9}
+    bf = layer_ops.decoder_op_times(TOY, h100, **kw, sequence_parallel=True)
+    f8 = layer_ops.decoder_op_times(TOY, with_linear_precision(h100, "fp8"), **kw, sequence_parallel=True)
+    assert f8.forward_comm_s == pytest.approx(0.75 * bf.forward_comm_s)
+    no_sp = layer_ops.decoder_op_times(TOY, with_linear_precision(h100, "fp8"), **kw, sequence_parallel=False)
+    assert no_sp.forward_comm_s == pytest.approx(
+        layer_ops.decoder_op_times(TOY, h100, **kw, sequence_parallel=False).forward_comm_s)
+
+
+def test_bad_precisions_are_refused() -> None:
+    with pytest.raises(InvalidProblemError, match="precision='int8'"):
+        api.make_problem("llama3-8b", "h100:8", precision="int8")
+    with pytest.raises(InvalidProblemError, match="needs an FP8 peak"):
+        api.make_problem("llama3-8b", "a100-80gb:8", precision="fp8")
+
+
+PUBLISHED_ERRORS = [  # Megatron-Bridge (fit set), then llm-foundry (held out)
+    0.013, -0.042, 0.016, -0.013, -0.032, 0.050, -0.032, 0.038,
+    0.313, 0.297, 0.291, 0.278, 0.328, 0.338, 0.253,
+]
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict[str, object]]:
+    return _load("fidelity_fp8").fp8_rows()
+
+
+def test_published_fp8_rows(rows: list[dict[str, object]]) -> None:
+    """Per-row errors at the accuracy reached (+-0.005)."""
+    assert [float(r["error"]) for r in rows] == pytest.approx(PUBLISHED_ERRORS, abs=0.005)
+
+
+def test_fp8_summary(rows: list[dict[str, object]]) -> None:
+    """Fit set: mean |error| 2.9 %, max 5.0 %; held out: every row +25 to +34 % fast, and the predicted
+    FP8/BF16 speedup +6 to +28 % above llm-foundry's own (so not only the BF16 model's error)."""
+    summary = _load("fidelity_fp8").summary(rows)
+    mean, mean_abs, worst, n = summary["megatron-bridge"]
+    assert n == 8 and abs(mean) < 0.005 and mean_abs < 0.035 and worst < 0.055
+    mean, mean_abs, worst, n = summary["llm-foundry"]
+    assert n == 7 and 0.28 < mean < 0.32 and worst < 0.35
+    speedups = [float(r["speedup_error"]) for r in rows if "speedup_error" in r]
+    assert len(speedups) == 5 and all(0.05 < s < 0.30 for s in speedups)

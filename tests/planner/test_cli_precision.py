@@ -1,0 +1,30 @@
+"""`paraplan plan --precision`: FP8 linear layers speed the plan up, the plan carries the setting."""
+
+from __future__ import annotations
+
+import json
+
+from planner.cli import main
+
+
+def _plan(capsys, *extra: str) -> dict:  # type: ignore[type-arg]
+    code = main(["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "16", "--solver",
+                 "even", "--pipeline", "8", "--microbatch-size", "1", "--json", *extra])
+    assert code == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_fp8_plan_is_faster_and_keeps_the_setting(capsys) -> None:
+    bf16, fp8 = _plan(capsys), _plan(capsys, "--precision", "fp8")
+    assert bf16["cluster"]["device"]["compute"] is None  # the preset's constants: BF16
+    assert fp8["cluster"]["device"]["compute"]["linear_precision"] == "fp8"
+    f_layer = next(la for la in fp8["model"]["layers"] if la["kind"] == "decoder")
+    b_layer = next(la for la in bf16["model"]["layers"] if la["kind"] == "decoder")
+    assert f_layer["forward_s"] < b_layer["forward_s"]
+    assert fp8["predicted"]["iteration_time_s"] < bf16["predicted"]["iteration_time_s"]
+
+
+def test_fp8_on_a_device_without_fp8_exits_2(capsys) -> None:
+    code = main(["plan", "--model", "llama3-8b", "--cluster", "a100-80gb:8", "--precision", "fp8"])
+    assert code == 2
+    assert "needs an FP8 peak" in capsys.readouterr().err
