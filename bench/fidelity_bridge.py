@@ -2,7 +2,7 @@
 the BF16 pre-training rows on DGX-H100, DGX-B200 and DGX-GB200 (docs/performance-summary.md and
 docs/performance-summary-archive.md, NeMo 25.11 and 26.02 containers) of models paraplan has presets
 for. Every dense model of those tables (Llama 3 8B/70B, Llama 3.1 405B) was measured in FP8 or
-FP4 only, which paraplan does not cost, so the BF16 rows are all mixture-of-experts: GPT-OSS 120B
+FP4 only (the DGX-H100 FP8 rows: bench/fidelity_fp8.py), so the BF16 rows are all mixture-of-experts: GPT-OSS 120B
 on the three systems, DeepSeek-V3 and Qwen3-235B-A22B on GB200. Each is predicted with the published
 degrees, batch, microbatch and sequence forced through the ``ptdp`` solver (as bench/fidelity_heldout.py
 forces the Llama 3 405B and BLOOM rows); what the table does not state comes from the recipes of the
