@@ -75,6 +75,17 @@ def mfu(plan: Plan, iteration_time_s: float) -> float | None:
     return per_iteration / (iteration_time_s * devices * plan.cluster.device.peak_flops)
 
 
+def _peak_note(plan: Plan, *, alone: bool = False) -> str:
+    """Where the linear layers run in FP8, MFU is still of the 16-bit peak (the convention of
+    published FP8 runs): say so."""
+    device = plan.cluster.device
+    compute = device.compute if device is not None else None
+    if compute is None or compute.linear_precision == "bf16":
+        return ""
+    note = f"of the BF16 peak; linear layers in {compute.linear_precision}"
+    return f" ({note})" if alone else f"; {note}"
+
+
 def plan_table(plan: Plan, *, max_candidates: int = 10, solve_time_s: float | None = None) -> str:
     """The plan as text; ``solve_time_s`` is the wall-clock time measured by the caller."""
     solved = plan.solve_time_s if solve_time_s is None else solve_time_s
@@ -85,7 +96,7 @@ def plan_table(plan: Plan, *, max_candidates: int = 10, solve_time_s: float | No
         lines.append(
             f"iteration {pred.iteration_time_s:.4g} s, {pred.throughput_samples_per_s:.4g} samples/s, "
             f"bubble {100 * pred.bubble_fraction:.1f}%, bottleneck {pred.bottleneck_s:.4g} s/microbatch"
-            + (f", MFU {100 * util:.1f}% (model FLOPs, no recompute)" if util is not None else "")
+            + (f", MFU {100 * util:.1f}% (model FLOPs, no recompute{_peak_note(plan)})" if util is not None else "")
         )
         device = plan.cluster.device
         if device is not None and pred.peak_memory_bytes:
@@ -155,7 +166,7 @@ def sim_table(plan: Plan, result: SimResult) -> str:
         plan_title(plan),
         f"iteration {result.iteration_time_s:.6g} s, bubble {100 * result.bubble_fraction:.2f}%, "
         f"{result.throughput_samples_per_s:.4g} samples/s"
-        + (f", MFU {100 * util:.1f}%" if util is not None else "")
+        + (f", MFU {100 * util:.1f}%{_peak_note(plan, alone=True)}" if util is not None else "")
         + (f", all-reduce {result.allreduce_s:.4g} s" if result.allreduce_s else ""),
         f"memory: capacity {result.memory_capacity_bytes / _GIB:.2f} GiB per device, "
         + ("fits" if result.fits_memory else "DOES NOT FIT"),
