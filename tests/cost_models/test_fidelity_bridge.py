@@ -6,28 +6,13 @@ as such, not as targets met."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from cost_models.compute import compute_constants
 from cost_models.hardware import cluster_preset, device_preset
+from tests.bench_loader import load_bench
 
-_BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-BRIDGE = _load("fidelity_bridge")
+BRIDGE = load_bench("fidelity_bridge")
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,11 @@ Megatron-LM on V100s and PipeDream-2BW's depth choices. Tolerances are the accur
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
+from tests.bench_loader import load_bench
 
-def _fidelity():  # noqa: ANN202
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "fidelity.py"
-    spec = importlib.util.spec_from_file_location("fidelity_devices", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity_devices"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-FIDELITY = _fidelity()
+FIDELITY = load_bench("fidelity", alias="fidelity_devices")
 
 
 @pytest.fixture(scope="module")

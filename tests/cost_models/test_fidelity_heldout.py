@@ -4,32 +4,15 @@ change that moves a row is seen."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from cost_models import layer_ops
 from cost_models.compute import compute_constants
 from cost_models.hardware import device_preset
 from planner import api
+from tests.bench_loader import load_bench
 
-_BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):  # noqa: ANN202
-    if str(_BENCH) not in sys.path:
-        sys.path.insert(0, str(_BENCH))  # fidelity_heldout imports fidelity
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-HELDOUT = _load("fidelity_heldout")
+HELDOUT = load_bench("fidelity_heldout")
 
 
 def test_bloom_176b_on_384_a100() -> None:

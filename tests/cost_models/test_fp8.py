@@ -5,10 +5,6 @@ fraction was fitted on the Megatron-Bridge rows; the llm-foundry rows are held o
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from cost_models import fp8, layer_ops
@@ -18,21 +14,10 @@ from cost_models.transformer import transformer_profile
 from planner import api
 from planner.errors import InvalidProblemError
 from planner.schema import TransformerConfig
+from tests.bench_loader import load_bench
 
-_BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 TOY = TransformerConfig(name="toy", hidden_size=256, num_layers=2, num_heads=4, seq_length=128, vocab_size=1024,
                         ffn_hidden_size=1024, dtype="bf16")
-
-
-def _load(name: str):  # noqa: ANN202
-    if str(_BENCH) not in sys.path:
-        sys.path.insert(0, str(_BENCH))  # fidelity_fp8 imports fidelity and fidelity_heldout
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bf16_is_the_default_and_changes_nothing() -> None:
@@ -101,7 +86,7 @@ PUBLISHED_ERRORS = [  # Megatron-Bridge (fit set), then llm-foundry (held out)
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict[str, object]]:
-    return _load("fidelity_fp8").fp8_rows()
+    return load_bench("fidelity_fp8").fp8_rows()
 
 
 def test_published_fp8_rows(rows: list[dict[str, object]]) -> None:
@@ -112,7 +97,7 @@ def test_published_fp8_rows(rows: list[dict[str, object]]) -> None:
 def test_fp8_summary(rows: list[dict[str, object]]) -> None:
     """Fit set: mean |error| 2.9 %, max 5.0 %; held out: every row +25 to +34 % fast, and the predicted
     FP8/BF16 speedup +6 to +28 % above llm-foundry's own (so not only the BF16 model's error)."""
-    summary = _load("fidelity_fp8").summary(rows)
+    summary = load_bench("fidelity_fp8").summary(rows)
     mean, mean_abs, worst, n = summary["megatron-bridge"]
     assert n == 8 and abs(mean) < 0.005 and mean_abs < 0.035 and worst < 0.055
     mean, mean_abs, worst, n = summary["llm-foundry"]

@@ -261,16 +261,9 @@ def test_takeaway_microbatch_size_trade_off() -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _fidelity():  # noqa: ANN202
-    import importlib.util
-    import pathlib
-    import sys
+    from tests.bench_loader import load_bench
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "fidelity.py"
-    spec = importlib.util.spec_from_file_location("fidelity", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("fidelity")
 
 
 FIDELITY = _fidelity()
