@@ -51,13 +51,18 @@ class Ranking:
         return self.entries if self.complete or self.keep is None else self.entries[:self.keep]
 
 
+def sync_overlap(opts: Options) -> dict[str, bool]:
+    """The closed form's data-parallel sync settings of the options (``_ptdp_model.time_parts``)."""
+    return {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather,
+            "fp32_allreduce": opts.optimizer == "deepspeed-bf16"}
+
+
 def rank_configs(search: Search, opts: Options, units: Callable[[model.Config], model.UnitCosts],
                  tie_key: Callable[[model.Config], tuple[int, ...]], *, keep: int | None) -> Ranking:
     """Cost configurations by increasing time bound; stop once ``keep`` fit and the rest cannot rank
     among them (``keep`` None: cost every one)."""
     cfg, cluster = search.cfg, search.problem.cluster
-    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather,
-               "fp32_allreduce": opts.optimizer == "deepspeed-bf16"}
+    overlap = sync_overlap(opts)
     capacity = usable_memory_bytes(cluster.device)  # type: ignore[arg-type]
     # (time bound, index, exact?, ...) in a heap: an entry holding only the cheap lower bound on the time
     # bound (``_time_bound_floor``) is replaced by its exact bound when it comes first, so entries leave

@@ -38,7 +38,7 @@ from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_messages as messages
 from solvers import _ptdp_model as model
 from solvers._ptdp_enum import check_degree_options, divisors as _divisors, enumerate_configs
-from solvers._ptdp_rank import rank_configs
+from solvers._ptdp_rank import rank_configs, sync_overlap
 from solvers import _ptdp_v as v_model
 from solvers.budget import Budget
 from solvers.common import Layout, build_plan, memory_shortfall_message, profile_attention, with_prediction
@@ -158,12 +158,10 @@ def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | No
     start = time.perf_counter()
     search = _prepare(problem, opts)
     units = unit_cache(search, opts)
-    overlap = {"overlap_grad_reduce": opts.overlap_grad_reduce, "overlap_param_gather": opts.overlap_param_gather,
-               "fp32_allreduce": opts.optimizer == "deepspeed-bf16"}
     ranking = rank_configs(search, opts, units, _tie_key, keep=opts.num_simulated + opts.num_candidates)
     scored = ranking.prefix
     if not scored:  # nothing whose model states fit: cost them all for the memory message
-        scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c))
+        scored = [(c, model.estimate(units(c), search.cfg, problem.cluster, c, **sync_overlap(opts)))
                   for c in enumerate_configs(search, opts, units, prune=False)]
     if not scored:
         raise InfeasibleError(messages.no_layout_message(search, opts))
