@@ -314,10 +314,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from planner.schema_io import check_output_path
 
     check_output_path(args.output, flag="-o")
-    if args.schedule_csv is not None and (args.format != "torchtitan" or not args.schedule_csv.strip()):
-        raise InvalidProblemError(
-            f"--schedule-csv {args.schedule_csv!r}: give a file name, and only with --format torchtitan "
-            f"(--format {args.format} writes no reference to a schedule file)")
+    if args.schedule_csv is not None and args.format != "torchtitan":
+        raise InvalidProblemError(f"--schedule-csv applies to --format torchtitan only (--format {args.format} "
+                                  "writes no reference to a schedule file); drop it")
     text = api.export(api.load_plan(args.plan), args.format, schedule_csv_path=args.schedule_csv or "schedule.csv")
     if args.output:
         Path(args.output).write_text(text)

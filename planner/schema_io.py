@@ -165,9 +165,7 @@ def check_output_path(path: str | Path | None, *, flag: str, create_parent: bool
     if path is None:
         return
     out = Path(path)
-    if str(path).strip() == "":
-        raise InvalidProblemError(f"{flag} is empty; give a file name, e.g. {flag} plan.json")
-    if out.is_dir():
+    if out.is_dir():  # "" too: it reads as the working folder (the CLI refuses empty values first)
         raise InvalidProblemError(f"{flag} {str(path)!r} is a directory; give a file name, e.g. {flag} plan.json")
     parent = out.parent if str(out.parent) else Path(".")
     if create_parent:
