@@ -81,14 +81,22 @@ ASSUMED = ("ZeRO-1 (Megatron's distributed optimizer, the recipes' default) with
            "HybridEP dispatch not costed separately")
 
 
+def forced_options(model: str, *, tp: int, pp: int, vp: int, mbs: int, cp: int = 1, ep: int = 1,
+                   zero_stage: int = 1, overlap_a2a: bool = False) -> dict[str, object]:
+    """The ptdp options that pin a Megatron-Bridge row's published degrees, with the recipes'
+    settings the tables do not state (``ASSUMED``); bench/fidelity_fp8.py forces its rows with it too."""
+    return {"tensor_parallel": tp, "pipeline_parallel": pp, "virtual_pipeline": vp,
+            "context_parallel": cp, "expert_parallel": ep, "microbatch_size": mbs, "zero_stage": zero_stage,
+            "recompute": "none,modules", "overlap_grad_reduce": True, "overlap_param_gather": True,
+            "overlap_tp_comm": True, "overlap_moe_alltoall": overlap_a2a, "num_simulated": 1,
+            "schedules": "interleaved-1f1b" if vp > 1 else "1f1b",
+            "uneven_stages": api.load_model(model).num_layers % (pp * vp) != 0}
+
+
 def row_options(row: BridgeRow) -> dict[str, object]:
     """The ptdp options that pin a row's published configuration."""
-    return {"tensor_parallel": row.tp, "pipeline_parallel": row.pp, "virtual_pipeline": row.vp,
-            "context_parallel": 1, "expert_parallel": row.ep, "microbatch_size": row.mbs, "zero_stage": 1,
-            "recompute": "none,modules", "overlap_grad_reduce": True, "overlap_param_gather": True,
-            "overlap_tp_comm": True, "overlap_moe_alltoall": row.overlap_a2a, "num_simulated": 1,
-            "schedules": "interleaved-1f1b" if row.vp > 1 else "1f1b",
-            "uneven_stages": api.load_model(row.model).num_layers % (row.pp * row.vp) != 0}
+    return forced_options(row.model, tp=row.tp, pp=row.pp, vp=row.vp, mbs=row.mbs, ep=row.ep,
+                          overlap_a2a=row.overlap_a2a)
 
 
 def predict(row: BridgeRow) -> dict[str, object]:

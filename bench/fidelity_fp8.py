@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from planner import api
 from planner.schema import Cluster
 from solvers import ptdp
+from fidelity_bridge import forced_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +64,9 @@ ASSUMED = ("FP8 with current scaling (fp8-cs) on every row; ZeRO-1 (distributed 
 
 
 def bridge_options(row: Fp8Row) -> dict[str, object]:
-    """The ptdp options that pin a row's published configuration (bench/fidelity_bridge.py's, with c and FSDP)."""
-    layers = api.load_model(row.model).num_layers
-    return {"tensor_parallel": row.tp, "pipeline_parallel": row.pp, "virtual_pipeline": row.vp,
-            "context_parallel": row.cp, "microbatch_size": 1, "zero_stage": 3 if row.fsdp else 1,
-            "recompute": "none,modules", "overlap_grad_reduce": True, "overlap_param_gather": True,
-            "overlap_tp_comm": True, "num_simulated": 1,
-            "schedules": "interleaved-1f1b" if row.vp > 1 else "1f1b",
-            "uneven_stages": layers % (row.pp * row.vp) != 0}
+    """The ptdp options that pin a row's published configuration (bench/fidelity_bridge.py's forcing)."""
+    return forced_options(row.model, tp=row.tp, pp=row.pp, vp=row.vp, mbs=1, cp=row.cp,
+                          zero_stage=3 if row.fsdp else 1)
 
 
 def h100(gpus: int, fraction: float | None = None, precision: str = "fp8-cs") -> Cluster:

@@ -7,9 +7,12 @@ import json
 from planner.cli import main
 
 
+PLAN = ["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "16", "--solver", "even",
+        "--pipeline", "8", "--microbatch-size", "1"]
+
+
 def _plan(capsys, *extra: str) -> dict:  # type: ignore[type-arg]
-    code = main(["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "16", "--solver",
-                 "even", "--pipeline", "8", "--microbatch-size", "1", "--json", *extra])
+    code = main([*PLAN, "--json", *extra])
     assert code == 0
     return json.loads(capsys.readouterr().out)
 
@@ -31,9 +34,7 @@ def test_fp8_on_a_device_without_fp8_exits_2(capsys) -> None:
 
 
 def test_fp8_mfu_is_labelled_as_of_the_16_bit_peak(capsys) -> None:
-    base = ["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "16", "--solver", "even",
-            "--pipeline", "8", "--microbatch-size", "1"]
-    assert main([*base, "--precision", "fp8"]) == 0
+    assert main([*PLAN, "--precision", "fp8"]) == 0
     assert "no recompute; of the BF16 peak; linear layers in fp8)" in capsys.readouterr().out
-    assert main(base) == 0
+    assert main(PLAN) == 0
     assert "MFU" in (text := capsys.readouterr().out) and "BF16 peak" not in text
