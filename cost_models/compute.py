@@ -112,7 +112,7 @@ def gemm_compute_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, dt
     """Tile/wave-quantized compute time of ``batch`` GEMMs (M x K)(K x N), without the roofline:
     the fastest of the device's tile sizes."""
     c = compute_constants(device)
-    fraction = c.fp8_gemm_max_fraction or c.gemm_max_fraction if dtype == "fp8" else c.gemm_max_fraction
+    fraction = (c.fp8_gemm_max_fraction or c.gemm_max_fraction) if dtype == "fp8" else c.gemm_max_fraction
     per_sm_flops = peak_flops_per_s(device, dtype) / c.num_sms * fraction
     best = math.inf
     for tm, tn, rate in _tiles(c):

@@ -55,10 +55,12 @@ def gemm_dtype(device: Device) -> str:
 def quantize_bytes(gemms: list[tuple[float, float, float, float]], device: Device) -> tuple[float, float, int, int]:
     """(forward bytes, backward bytes, forward launches, backward launches) of the FP8 casts of the
     layer's linear GEMMs ``(M, N, K, count)`` (0 in BF16)."""
-    if not is_fp8(device):
+    precision = compute_constants(device).linear_precision
+    if precision == "bf16":
         return 0.0, 0.0, 0, 0
-    per = CAST_TRANSPOSE_BYTES + (AMAX_PASS_BYTES if compute_constants(device).linear_precision == "fp8-cs" else 0.0)
-    passes = 2 if compute_constants(device).linear_precision == "fp8-cs" else 1
+    current = precision == "fp8-cs"  # an amax pass before each cast
+    per = CAST_TRANSPOSE_BYTES + (AMAX_PASS_BYTES if current else 0.0)
+    passes = 2 if current else 1
     fwd = bwd = 0.0
     for m, n, k, count in gemms:
         fwd += count * per * (m * k + k * n)  # input X and weight W
