@@ -193,7 +193,7 @@ class RayRoundLoop(RoundLoop):
         self.pids: list[set[int]] = [set() for _ in jobs.jobs]
         self.loss = [float("nan")] * len(jobs.jobs)
         self.t0 = 0.0
-        self.wall_decisions = decision_clock == "wall"
+        self.decision_clock = decision_clock
 
     def warm_up(self) -> None:
         """One empty lease per accelerator, so worker start-up is not charged to the first round."""
@@ -209,11 +209,11 @@ class RayRoundLoop(RoundLoop):
         return time.time() - self.t0
 
     def advance_clock(self, length_s: float) -> None:
-        self.now = self._wall_s() if self.wall_decisions else self.now + length_s
+        self.now = self._wall_s() if self.decision_clock == "wall" else self.now + length_s
 
     def idle_until(self, time_s: float) -> None:
         time.sleep(max(0.0, time_s - self._wall_s()))
-        self.now = self._wall_s() if self.wall_decisions else time_s
+        self.now = self._wall_s() if self.decision_clock == "wall" else time_s
 
     def run_cells(self, current: Any, cells: list[tuple[int, int]]) -> tuple[list[float], set[int]]:
         """Launch one lease per cell, wait for the last (the round's end), book what they did.
@@ -237,7 +237,7 @@ class RayRoundLoop(RoundLoop):
             st.remaining = max(0.0, st.remaining - res["steps"])
             self.pids[m].add(res["pid"])
             self.loss[m] = res["loss"]
-            busy_s.append(res["end"] - res["start"] if self.wall_decisions else nominal)
+            busy_s.append(res["end"] - res["start"] if self.decision_clock == "wall" else nominal)
             if st.remaining == 0.0:
                 st.completion_s = res["end"] - self.t0
                 finished.add(m)
@@ -254,7 +254,7 @@ class RayRoundLoop(RoundLoop):
                 num_processes=len(self.pids[m]), final_loss=self.loss[m]))
         start = min(r.arrival_s for r in rows)
         return ClusterRunResult(
-            engine="ray", mechanism=mechanism, decision_clock="wall" if self.wall_decisions else "accelerator",
+            engine="ray", mechanism=mechanism, decision_clock=self.decision_clock,
             policy=self.policy, round_s=self.round_s, num_jobs=len(rows),
             num_rounds=self.num_rounds, sim_num_rounds=sim.num_rounds, num_preemptions=self.num_preemptions,
             sim_num_preemptions=sim.num_preemptions,

@@ -151,3 +151,15 @@ def test_an_address_without_a_head_is_refused_at_once(tmp_path: Path, capsys: py
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         check_address(f"ray://127.0.0.1:{listening.getsockname()[1]}")
+
+
+def test_the_cli_offers_the_engines_decision_clocks() -> None:
+    # The parser spells them out so that building it loads no numpy or solver: keep them in step.
+    import argparse
+
+    from planner.cli import build_parser
+    from planner.cluster_run import DECISION_CLOCKS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flag = next(a for a in sub.choices["cluster-run"]._actions if "--decision-clock" in a.option_strings)
+    assert tuple(flag.choices) == DECISION_CLOCKS and flag.default == DECISION_CLOCKS[0]
