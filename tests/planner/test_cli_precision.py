@@ -38,3 +38,15 @@ def test_fp8_mfu_is_labelled_as_of_the_16_bit_peak(capsys) -> None:
     assert "no recompute; of the BF16 peak; linear layers in fp8)" in capsys.readouterr().out
     assert main(PLAN) == 0
     assert "MFU" in (text := capsys.readouterr().out) and "BF16 peak" not in text
+
+
+def test_the_cli_offers_the_cost_models_precisions() -> None:
+    # The parser spells them out (building it loads no cost model): keep them in step.
+    import argparse
+
+    from cost_models.compute import LINEAR_PRECISIONS
+    from planner.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flag = next(a for a in sub.choices["plan"]._actions if "--precision" in a.option_strings)
+    assert tuple(flag.choices) == LINEAR_PRECISIONS
