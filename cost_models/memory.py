@@ -19,8 +19,6 @@ the weights too.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
 
 from planner.errors import InvalidProblemError
 from planner.schema import Device
@@ -115,8 +113,7 @@ def zero_static_scale(zero_stage: int, data_parallel: int, optimizer: str = "ada
                                        grad_bytes=grad_bytes) / full
 
 
-def plan_grad_bytes_per_param(options: Mapping[str, Any]) -> float:
-    """Gradient bytes per parameter of a plan's optimizer (its ``optimizer`` option)."""
-    if options.get("optimizer") == "deepspeed-bf16":
-        return DEEPSPEED_BF16_GRAD_BYTES_PER_PARAM
-    return GRAD_BYTES_PER_PARAM
+def grad_bytes_per_param(optimizer: str | None) -> float:
+    """Resident gradient bytes per parameter under a gradient handling (the ptdp option
+    ``optimizer``, kept in the plan's options): 6 for ``deepspeed-bf16``, else 2."""
+    return DEEPSPEED_BF16_GRAD_BYTES_PER_PARAM if optimizer == "deepspeed-bf16" else GRAD_BYTES_PER_PARAM

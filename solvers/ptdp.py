@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cost_models.compute import DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
-from cost_models.memory import DEEPSPEED_BF16_GRAD_BYTES_PER_PARAM, GRAD_BYTES_PER_PARAM
+from cost_models.memory import grad_bytes_per_param
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import V_SCHEDULES, ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig
 from solvers import _ptdp_dims as dims_mod
@@ -259,8 +259,7 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
                                      recompute_modules="modules" in _csv(opts.recompute, RECOMPUTE, "recompute"),
                                      grad_accum_bytes_per_param=DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
                                      if opts.optimizer == "deepspeed-bf16" else 0.0,
-                                     grad_bytes_per_param=DEEPSPEED_BF16_GRAD_BYTES_PER_PARAM
-                                     if opts.optimizer == "deepspeed-bf16" else GRAD_BYTES_PER_PARAM)
+                                     grad_bytes_per_param=grad_bytes_per_param(opts.optimizer))
     search = Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
                     efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
     check_degree_options(opts, search)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
-from cost_models.memory import plan_grad_bytes_per_param, usable_memory_bytes, zero_static_scale
+from cost_models.memory import grad_bytes_per_param, usable_memory_bytes, zero_static_scale
 from cost_models.sim import dims
 from cost_models.sim.layercomm import CommSpec, StageComm
 from cost_models.sim.pipeline import Durations
@@ -275,7 +275,7 @@ def _per_rank(plan: Plan, share: Sequence[tuple[float, ...]]) -> tuple[list[floa
     layers = plan.model.layers
     overlap = bool(plan.options.get("overlap_grad_reduce"))
     static, allreduce, syncs = [], [], []
-    grad = plan_grad_bytes_per_param(plan.options)
+    grad = grad_bytes_per_param(plan.options.get("optimizer"))
     for x, stage in enumerate(plan.stages):
         own = [layers[i] for chunk in stage.chunks for i in range(*chunk.layers)]
         params = math.fsum(layer.param_bytes for layer in own)

@@ -55,7 +55,7 @@ from cost_models.collectives import (
 )
 from cost_models.compute import collective_sm_share
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
-from cost_models.memory import plan_grad_bytes_per_param, zero_static_scale
+from cost_models.memory import grad_bytes_per_param, zero_static_scale
 from cost_models.sim.layercomm import LayerComm, StageComm, closed_form_extra
 from planner.errors import InvalidProblemError
 from planner.schema import Chunk, LayerProfile, Plan
@@ -403,7 +403,7 @@ def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_
     expert_params = math.fsum(layers[i].param_bytes * f for i, f in zip(indices, shares)) * held
     dense_static = math.fsum(layers[i].static_bytes * (1 - f) for i, f in zip(indices, shares))
     expert_static = math.fsum(layers[i].static_bytes * f for i, f in zip(indices, shares)) * held
-    grad = plan_grad_bytes_per_param(plan.options)
+    grad = grad_bytes_per_param(plan.options.get("optimizer"))
     static = (dense_static * zero_static_scale(z, dc, grad_bytes=grad)
               + expert_static * zero_static_scale(z, edp, grad_bytes=grad))
     if z == 3 and indices:  # the layer being computed and the prefetched one, unsharded
