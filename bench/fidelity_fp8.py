@@ -118,7 +118,8 @@ def _mpt_rate(size: str, seq: int, b: int, ga: int, ckpt: bool, precision: str, 
 
     cluster = h100(8, fraction, precision=precision)
     assert cluster.device is not None
-    compute = compute_constants(cluster.device).model_copy(update={"attention_kernel": "fa2"})
+    compute = compute_constants(cluster.device).model_copy(update={"attention_kernel": "fa1"})  # llm-foundry's Triton
+    # FlashAttention, as bench/fidelity_heldout.mpt_cluster
     cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
     return fidelity._torchtitan_rate(fidelity_heldout.mpt_config(size, seq), cluster, b, "full" if ckpt else "none",
                                      seq, kernels="fused", grad_accum=ga, reduce_bytes=4)
@@ -126,7 +127,7 @@ def _mpt_rate(size: str, seq: int, b: int, ga: int, ckpt: bool, precision: str, 
 
 def mpt_fp8_rows(fraction: float | None = None) -> list[dict[str, object]]:
     """The llm-foundry FP8 rows through bench/fidelity.py's FSDP path (as bench/fidelity_heldout.py's
-    BF16 MPT rows: fused kernels, FlashAttention-2-class attention), TE delayed scaling; where llm-foundry
+    BF16 MPT rows: fused kernels, the Triton FlashAttention ``fa1``), TE delayed scaling; where llm-foundry
     publishes the same configuration in BF16, ``speedup_error``: predicted over published FP8/BF16 ratio - 1."""
     out = []
     for size, seq, b, ga, ckpt, published in MPT_FP8_ROWS:

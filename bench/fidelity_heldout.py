@@ -20,10 +20,13 @@ Sources (docs/references.md; table and notes: docs/cost-model.md, "Held-out runs
 
 Megatron-Bridge's BF16 rows on H100, B200 and GB200 are held out in bench/fidelity_bridge.py.
 
-Run from the repository root: ``PYTHONPATH=. .venv/bin/python bench/fidelity_heldout.py``.
+Run from the repository root: ``PYTHONPATH=. .venv/bin/python bench/fidelity_heldout.py``; with
+``--mpt-table``, every BF16 row of llm-foundry's three MPT tables (``bench/data/llm_foundry_mpt.csv``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from planner import api
 from planner.schema import Cluster, TransformerConfig
@@ -124,7 +127,7 @@ def torchtitan_compiled_rows() -> list[dict[str, object]]:
     return out
 
 
-MPT_SHAPES = {"1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
+MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
               "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
 """(d_model, n_heads, n_layers) of llm-foundry's MPT configs ([llm-foundry] ``scripts/train/yamls``):
 expansion ratio 4, vocabulary 50,368, biases, LayerNorm, GeLU, learned positions, tied embeddings
@@ -156,6 +159,23 @@ def mpt_config(size: str, seq: int) -> TransformerConfig:
                              vocab_size=50368, ffn_hidden_size=4 * h, dtype="bf16")
 
 
+def mpt_cluster(device: str, gpus: int, h100_gemm_fraction: float | None = None, kernel: str = "fa1") -> Cluster:
+    """``gpus`` of llm-foundry's ``device`` running its benchmarks' attention kernel: the Triton
+    FlashAttention (``attn_impl: triton``, the default of its benchmark submission script), a
+    FlashAttention-1-class kernel (``fa1``; ``kernel`` another family, for comparison).
+    ``h100_gemm_fraction``: the H100 GEMM fraction instead of the preset's (the ratio check and the
+    fit of docs/cost-model.md)."""
+    from cost_models.compute import compute_constants
+
+    cluster = api.load_cluster(f"{device}:{gpus}")
+    assert cluster.device is not None
+    update: dict[str, object] = {"attention_kernel": kernel}
+    if device == "h100" and h100_gemm_fraction is not None:
+        update["gemm_max_fraction"] = h100_gemm_fraction
+    compute = compute_constants(cluster.device).model_copy(update=update)
+    return cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
+
+
 def mpt_rows(h100_gemm_fraction: float | None = None) -> list[dict[str, object]]:
     """MPT on A100 80 GB and H100 SXM (700 W), through bench/fidelity.py's FSDP path: fused kernels
     (LayerNorm and GeLU are single PyTorch kernels), FlashAttention-2-class attention (the 2023
@@ -166,21 +186,57 @@ def mpt_rows(h100_gemm_fraction: float | None = None) -> list[dict[str, object]]
 
     out = []
     for device, size, gpus, seq, b, ga, ckpt, reduce_bytes, published in MPT_ROWS:
-        cluster = api.load_cluster(f"{device}:{gpus}")
-        assert cluster.device is not None
-        if device == "h100":
-            from cost_models.compute import compute_constants
-
-            update: dict[str, object] = {"attention_kernel": "fa2"}
-            if h100_gemm_fraction is not None:
-                update["gemm_max_fraction"] = h100_gemm_fraction
-            compute = compute_constants(cluster.device).model_copy(update=update)
-            cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
+        cluster = mpt_cluster(device, gpus, h100_gemm_fraction)
         got = fidelity._torchtitan_rate(mpt_config(size, seq), cluster, b, "full" if ckpt else "none", seq,
                                         kernels="fused", grad_accum=ga, reduce_bytes=reduce_bytes)
         out.append({"row": f"MPT-{size}, {gpus} {device}, s={seq}, b={b}, GA={ga}{', AC' if ckpt else ''}, "
                            f"tokens/s/GPU", "published": published, "predicted": got, "error": got / published - 1,
                     "key": (size, seq, device)})
+    return out
+
+
+MPT_TABLE = Path(__file__).resolve().parent / "data" / "llm_foundry_mpt.csv"
+"""Every BF16 row of llm-foundry's three MPT tables (H100 80 GB, A100 80 GB, A100 40 GB): 191 runs
+of 125M-70B models at s = 512-65,536 on 8-128 GPUs."""
+
+
+def mpt_table_rows(kernel: str = "fa1") -> list[dict[str, object]]:
+    """Predicted vs published tokens/s/GPU for every row of ``MPT_TABLE`` (as ``mpt_rows``; PURE rows
+    reduce gradients in bf16, DEFAULT rows in fp32); ``kernel``: the attention family costed."""
+    import csv
+
+    import fidelity
+
+    with MPT_TABLE.open() as f:
+        table = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    out = []
+    for r in table:
+        device, size, seq, gpus = r["device"], r["model"], int(r["seq"]), int(r["gpus"])
+        b, ga, ckpt = int(r["microbatch"]), int(r["grad_accum"]), r["checkpointing"] == "1"
+        got = fidelity._torchtitan_rate(mpt_config(size, seq), mpt_cluster(device, gpus, kernel=kernel), b,
+                                        "full" if ckpt else "none",
+                                        seq, kernels="fused", grad_accum=ga,
+                                        reduce_bytes=2 if r["mp_mode"] == "PURE" else 4)
+        published = float(r["tokens_per_s_per_gpu"])
+        out.append({"device": device, "row": f"MPT-{size}, {gpus} {device}, s={seq}, b={b}, GA={ga}"
+                                             f"{', AC' if ckpt else ''}, tokens/s/GPU",
+                    "published": published, "predicted": got, "error": got / published - 1, "checkpointing": ckpt})
+    return out
+
+
+def table_summary(rows: list[dict[str, object]]) -> dict[str, dict[str, float]]:
+    """Per device: rows, mean, median and max |error|, mean signed error, and the share of rows
+    within 5 % and within 10 %."""
+    import statistics
+
+    out = {}
+    for device in dict.fromkeys(str(r["device"]) for r in rows):
+        errors = [float(r["error"]) for r in rows if r["device"] == device]
+        size = [abs(e) for e in errors]
+        out[device] = {"rows": len(errors), "mean": statistics.mean(size), "median": statistics.median(size),
+                       "max": max(size), "bias": statistics.mean(errors),
+                       "within_5": sum(e <= 0.05 for e in size) / len(size),
+                       "within_10": sum(e <= 0.10 for e in size) / len(size)}
     return out
 
 
@@ -210,6 +266,18 @@ def device_summary(rows: list[dict[str, object]]) -> dict[str, tuple[float, floa
 
 
 def main() -> None:
+    import sys
+
+    if "--mpt-table" in sys.argv:
+        table = mpt_table_rows()
+        for device, m in table_summary(table).items():
+            print(f"llm-foundry {device}: {m['rows']:.0f} rows, mean |error| {100 * m['mean']:.1f}%, median "
+                  f"{100 * m['median']:.1f}%, max {100 * m['max']:.1f}%, mean error {100 * m['bias']:+.1f}%, within 5% "
+                  f"{100 * m['within_5']:.0f}% of rows, within 10% {100 * m['within_10']:.0f}%")
+        for r in table:
+            print(f"{r['row']}: published {float(r['published']):.0f}, predicted {float(r['predicted']):.0f} "
+                  f"({100 * float(r['error']):+.1f}%)")
+        return
     rows = heldout_rows()
     for device, (mean, worst, n) in device_summary(rows).items():
         print(f"held-out {device.upper()} rows: {n}, mean |error| {100 * mean:.1f}%, max {100 * worst:.1f}%")

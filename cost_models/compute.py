@@ -121,6 +121,40 @@ def gemm_compute_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, dt
     return best
 
 
+FLASH_BLOCK = 128
+"""Query rows (one thread block) and key columns per inner step of the flash-attention kernels
+(FlashAttention-2 on A100/H100: 128-row query blocks, [flash2] Sec. 3.2-3.3)."""
+
+
+def flash_attention_s(s_q: int, s_kv: int, d_qk: int, d_v: int, heads: int, device: Device, *,
+                      causal: bool = True, passes: float = 1.0) -> float:
+    """One fused flash-attention kernel over ``heads`` (batch x heads) independent heads: its
+    FLOPs (4 s_q s_kv d per head forward, halved by the causal mask) at the kernel family's share
+    of peak (``ComputeModel.attention_fractions[attention_kernel]``; a family not listed runs at
+    0.85 of the GEMM fraction). The kernel is tiled over the query: one thread block per
+    ``FLASH_BLOCK`` query rows of one head, run in waves over the SMs; each block loops over the
+    keys it attends (half of them on average under the causal mask) and pays one step of
+    prologue/epilogue (load Q, rescale and write O: ``gemm_k_overhead`` keys), so short sequences
+    run below the family's rate. The head width sets the FLOPs, not the rate (the inner loop runs
+    over keys, not over the head dimension). ``passes``: work relative to the forward (the
+    backward runs 5 score-sized matmuls against 2: 2.5)."""
+    if min(s_q, s_kv, heads) <= 0:
+        return 0.0
+    c = compute_constants(device)
+    fraction = c.attention_fractions.get(c.attention_kernel) or FLASH_GEMM_RELATIVE_RATE * c.gemm_max_fraction
+    blocks = heads * math.ceil(s_q / FLASH_BLOCK)
+    waves = math.ceil(blocks / c.num_sms)
+    keys = s_kv / 2 if causal else s_kv
+    per_block_flops = passes * 2.0 * FLASH_BLOCK * (keys + c.gemm_k_overhead) * (d_qk + d_v)
+    return waves * per_block_flops / (device.peak_flops / c.num_sms * fraction)
+
+
+FLASH_GEMM_RELATIVE_RATE = 0.85
+"""Flash attention's share of peak relative to the GEMM fraction when the device lists no rate for
+its kernel family: FlashAttention-2 reaches 70-73 % of A100 peak forward against ~85 % for large
+GEMMs ([flash2] Sec. 4.1)."""
+
+
 def gemm_memory_s(m: int, n: int, k: int, device: Device, *, batch: int = 1, bytes_per_element: int = 2) -> float:
     """Roofline memory time: read A and B, write C once."""
     return batch * bytes_per_element * (m * k + k * n + m * n) / _memory_rate_bytes_per_s(device)

@@ -4,8 +4,8 @@ Each decoder layer is costed operation by operation with ``cost_models.compute``
 layers (QKV, attention projection, MLP up/gate, MLP down) as GEMMs split by tensor parallelism
 (Megatron's column/row split: QKV and MLP-up divide N by t, the projection and MLP-down divide
 K by t), the attention core (unfused: two batched GEMMs per direction plus softmax and dropout
-over b (a/t) s^2 scores; flash: the same FLOPs, halved by the causal mask, at the GEMMs' rate
-with no score traffic), and the memory-bound kernels by the bytes they move. Tensor-parallel
+over b (a/t) s^2 scores; flash: one fused kernel whose FLOPs, halved by the causal mask, run at
+its kernel family's share of peak, ``compute.flash_attention_s``, with no score traffic), and the memory-bound kernels by the bytes they move. Tensor-parallel
 collectives (two all-reduces per layer per direction, or an all-gather and a reduce-scatter
 each with sequence parallelism: the same volume) come from ``cost_models.collectives``.
 Byte counts per kernel are listed in docs/cost-model.md. Mixture-of-experts, multi-latent attention
@@ -18,15 +18,11 @@ from dataclasses import dataclass
 
 from cost_models import fp8, moe, moe_ops
 from cost_models.collectives import ring_allreduce_s
-from cost_models.compute import compute_constants, gemm_compute_s, gemm_fwd_bwd_s, gemm_time_s, memory_op_s
+from cost_models.compute import compute_constants, flash_attention_s, gemm_fwd_bwd_s, gemm_time_s, memory_op_s
 from cost_models.moe_ops import Gemm
 from planner.schema import Device, TransformerConfig
 
 _BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-FLASH_FORWARD_RATE = 0.85
-"""Flash attention's rate relative to a GEMM of the same tiles when the device's constants give no
-rate for its kernel family (``ComputeModel.attention_fractions``): FlashAttention-2 (Dao 2023)
-reaches 70-73 % of A100 peak forward against ~85 % for large GEMMs."""
 FLASH_BACKWARD_FACTOR = 2.5
 """Flash backward / forward time: 5 GEMMs of the score size against 2 (FlashAttention-2, Sec. 3)."""
 CROSS_ENTROPY_FWD_BYTES = 16
@@ -101,11 +97,7 @@ def _attention_core(cfg: TransformerConfig, device: Device, b: int, t: int, atte
         dh, dv = moe.qk_head_dim(cfg), moe.v_head_dim(cfg)
     batch = b * a
     if attention == "flash":
-        c = compute_constants(device)
-        fraction = c.attention_fractions.get(c.attention_kernel)  # the kernel family's share of peak
-        rate = c.gemm_max_fraction / fraction if fraction else 1.0 / FLASH_FORWARD_RATE
-        fwd = 0.5 * (gemm_compute_s(s, s, dh, device, batch=batch) + gemm_compute_s(s, dv, s, device, batch=batch))
-        fwd = fwd * rate + c.kernel_launch_s
+        fwd = flash_attention_s(s, s, dh, dv, batch, device) + compute_constants(device).kernel_launch_s
         return fwd, FLASH_BACKWARD_FACTOR * fwd
     scores = batch * s * s
     fwd = gemm_time_s(s, s, dh, device, batch=batch) + gemm_time_s(s, dv, s, device, batch=batch)

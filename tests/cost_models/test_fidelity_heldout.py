@@ -29,37 +29,38 @@ def test_bloom_176b_on_384_a100() -> None:
 
 def test_llama3_405b_weak_scaling() -> None:
     """Llama 3 405B on 8,192 and 16,384 H100 (Table 4, FlashAttention-2's rate: the run predates
-    FA3): BF16 MFU 43 % and 41 % published, 43.4 % and 39.0 % predicted (+0.9 %, -5.0 %) at the
-    H100 GEMM fraction 0.58 (fitted on the H100 rows together, docs/cost-model.md, "Held-out
-    runs"; +14.5 % and +7.5 % at the former 0.68). The trend's sign is right:
+    FA3): BF16 MFU 43 % and 41 % published, 44.7 % and 40.1 % predicted (+4.0 %, -2.2 %; +0.9 and
+    -5.0 % while the flash core was costed as two GEMMs) at the H100 GEMM fraction 0.58 (fitted on
+    the H100 rows together, docs/cost-model.md, "Held-out runs"). The trend's sign is right:
     doubling d at a fixed batch halves the microbatches per pipeline and lowers MFU (published
-    -4.7 %, predicted -10.4 %: the paper's deeper interleaving hides more of the bubble)."""
+    -4.7 %, predicted -10.3 %: the paper's deeper interleaving hides more of the bubble)."""
     rows = HELDOUT.llama3_rows()
-    assert [float(r["error"]) for r in rows] == pytest.approx([0.009, -0.050], abs=0.01)
+    assert [float(r["error"]) for r in rows] == pytest.approx([0.040, -0.022], abs=0.01)
     drop = float(rows[1]["predicted"]) / float(rows[0]["predicted"]) - 1
-    assert drop == pytest.approx(-0.102, abs=0.01)
+    assert drop == pytest.approx(-0.103, abs=0.01)
     assert float(rows[0]["peak_memory_gib"]) > 80  # Megatron's interleaved warm-up does not fit without recompute
 
 
 def test_llama3_interleave_depths() -> None:
-    """The interleave depth is not published: at v = 2 the rows come out -7.9 % and -18.9 % in MFU,
-    at v = 4 (the planner's choice) +0.9 % and -5.0 %: deeper interleaving hides more of the
+    """The interleave depth is not published: at v = 2 the rows come out -5.1 % and -16.5 % in MFU,
+    at v = 4 (the planner's choice) +4.0 % and -2.2 %: deeper interleaving hides more of the
     bubble, as the paper's own schedule does."""
     v2, v4 = HELDOUT.llama3_rows(virtual=2), HELDOUT.llama3_rows(virtual=4)
-    assert [float(r["error"]) for r in v2] == pytest.approx([-0.079, -0.189], abs=0.01)
-    assert [float(r["error"]) for r in v4] == pytest.approx([0.009, -0.050], abs=0.01)
+    assert [float(r["error"]) for r in v2] == pytest.approx([-0.051, -0.165], abs=0.01)
+    assert [float(r["error"]) for r in v4] == pytest.approx([0.040, -0.022], abs=0.01)
     assert all(float(a["error"]) < float(b["error"]) for a, b in zip(v2, v4))
 
 
 def test_torchtitan_compiled_rows_and_eager_ratio() -> None:
-    """torchtitan Llama 3.1 8B + torch.compile on 8 and 128 Grand Teton H100: -8.1 % and -5.8 %
-    with fused kernels (NVL-end peak, as the eager rows; -7.2 and -4.5 % before the SM share of
-    FSDP's overlapped collectives). Eager over compiled throughput: 0.864 and 0.860 measured, 0.854
-    and 0.854 predicted (within 2 %; the peak cancels in the ratio)."""
+    """torchtitan Llama 3.1 8B + torch.compile on 8 and 128 Grand Teton H100: -0.9 % and +1.6 %
+    with fused kernels (NVL-end peak, as the eager rows; -8.1 and -5.8 % while the flash core was
+    costed as two GEMMs). Eager over compiled throughput: 0.864 and 0.860 measured, 0.844 and 0.844
+    predicted (within 2.5 %; the peak cancels in the ratio; 0.854 before: the faster attention
+    leaves the eager chains a larger share)."""
     rows = HELDOUT.torchtitan_compiled_rows()
-    assert [float(r["error"]) for r in rows] == pytest.approx([-0.081, -0.058], abs=0.005)
+    assert [float(r["error"]) for r in rows] == pytest.approx([-0.009, 0.016], abs=0.005)
     for r in rows:
-        assert float(r["ratio_predicted"]) == pytest.approx(float(r["ratio_published"]), rel=0.02)
+        assert float(r["ratio_predicted"]) == pytest.approx(float(r["ratio_published"]), rel=0.025)
 
 
 @pytest.fixture(scope="module")
@@ -80,32 +81,34 @@ def test_mpt_parameter_counts_match_the_tables() -> None:
 def test_mpt_on_a100(mpt: list[dict[str, object]]) -> None:
     """llm-foundry's MPT runs on A100 80 GB (FSDP, 1B-70B, s = 2k-32k; held out: the A100 constant
     comes from PTD-P Tables 4.1/4.2), with the compute under FSDP's overlapped collectives on the SMs
-    NCCL's 24 CTAs leave it: +3.5, +1.9, +0.8, +5.8, -10.5, -3.0, -5.0, +7.5 %; mean |error| 4.7 %,
-    max 10.5 % (the 30B with checkpointing: measured at 73.7 % HFU, above the A100 GEMM ceiling of
-    the PTD-P fit). Before: +4.2, +2.9, +2.5, +11.2, -8.1, -1.8, -4.8, +7.6 % (mean 5.4 %)."""
+    NCCL's 24 CTAs leave it and the benchmarks' Triton FlashAttention (``fa1``, half the
+    FlashAttention-2 rate): -2.3, -2.9, -2.5, +3.0, -12.1, -4.7, -12.5, -9.5 %; mean |error| 6.2 %.
+    These eight rows were picked before the whole table was checked; at FlashAttention-2's rate they
+    were +3.5, +1.9, +0.8, +5.8, -10.5, -3.0, -5.0, +7.5 % (mean 4.7 %), but that rate puts the
+    whole table's 61 A100 80 GB rows at 25 % mean |error| (``test_whole_mpt_tables``). The rows
+    with checkpointing are the slow ones (docs/cost-model.md, "Held-out runs")."""
     errors = [float(r["error"]) for r in mpt if "a100" in str(r["row"])]
-    assert errors == pytest.approx([0.035, 0.019, 0.008, 0.058, -0.105, -0.030, -0.050, 0.075], abs=0.003)
-    assert sum(abs(e) for e in errors) / len(errors) < 0.048
+    assert errors == pytest.approx([-0.023, -0.029, -0.025, 0.030, -0.121, -0.047, -0.125, -0.095], abs=0.003)
+    assert sum(abs(e) for e in errors) / len(errors) == pytest.approx(0.062, abs=0.002)
 
 
 def test_mpt_on_h100(mpt: list[dict[str, object]]) -> None:
-    """The same stack on H100 SXM: -6.8 to +15.0 % (mean 6.1 %; the 13B at b = 2 without
-    checkpointing is the largest, as on A100; +22.6 % before the SM share of the overlapped
-    collectives) at the preset's GEMM fraction 0.58; the same-configuration H100/A100 ratios imply
-    about 0.54 for this 2023 stack alone (docs/cost-model.md, "Held-out runs"). Recorded as reached,
-    so a change shows."""
+    """The same stack on H100 SXM: -9.8 to +11.1 % (mean 5.9 %; the 13B at b = 2 without
+    checkpointing is the largest) at the preset's GEMM fraction 0.58; the same-configuration
+    H100/A100 ratios imply about 0.55 for this 2023 stack alone (docs/cost-model.md, "Held-out
+    runs"). Recorded as reached, so a change shows."""
     errors = [float(r["error"]) for r in mpt if "h100" in str(r["row"])]
-    assert errors == pytest.approx([0.096, 0.055, 0.150, -0.008, -0.068, -0.000], abs=0.003)
+    assert errors == pytest.approx([0.016, 0.008, 0.111, -0.034, -0.090, -0.098], abs=0.003)
     ratios = HELDOUT.mpt_ratio_errors(mpt)
-    assert ratios == pytest.approx([1.058, 1.047, 1.088, 1.109, 0.961, 1.052], abs=0.003)
+    assert ratios == pytest.approx([1.040, 1.034, 1.079, 1.100, 0.955, 1.031], abs=0.003)
 
 
-def test_mpt_h100_over_a100_ratios_imply_054() -> None:
-    """At an H100 gemm_max_fraction of 0.54 the predicted H100/A100 ratios of the six same-configuration
+def test_mpt_h100_over_a100_ratios_imply_055() -> None:
+    """At an H100 gemm_max_fraction of 0.55 the predicted H100/A100 ratios of the six same-configuration
     MPT pairs match the measured ones on (geometric) average within 1 %."""
     import math
 
-    ratios = HELDOUT.mpt_ratio_errors(HELDOUT.mpt_rows(h100_gemm_fraction=0.54))
+    ratios = HELDOUT.mpt_ratio_errors(HELDOUT.mpt_rows(h100_gemm_fraction=0.55))
     assert len(ratios) == 6
     assert math.exp(sum(math.log(r) for r in ratios) / len(ratios)) == pytest.approx(1.0, abs=0.01)
 
@@ -160,14 +163,35 @@ def test_eager_activation_bytes_hand_count() -> None:
 
 
 def test_held_out_summary_by_device() -> None:
-    """All held-out throughput rows: A100 (BLOOM + 8 MPT) mean |error| 4.6 % (target 5 %), max 10.5 %
-    (MPT-30B; target 10 %); H100 (Llama 3, torchtitan compiled, 6 MPT) mean 5.7 %, max 15.0 %
-    (MPT-13B) at the GEMM fraction fitted on them (0.58, still the best of the sweep). Before
-    DeepSpeed's BF16 optimizer and the SM share of overlapped collectives: A100 6.1 % and 12.2 %,
-    H100 6.7 % and 22.6 % (docs/cost-model.md, "Held-out runs")."""
+    """The hand-picked held-out throughput rows: A100 (BLOOM + 8 MPT) mean |error| 5.9 %, max 12.5 %
+    (MPT-7B at 8K with checkpointing); H100 (Llama 3, torchtitan compiled, 6 MPT) mean 4.4 %, max
+    11.1 % (MPT-13B) at the GEMM fraction fitted on them (0.58, still the best of the sweep after
+    the flash-kernel costing). Before it: A100 4.6 % and 10.5 %, H100 5.7 % and 15.0 %
+    (docs/cost-model.md, "Held-out runs"; the whole llm-foundry tables: ``test_whole_mpt_tables``)."""
     summary = HELDOUT.device_summary(HELDOUT.heldout_rows())
     a100_mean, a100_max, a100_rows = summary["a100"]
     h100_mean, h100_max, h100_rows = summary["h100"]
     assert (a100_rows, h100_rows) == (9, 10)
-    assert a100_mean == pytest.approx(0.046, abs=0.002) and a100_max == pytest.approx(0.105, abs=0.002)
-    assert h100_mean == pytest.approx(0.057, abs=0.002) and h100_max == pytest.approx(0.150, abs=0.002)
+    assert a100_mean == pytest.approx(0.059, abs=0.002) and a100_max == pytest.approx(0.125, abs=0.002)
+    assert h100_mean == pytest.approx(0.044, abs=0.002) and h100_max == pytest.approx(0.111, abs=0.002)
+
+
+def test_whole_mpt_tables() -> None:
+    """Every BF16 row of llm-foundry's three MPT tables (191 runs: 125M-70B, s = 512-65,536, 8-128
+    GPUs, with and without checkpointing), none of them fitted on: mean |error| H100 5.4 %, A100
+    80 GB 5.9 %, A100 40 GB 4.6 % (median 3.7, 3.3, 3.9 %). Costing the benchmarks' Triton
+    FlashAttention at FlashAttention-2's rate instead puts them at 21.8, 25.1 and 17.9 %, all
+    over-predicted, worst at long sequences: the kernel family is a property of the stack that the
+    prediction needs. The max errors (17-32 %) are single rows that disagree with their neighbours
+    in the same table (e.g. the 760M at s = 512 and 1,024 on A100 80 GB, 25 % below its own 2,048
+    row), recorded as reached."""
+    summary = HELDOUT.table_summary(HELDOUT.mpt_table_rows())
+    expected = {"h100": (52, 0.054, 0.037, 0.171), "a100-80gb": (61, 0.059, 0.033, 0.258),
+                "a100-40gb": (78, 0.046, 0.039, 0.318)}
+    assert set(summary) == set(expected)
+    for device, (rows, mean, median, worst) in expected.items():
+        m = summary[device]
+        assert m["rows"] == rows
+        assert (m["mean"], m["median"], m["max"]) == pytest.approx((mean, median, worst), abs=0.002)
+    fa2 = HELDOUT.table_summary(HELDOUT.mpt_table_rows(kernel="fa2"))
+    assert all(fa2[d]["mean"] > 3 * summary[d]["mean"] and fa2[d]["bias"] > 0.17 for d in summary)

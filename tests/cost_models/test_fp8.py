@@ -39,11 +39,11 @@ def test_cast_transpose_bytes_by_hand() -> None:
 
 
 def test_fp8_gemm_runs_at_the_fitted_fraction_of_the_fp8_peak() -> None:
-    """A full-wave GEMM's compute time scales by (989.4 TF/s x 0.58) / (1,978.9 TF/s x 0.682)."""
+    """A full-wave GEMM's compute time scales by (989.4 TF/s x 0.58) / (1,978.9 TF/s x 0.664)."""
     h100 = device_preset("h100")
     m, n, k = 132 * 256, 128, 8192
     ratio = gemm_compute_s(m, n, k, h100, dtype="fp8") / gemm_compute_s(m, n, k, h100)
-    assert ratio == pytest.approx(989.4e12 * 0.58 / (1978.9e12 * 0.682), rel=1e-9)
+    assert ratio == pytest.approx(989.4e12 * 0.58 / (1978.9e12 * 0.664), rel=1e-9)
 
 
 def test_activation_saving_by_hand() -> None:
@@ -79,8 +79,8 @@ def test_bad_precisions_are_refused() -> None:
 
 
 PUBLISHED_ERRORS = [  # Megatron-Bridge (fit set), then llm-foundry (held out)
-    0.013, -0.042, 0.016, -0.013, -0.032, 0.050, -0.032, 0.038,
-    0.313, 0.297, 0.291, 0.278, 0.328, 0.338, 0.253,
+    0.026, -0.042, 0.008, -0.001, -0.032, 0.043, -0.031, 0.029,
+    0.025, 0.070, 0.160, 0.193, 0.015, 0.100, 0.162,
 ]
 
 
@@ -95,12 +95,14 @@ def test_published_fp8_rows(rows: list[dict[str, object]]) -> None:
 
 
 def test_fp8_summary(rows: list[dict[str, object]]) -> None:
-    """Fit set: mean |error| 2.9 %, max 5.0 %; held out: every row +25 to +34 % fast, and the predicted
-    FP8/BF16 speedup +6 to +28 % above llm-foundry's own (so not only the BF16 model's error)."""
+    """Fit set: mean |error| 2.6 %, max 4.3 %; held out (llm-foundry's 2023 stack with its Triton
+    FlashAttention): every row fast, +1.5 to +19.3 % (mean 10.4 %; +25 to +34 % while its attention
+    ran at FlashAttention-2's rate), and the predicted FP8/BF16 speedup +3 to +24 % above
+    llm-foundry's own (so not only the BF16 model's error)."""
     summary = load_bench("fidelity_fp8").summary(rows)
     mean, mean_abs, worst, n = summary["megatron-bridge"]
-    assert n == 8 and abs(mean) < 0.005 and mean_abs < 0.035 and worst < 0.055
+    assert n == 8 and abs(mean) < 0.005 and mean_abs < 0.03 and worst < 0.045
     mean, mean_abs, worst, n = summary["llm-foundry"]
-    assert n == 7 and 0.28 < mean < 0.32 and worst < 0.35
+    assert n == 7 and 0.095 < mean < 0.11 and worst < 0.2
     speedups = [float(r["speedup_error"]) for r in rows if "speedup_error" in r]
-    assert len(speedups) == 5 and all(0.05 < s < 0.30 for s in speedups)
+    assert len(speedups) == 5 and all(0.02 < s < 0.25 for s in speedups)
