@@ -62,6 +62,23 @@ def with_elementwise_kernels(device: Device, kernels: str) -> Device:
         update={"elementwise_kernels": kernels})})
 
 
+def with_attention_kernel(device: Device, kernel: str) -> Device:
+    """The device running flash-attention kernel family ``kernel`` (``ComputeModel.attention_kernel``,
+    a key of its ``attention_fractions``: ``fa1`` FlashAttention and its Triton port, ``fa2``, ``fa3``).
+
+    Raises:
+        InvalidProblemError: the device lists no such family.
+    """
+    c = compute_constants(device)
+    if kernel not in c.attention_fractions:
+        listed = ", ".join(sorted(c.attention_fractions)) or "none"
+        raise InvalidProblemError(
+            f"attention_kernel={kernel!r} is not a flash-attention kernel family of device {device.name!r} "
+            f"(it lists: {listed}); choose one of those, or give the family's share of peak in a cluster "
+            f"file's device compute.attention_fractions")
+    return device.model_copy(update={"compute": c.model_copy(update={"attention_kernel": kernel})})
+
+
 LINEAR_PRECISIONS = ("bf16", "fp8", "fp8-cs")
 
 

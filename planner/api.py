@@ -182,6 +182,7 @@ def make_problem(
     attention: str | None = None,
     kernels: str | None = None,
     precision: str | None = None,
+    attention_kernel: str | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -194,6 +195,8 @@ def make_problem(
     chains) sets how the memory-bound layer kernels are costed (``ComputeModel.elementwise_kernels``).
     ``precision`` (``bf16``, the default, ``fp8`` or ``fp8-cs``: Transformer Engine FP8 linear layers
     with delayed or current scaling) sets ``ComputeModel.linear_precision`` (``cost_models.fp8``).
+    ``attention_kernel`` (``fa1``, ``fa2``, ``fa3``: a family the device lists) sets the flash-attention
+    kernel family whose rate the attention core runs at (``ComputeModel.attention_kernel``).
 
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
@@ -214,6 +217,9 @@ def make_problem(
     if precision is not None:  # --precision: BF16 or Transformer Engine FP8 linear layers (cost_models.fp8)
         cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_linear_precision(
             cluster_obj.device, precision)})
+    if attention_kernel is not None:  # --attention-kernel: the flash family the stack runs (cost_models.compute)
+        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_attention_kernel(
+            cluster_obj.device, attention_kernel)})
     config: TransformerConfig | None = None
     if isinstance(model_obj, TransformerConfig):
         config = model_obj

@@ -151,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="linear-layer GEMMs (default bf16; fp8: Transformer Engine FP8 with delayed scaling, "
                         "fp8-cs: current scaling as Megatron-Bridge's FP8-CS; attention, norms and logits stay "
                         "BF16; docs/cost-model.md, FP8)")
+    p.add_argument("--attention-kernel", metavar="FAMILY",
+                   help="flash-attention kernel family the stack runs, one the device lists (A100: fa1, fa2; "
+                        "H100: fa1, fa2, fa3): fa1 FlashAttention and its Triton port, fa2 FlashAttention-2 "
+                        "(PyTorch SDPA), fa3 FlashAttention-3 / cuDNN (the H100 default); docs/cost-model.md, "
+                        "Attention core")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=T.positive_float(), help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -229,6 +234,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         attention=args.attention,
         kernels=args.kernels,
         precision=args.precision,
+        attention_kernel=args.attention_kernel,
     )
     print(report.expansion_line(args.cluster, problem.cluster), file=sys.stderr)
     solver = args.solver or api.default_solver(problem)

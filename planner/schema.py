@@ -427,11 +427,13 @@ class ComputeModel(_Frozen):
     peak_flops_by_dtype: dict[str, PositiveFloat] = Field(default_factory=dict)
     """Dense peaks by precision (``fp32``, ``tf32``, ``fp8``); 16-bit is ``Device.peak_flops``."""
     attention_kernel: str = "fa2"
-    """Flash-attention kernel family the training stack runs (``fa2``, ``fa3``...): the key of
-    ``attention_fractions`` used for ``attention="flash"`` layers."""
+    """Flash-attention kernel family the training stack runs (``fa1``: FlashAttention and its Triton
+    port, ``fa2``, ``fa3``...): the key of ``attention_fractions`` used for ``attention="flash"``
+    layers."""
     attention_fractions: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
-    """Fraction of the 16-bit peak each flash-attention kernel family sustains on full waves
-    (forward); a family not listed runs at 0.85 of the GEMM rate."""
+    """Share of the 16-bit peak each flash-attention kernel family sustains over a step's forward and
+    backward on full waves of long sequences (``cost_models.compute.flash_attention_s``); with none
+    listed, flash runs at 0.85 of the GEMM fraction."""
     elementwise_kernels: Literal["fused", "eager"] = "fused"
     """How the training stack runs the memory-bound layer kernels: ``fused`` (Megatron-LM /
     Transformer Engine fused norms, rotary and SwiGLU; also ``torch.compile``) or ``eager``
@@ -444,6 +446,15 @@ class ComputeModel(_Frozen):
     Megatron-Bridge's FP8-CS: one more pass over each tensor for its amax)."""
     fp8_gemm_max_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     """Fraction of the FP8 peak a full wave of large FP8 tiles sustains; None = ``gemm_max_fraction``."""
+
+    @model_validator(mode="after")
+    def _check_attention_kernel(self) -> ComputeModel:
+        if self.attention_fractions and self.attention_kernel not in self.attention_fractions:
+            families = ", ".join(sorted(self.attention_fractions))
+            raise ValueError(
+                f"attention_kernel={self.attention_kernel!r} is not one of attention_fractions' kernel families "
+                f"({families}); name one of them, or add its share of peak to attention_fractions")
+        return self
 
 
 class Device(_Frozen):
