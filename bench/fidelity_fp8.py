@@ -8,6 +8,11 @@
 - Held out: llm-foundry's "H100 80GB FP8" table [llm-foundry] (``scripts/train/benchmarking/README.md``):
   MPT 1B and 3B on 8 H100, FSDP FULL_SHARD, ``amp_fp8`` (Transformer Engine, delayed scaling),
   through bench/fidelity_heldout.py's MPT path. No constant was set on them.
+- Held out: torchtitan's Llama 3.1 8B "FSDP + torch.compile + Float8" rows [torchtitan]
+  (docs/performance.md Tables 1 and 3: 8 and 128 Grand Teton H100, torchao Float8 with dynamic
+  tensorwise scaling, i.e. current scaling), at both ends of the Grand Teton peak range as
+  bench/fidelity.py's BF16 rows, against the same tables' BF16 "FSDP + torch.compile" rows for the
+  speedup.
 
 Each Megatron-Bridge row is forced through ``ptdp`` with its published degrees, batch and
 microbatch (bench/fidelity_bridge.py's forcing, plus the context-parallel degree and FSDP); what the
@@ -143,8 +148,46 @@ def mpt_fp8_rows(fraction: float | None = None) -> list[dict[str, object]]:
     return out
 
 
+TORCHTITAN_FP8 = [(8, 8532.0, 6667.0), (128, 8380.0, 6514.0)]
+"""(GPUs, FSDP + torch.compile + Float8, FSDP + torch.compile) tokens/s/GPU: Llama 3.1 8B, b = 2,
+s = 8,192, selective (op) checkpointing ([torchtitan] docs/performance.md Tables 1 and 3)."""
+
+
+def torchtitan_fp8_rows(fraction: float | None = None) -> list[dict[str, object]]:
+    """torchtitan's Float8 rows through bench/fidelity.py's FSDP path, fused kernels (torch.compile),
+    SDPA's FlashAttention-2, current scaling (torchao's dynamic tensorwise scales); the Grand Teton
+    part's FP8 peak is twice its BF16 peak at both ends of the range (the clocks set both).
+    ``error``: at the NVL end (as the BF16 rows), ``error_high``: at the SXM end; ``speedup_error``:
+    predicted over published Float8/BF16 ratio - 1 (the peak cancels)."""
+    import fidelity
+    from cost_models.compute import compute_constants, with_linear_precision
+
+    out = []
+    for gpus, published, bf16 in TORCHTITAN_FP8:
+        rates = []
+        for peak in fidelity.GRAND_TETON_PEAKS:
+            device = fidelity.grand_teton_h100(peak)
+            c = compute_constants(device)
+            update: dict[str, object] = {"peak_flops_by_dtype": {**c.peak_flops_by_dtype, "fp8": 2 * peak}}
+            if fraction is not None:
+                update["fp8_gemm_max_fraction"] = fraction
+            device = device.model_copy(update={"compute": c.model_copy(update=update)})
+            kw = {"kernels": "fused"}
+            base = fidelity._torchtitan_rate("llama3-8b", fidelity._with_device(f"h100:{gpus}", device), 2,
+                                             "selective", 8192, **kw)
+            fp8 = fidelity._torchtitan_rate("llama3-8b", fidelity._with_device(
+                f"h100:{gpus}", with_linear_precision(device, "fp8-cs")), 2, "selective", 8192, **kw)
+            rates.append((fp8, base))
+        (low, low_base), (high, _) = rates
+        out.append({"row": f"torchtitan llama3-8b + compile + Float8, {gpus} grand-teton-h100, tokens/s/GPU",
+                    "source": "torchtitan", "published": published, "predicted": low, "predicted_high": high,
+                    "error": low / published - 1, "error_high": high / published - 1, "bf16_published": bf16,
+                    "speedup_error": (low / low_base) / (published / bf16) - 1})
+    return out
+
+
 def fp8_rows(fraction: float | None = None) -> list[dict[str, object]]:
-    return [bridge_row(r, fraction) for r in BRIDGE_ROWS] + mpt_fp8_rows(fraction)
+    return [bridge_row(r, fraction) for r in BRIDGE_ROWS] + mpt_fp8_rows(fraction) + torchtitan_fp8_rows(fraction)
 
 
 def summary(rows: list[dict[str, object]]) -> dict[str, tuple[float, float, float, int]]:
@@ -180,8 +223,10 @@ def main() -> None:
               f"max {100 * worst:.1f}%")
     for r in rows:
         extra = f"; recompute {r['recompute']}, peak {float(r['peak_memory_gib']):.1f} GiB" if "recompute" in r else ""
+        if "error_high" in r:
+            extra = f"; {100 * float(r['error_high']):+.1f}% at the SXM end"
         if "speedup_error" in r:
-            extra = (f"; FP8/BF16 speedup published {float(r['published']) / float(r['bf16_published']):.3f}, "
+            extra += (f"; FP8/BF16 speedup published {float(r['published']) / float(r['bf16_published']):.3f}, "
                      f"predicted {(1 + float(r['speedup_error'])) * float(r['published']) / float(r['bf16_published']):.3f}"
                      f" ({100 * float(r['speedup_error']):+.1f}%)")
         print(f"{r['row']}: published {float(r['published']):.0f}, predicted {float(r['predicted']):.0f} "
