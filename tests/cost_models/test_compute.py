@@ -122,6 +122,24 @@ def test_group_allreduce_uses_nvlink_inside_a_node() -> None:
     assert coll.group_allreduce_s(cluster, 1e9, 16) > inside
 
 
+def test_group_allgather_runs_one_flat_ring_by_hand() -> None:
+    """128 A100s (16 nodes of 8): the bytes move as the two-level split (1/16 of S over an NVLink
+    ring of 8, 1/8 of S over a ring of the 16 nodes at 25 GB/s per rail, both at 0.8), the latency
+    is NCCL's flat ring's: 127 steps, 15 across nodes (10 us) and 112 inside (5 us)."""
+    cluster = hardware.cluster_preset("a100-80gb:128")
+    s = 1e9
+    moved = 7 / 8 * (s / 16) / (300e9 * 0.8) + 15 / 16 * (s / 8) / (25e9 * 0.8)
+    assert coll.group_allgather_s(cluster, s, 128) == pytest.approx(moved + 112 * 5e-6 + 15 * 1e-5)
+    # inside one node: a plain ring of 8
+    assert coll.group_allgather_s(cluster, s, 8) == pytest.approx(7 / 8 * s / (300e9 * 0.8) + 7 * 5e-6)
+    # a small gather at scale is latency-bound: 128 ranks take about 9x the time of 16
+    small = [coll.group_allgather_s(cluster, 1e5, n) for n in (16, 128)]
+    assert small[1] / small[0] == pytest.approx((112 * 5e-6 + 15e-5 + 1e5 / 16 * (7 / 8) / 240e9
+                                                 + 1e5 / 8 * (15 / 16) / 20e9)
+                                                / (14 * 5e-6 + 1e-5 + 1e5 / 2 * (7 / 8) / 240e9
+                                                   + 1e5 / 8 * (1 / 2) / 20e9), rel=1e-9)
+
+
 def test_exposed_dp_allreduce() -> None:
     assert coll.exposed_dp_allreduce_s(4.0, 10.0, num_buckets=4) == pytest.approx(1.0)
     assert coll.exposed_dp_allreduce_s(4.0, 1.0, num_buckets=4) == pytest.approx(1.0 + 2.0)

@@ -81,7 +81,7 @@ def test_bad_precisions_are_refused() -> None:
 PUBLISHED_ERRORS = [  # Megatron-Bridge (fit set), then llm-foundry and torchtitan (held out)
     0.026, -0.042, 0.008, -0.001, -0.032, 0.043, -0.031, 0.029,
     0.025, 0.070, 0.160, 0.193, 0.015, 0.100, 0.162,
-    0.094, 0.116,
+    0.094, 0.109,
 ]
 
 
@@ -111,11 +111,11 @@ def test_fp8_summary(rows: list[dict[str, object]]) -> None:
 
 def test_torchtitan_float8_rows(rows: list[dict[str, object]]) -> None:
     """torchtitan's Llama 3.1 8B with torch.compile + Float8 on 8 and 128 Grand Teton H100 (held out,
-    current scaling): +9.4 and +11.6 % at the NVL end of the peak range (where its BF16 compiled rows
-    are -0.9 and +1.6 %), +23 and +26 % at the SXM end; the Float8/BF16 speedup, where the peak
+    current scaling): +9.4 and +10.9 % at the NVL end of the peak range (where its BF16 compiled rows
+    are -0.9 and +1.1 %), +23 and +25 % at the SXM end; the Float8/BF16 speedup, where the peak
     cancels, 1.41 predicted against 1.28 and 1.29 published (+10 %): as on llm-foundry's rows, the FP8
     constant fitted on Megatron-Bridge's 2025 stack over-predicts another stack's FP8 gain."""
     tt = [r for r in rows if r["source"] == "torchtitan"]
-    assert [float(r["error"]) for r in tt] == pytest.approx([0.094, 0.116], abs=0.005)
-    assert [float(r["error_high"]) for r in tt] == pytest.approx([0.234, 0.260], abs=0.005)
-    assert [float(r["speedup_error"]) for r in tt] == pytest.approx([0.104, 0.099], abs=0.005)
+    assert [float(r["error"]) for r in tt] == pytest.approx([0.094, 0.109], abs=0.005)
+    assert [float(r["error_high"]) for r in tt] == pytest.approx([0.234, 0.251], abs=0.005)
+    assert [float(r["speedup_error"]) for r in tt] == pytest.approx([0.104, 0.097], abs=0.005)
