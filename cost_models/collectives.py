@@ -118,21 +118,32 @@ def ranks_allreduce_s(cluster: Cluster, num_bytes: float, ranks: Sequence[int]) 
 
 
 def group_allgather_s(cluster: Cluster, num_bytes: float, num_ranks: int, stride: int = 1) -> float:
-    """All-gather (= reduce-scatter) of a ``num_bytes`` buffer among ``num_ranks`` ranks.
-
-    Across nodes NCCL runs one flat ring over all the ranks (it has no hierarchical all-gather):
-    its bytes move as the two-level split below (each rail carries its node's share across the
-    nodes), but its latency is that of n - 1 ring steps, nodes - 1 of them crossing a node boundary
-    and n - nodes inside a node (NCCL's own ring latency model, ``src/graph/tuning.cc``). At large n
-    that latency grows linearly with the ranks: 127 steps at 128 GPUs, which a two-level count
-    (per_node - 1 + nodes - 1 = 22) misses."""
+    """All-gather (= reduce-scatter) of a ``num_bytes`` buffer among ``num_ranks`` ranks ``stride``
+    apart (``nodes_allgather_s`` on the group's links)."""
     if num_ranks <= 1:
         return 0.0
     intra, inter, per_node, nodes = group_link(cluster, num_ranks, stride)
-    if nodes == 1:
-        return ring_allgather_s(num_bytes, num_ranks, intra, cluster.intra_node_latency_s)
-    moved = ring_allgather_s(num_bytes / nodes, per_node, intra) + ring_allgather_s(num_bytes / per_node, nodes, inter)
-    return moved + (num_ranks - nodes) * cluster.intra_node_latency_s + (nodes - 1) * cluster.inter_node_latency_s
+    return nodes_allgather_s(num_bytes, num_ranks, per_node, nodes, intra, inter, cluster.intra_node_latency_s,
+                             cluster.inter_node_latency_s)
+
+
+def nodes_allgather_s(num_bytes: float, num_ranks: int, ranks_per_node: int, num_nodes: int,
+                      intra_bytes_per_s: float, inter_bytes_per_s: float, intra_latency_s: float,
+                      inter_latency_s: float) -> float:
+    """All-gather (= reduce-scatter) of ``num_bytes`` among ``num_ranks`` ranks on ``num_nodes``
+    nodes of ``ranks_per_node``. Inside one node, a ring. Across nodes NCCL runs one flat ring over
+    all the ranks (it has no hierarchical all-gather): its bytes move as the two-level split (each
+    rail carries its node's share across the nodes), but its latency is that of n - 1 ring steps,
+    nodes - 1 of them crossing a node boundary and n - nodes inside a node ([nccl-tuning]). At large
+    n that latency grows linearly with the ranks: 127 steps at 128 GPUs, which a two-level count
+    (per_node - 1 + nodes - 1 = 22) misses."""
+    if num_ranks <= 1 or num_bytes <= 0:
+        return 0.0
+    if num_nodes <= 1:
+        return ring_allgather_s(num_bytes, num_ranks, intra_bytes_per_s, intra_latency_s)
+    moved = (ring_allgather_s(num_bytes / num_nodes, ranks_per_node, intra_bytes_per_s)
+             + ring_allgather_s(num_bytes / ranks_per_node, num_nodes, inter_bytes_per_s))
+    return moved + (num_ranks - num_nodes) * intra_latency_s + (num_nodes - 1) * inter_latency_s
 
 
 DP_NUM_BUCKETS = 4

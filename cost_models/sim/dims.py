@@ -50,6 +50,7 @@ from cost_models.collectives import (
     deepspeed_bf16_sync_s,
     exposed_dp_allreduce_s,
     hierarchical_allreduce_s,
+    nodes_allgather_s,
     ranks_allreduce_s,
     ring_allgather_s,
 )
@@ -118,12 +119,8 @@ class Group:
             return 0.0
         if self.model == "ring":
             return ring_allgather_s(num_bytes, n, self.ring_bytes_per_s, self.ring_latency_s)
-        if self.num_nodes == 1:
-            return ring_allgather_s(num_bytes, n, self.intra_bytes_per_s, self.intra_latency_s)
-        inside = ring_allgather_s(num_bytes / self.num_nodes, self.ranks_per_node, self.intra_bytes_per_s,
-                                  self.intra_latency_s)
-        return inside + ring_allgather_s(num_bytes / self.ranks_per_node, self.num_nodes, self.inter_bytes_per_s,
-                                         self.inter_latency_s)
+        return nodes_allgather_s(num_bytes, n, self.ranks_per_node, self.num_nodes, self.intra_bytes_per_s,
+                                 self.inter_bytes_per_s, self.intra_latency_s, self.inter_latency_s)
 
     def alltoall_s(self, num_bytes: float) -> float:
         """All-to-all of ``num_bytes`` per rank spread over the group (``collectives.alltoall_s``)."""
