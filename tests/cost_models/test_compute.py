@@ -130,6 +130,7 @@ def test_group_allgather_runs_one_flat_ring_by_hand() -> None:
     s = 1e9
     moved = 7 / 8 * (s / 16) / (300e9 * 0.8) + 15 / 16 * (s / 8) / (25e9 * 0.8)
     assert coll.group_allgather_s(cluster, s, 128) == pytest.approx(moved + 112 * 5e-6 + 15 * 1e-5)
+    assert coll.group_allgather_s(cluster, 0.0, 128) == 0.0  # nothing to gather: no ring runs (dense layers' experts)
     # inside one node: a plain ring of 8
     assert coll.group_allgather_s(cluster, s, 8) == pytest.approx(7 / 8 * s / (300e9 * 0.8) + 7 * 5e-6)
     # a small gather at scale is latency-bound: 128 ranks take about 9x the time of 16

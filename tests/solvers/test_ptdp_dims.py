@@ -198,6 +198,26 @@ def test_fast_end_stage_split_matches_the_reference() -> None:
     assert dims.stage_layer_counts(126, 16, (7, 7)) == [7] + [8] * 14 + [7]
 
 
+def test_zero3_across_nodes_closed_form_and_simulator_agree_on_the_flat_ring() -> None:
+    """ZeRO-3 over 64 GPUs on 8 nodes (FSDP, no pipeline): every layer's gathers cross nodes, where
+    both engines charge NCCL's flat-ring latency (collectives.nodes_allgather_s: 63 steps, 7 of them
+    across nodes) and agree on the step; the gathers are exactly the two-level bytes plus that
+    latency."""
+    from cost_models.collectives import group_allgather_s, group_link
+
+    problem = _problem("llama3-8b", "h100:64", 128)
+    plan = ptdp.solve(problem, options={"zero_stage": 3, "pipeline_parallel": 1, "tensor_parallel": 1,
+                                        "microbatch_size": 1, "context_parallel": 1, "recompute": "selective"})
+    assert plan.zero_stage == 3 and plan.degrees.data == 64
+    _agrees_with_simulator(plan, rel=0.005)
+    cluster = problem.cluster
+    intra, inter, per_node, nodes = group_link(cluster, 64)
+    moved = 7 / 8 * (1e8 / 8) / intra + 7 / 8 * (1e8 / 8) / inter
+    latency = 56 * cluster.intra_node_latency_s + 7 * cluster.inter_node_latency_s
+    assert (per_node, nodes) == (8, 8)
+    assert group_allgather_s(cluster, 1e8, 64) == pytest.approx(moved + latency, rel=1e-12)
+
+
 def test_zero_stages_searched() -> None:
     assert dims.zero_stages_for((0, 1, 3), pipeline=1, dp_ranks=8) == [1, 3]
     assert dims.zero_stages_for((0, 1, 3), pipeline=4, dp_ranks=8) == [1]  # FSDP without pipelining
