@@ -90,6 +90,18 @@ TRACE = "ResNet-18 (batch size 32)\tcmd\tdir\t--num_steps\t0\t1000\t1\t1\t-1\t0\
         "Transformer (batch size 64)\tcmd\tdir\t--num_steps\t0\t500\t1\t1\t-1\t5\n"
 
 
+LLAMA_EVEN_PLAN = ["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "16", "--solver", "even",
+                   "--pipeline", "8", "--microbatch-size", "1"]
+"""A small Llama 3 8B plan on one H100 node (the even split): the cost-model flags' tests vary it."""
+
+
+def llama_plan_json(*extra: str) -> dict[str, Any]:
+    """The plan JSON of ``LLAMA_EVEN_PLAN`` with ``extra`` flags (it must succeed)."""
+    outcome = run_cli([*LLAMA_EVEN_PLAN, "--json", *extra])
+    assert outcome.code == 0, outcome.err
+    return json.loads(outcome.out)
+
+
 @lru_cache(maxsize=1)
 def plan_dict() -> dict[str, Any]:
     """A small valid plan: the toy profile on two devices, two stages, even split."""

@@ -13,25 +13,18 @@ from planner import api
 from planner.cli import main
 from planner.errors import InvalidProblemError
 
-PLAN = ["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "16", "--solver", "even",
-        "--pipeline", "8", "--microbatch-size", "1"]
-
-
-def _plan(capsys, *extra: str) -> dict:  # type: ignore[type-arg]
-    code = main([*PLAN, "--json", *extra])
-    assert code == 0
-    return json.loads(capsys.readouterr().out)
+from tests.planner.contract_helpers import llama_plan_json as _plan
 
 
 def _decoder(plan: dict) -> dict:  # type: ignore[type-arg]
     return next(la for la in plan["model"]["layers"] if la["kind"] == "decoder")
 
 
-def test_slower_family_slows_only_the_attention_core(capsys) -> None:
+def test_slower_family_slows_only_the_attention_core() -> None:
     """H100: fa3 (the default, 0.59 of peak) against fa2 (0.35): the decoder's selective-recompute
     time (its attention core's forward) grows by 0.59 / 0.35 less the launch, the plan is slower,
     and the plan JSON keeps the family."""
-    fa3, fa2 = _plan(capsys), _plan(capsys, "--attention-kernel", "fa2")
+    fa3, fa2 = _plan(), _plan("--attention-kernel", "fa2")
     assert fa2["cluster"]["device"]["compute"]["attention_kernel"] == "fa2"
     launch = compute_constants(api.load_cluster("h100:8").device).kernel_launch_s
     core3 = _decoder(fa3)["recompute"]["selective"]["extra_s"] - launch

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 from planner.cli import main
+from tests.planner.contract_helpers import LLAMA_EVEN_PLAN as PLAN
+from tests.planner.contract_helpers import llama_plan_json
 
 
-PLAN = ["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "16", "--solver", "even",
-        "--pipeline", "8", "--microbatch-size", "1"]
-
-
-def _plan(capsys, *extra: str) -> dict:  # type: ignore[type-arg]
-    code = main([*PLAN, "--json", *extra])
-    assert code == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def test_fp8_plan_is_faster_and_keeps_the_setting(capsys) -> None:
-    bf16, fp8 = _plan(capsys), _plan(capsys, "--precision", "fp8")
+def test_fp8_plan_is_faster_and_keeps_the_setting() -> None:
+    bf16, fp8 = llama_plan_json(), llama_plan_json("--precision", "fp8")
     assert bf16["cluster"]["device"]["compute"] is None  # the preset's constants: BF16
     assert fp8["cluster"]["device"]["compute"]["linear_precision"] == "fp8"
     f_layer = next(la for la in fp8["model"]["layers"] if la["kind"] == "decoder")
