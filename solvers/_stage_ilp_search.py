@@ -32,14 +32,22 @@ class Search:
     evaluate: Callable[[Counts], float] | None = None
     """Simulated time of a plan when the fast path does not apply (BPipe plans, simulated with
     their transfers); ``math.inf`` for a plan that does not fit in simulation."""
+    clock: Callable[[], float] = time.perf_counter
+    """The time source of ``time_budget_s`` (tests pass a counter)."""
     _actions: tuple[object, ...] | None = None
-    _began: float = field(default_factory=time.perf_counter)
+    _began: float | None = None
+    _longest_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._began = self.clock()
 
     def simulate(self, counts: Counts, label: str) -> float:
-        if counts not in self.simulated and self.evaluate is not None:
+        if counts in self.simulated:
+            return self.simulated[counts]
+        began = self.clock()
+        if self.evaluate is not None:
             self.simulated[counts] = self.evaluate(counts)
-            self.source[counts] = label
-        if counts not in self.simulated:
+        else:
             if self._actions is None:
                 m = self.model
                 self._actions = build_actions(m.schedule, num_stages=m.num_stages, num_chunks=m.num_chunks,
@@ -47,22 +55,34 @@ class Search:
             result = simulate_costs(candidate_costs(self.model, counts), self._actions,  # type: ignore[arg-type]
                                     num_microbatches=self.model.num_microbatches, include_events=False, validate=False)
             self.simulated[counts] = result.iteration_time_s
-            self.source[counts] = label
+        self.source[counts] = label
+        self._longest_s = max(self._longest_s, self.clock() - began)
         return self.simulated[counts]
 
     @property
+    def out_of_time(self) -> bool:
+        """Whether one more simulation, as long as the longest so far, would end past the budget
+        (a large plan's simulation takes seconds: checking only the time already spent let the
+        search overrun the budget by one of them)."""
+        assert self._began is not None
+        return self.clock() - self._began + self._longest_s > self.time_budget_s
+
+    @property
     def exhausted(self) -> bool:
-        return (len(self.simulated) >= self.max_simulations
-                or time.perf_counter() - self._began > self.time_budget_s)
+        return len(self.simulated) >= self.max_simulations or self.out_of_time
 
     def run(self, seeds: Sequence[tuple[str, Counts]]) -> Counts:
-        """The fastest plan found by simulation, starting from the seeds (all must fit)."""
-        for label, counts in seeds:
+        """The fastest plan found by simulation, starting from the seeds (all must fit). The first
+        seed (the ILP's plan) is always simulated, the others while the time budget allows."""
+        for i, (label, counts) in enumerate(seeds):
+            if i and self.out_of_time:
+                break
             self.simulate(counts, label)
-        best = min((c for _, c in seeds), key=lambda c: self.simulated[c])
+        best = min((c for _, c in seeds if c in self.simulated), key=lambda c: self.simulated[c])
         while not self.exhausted:
-            ranked = sorted({c for c in neighbours(best) if c not in self.simulated and fits(self.model, c)},
-                            key=lambda c: modelled_time_s(self.model, c))
+            ranked = self._ranked_neighbours(best)
+            if ranked is None:
+                break
             improved = best
             for counts in ranked[: self.width]:
                 if self.exhausted:
@@ -73,6 +93,24 @@ class Search:
                 break
             best = improved
         return best
+
+    def _ranked_neighbours(self, best: Counts) -> list[Counts] | None:
+        """The unsimulated neighbours of ``best`` that fit, by modelled time; None when the time
+        budget runs out while ranking them (a plan of 128 virtual stages has thousands of
+        neighbours, each checked for memory and modelled: seconds of work)."""
+        assert self._began is not None
+        pool: set[Counts] = set()
+        for i, counts in enumerate(neighbours(best)):
+            if i % 64 == 0 and self.clock() - self._began > self.time_budget_s:
+                return None
+            if counts not in self.simulated and fits(self.model, counts):
+                pool.add(counts)
+        keys: dict[Counts, float] = {}
+        for i, counts in enumerate(pool):
+            if i % 64 == 0 and self.clock() - self._began > self.time_budget_s:
+                return None
+            keys[counts] = modelled_time_s(self.model, counts)
+        return sorted(pool, key=keys.__getitem__)
 
     def table(self, limit: int = 10) -> list[tuple[Counts, float, str]]:
         """The best simulated plans, fastest first."""

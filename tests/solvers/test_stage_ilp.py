@@ -254,3 +254,35 @@ def test_time_limit_returns_status_and_gap() -> None:
         assert plan.predicted.iteration_time_s <= base.predicted.iteration_time_s * (1 + 1e-12)  # type: ignore[union-attr]
     assert plan.predicted.iteration_time_s <= pipedream_fixed(problem).predicted.iteration_time_s * (1 + 1e-12)  # type: ignore[union-attr]
     assert plan.solve_time_s is not None and math.isfinite(plan.solve_time_s)  # its speed: bench/speed_targets.py
+
+
+class _Ticks:
+    """A clock that advances one unit per reading (the search's time source in these tests)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_search_stops_before_a_simulation_would_overrun_its_budget() -> None:
+    """Each simulation reads the clock twice (one unit long), the budget check once: with 6 units
+    of budget the search starts a simulation only while elapsed + the longest simulation so far
+    fits, so it ends within the budget, keeps the first seed (the ILP's plan) whatever the budget,
+    and returns the fastest plan it simulated."""
+    from solvers._stage_ilp_search import Search
+
+    model = _stage_model(_problem(random.Random(0), p=2, v=1, num_decoders=5, memory=1e9))
+    seeds = [("ilp", c) for c in all_counts(model)[:4] if fits(model, c)]
+    assert len(seeds) >= 3
+    clock = _Ticks()
+    search = Search(model, max_simulations=100, time_budget_s=6.0, clock=clock)
+    best = search.run(seeds)
+    assert clock.now <= 6.0 + 2  # the last check read past the budget and stopped
+    assert 1 <= len(search.simulated) < len(seeds) + 100
+    assert seeds[0][1] in search.simulated
+    assert best == min(search.simulated, key=search.simulated.__getitem__)
+    tight = Search(model, max_simulations=100, time_budget_s=0.5, clock=_Ticks())
+    assert tight.run(seeds) == seeds[0][1] and list(tight.simulated) == [seeds[0][1]]
