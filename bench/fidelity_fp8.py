@@ -226,9 +226,9 @@ def main() -> None:
         if "error_high" in r:
             extra = f"; {100 * float(r['error_high']):+.1f}% at the SXM end"
         if "speedup_error" in r:
-            extra += (f"; FP8/BF16 speedup published {float(r['published']) / float(r['bf16_published']):.3f}, "
-                     f"predicted {(1 + float(r['speedup_error'])) * float(r['published']) / float(r['bf16_published']):.3f}"
-                     f" ({100 * float(r['speedup_error']):+.1f}%)")
+            published_speedup = float(r["published"]) / float(r["bf16_published"])
+            extra += (f"; FP8/BF16 speedup published {published_speedup:.3f}, predicted "
+                      f"{(1 + float(r['speedup_error'])) * published_speedup:.3f} ({100 * float(r['speedup_error']):+.1f}%)")
         print(f"{r['row']}: published {float(r['published']):.0f}, predicted {float(r['predicted']):.0f} "
               f"({100 * float(r['error']):+.1f}%){extra}")
 

@@ -127,7 +127,8 @@ def torchtitan_compiled_rows() -> list[dict[str, object]]:
     return out
 
 
-MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
+MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24),
+              "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
               "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
 """(d_model, n_heads, n_layers) of llm-foundry's MPT configs ([llm-foundry] ``scripts/train/yamls``):
 expansion ratio 4, vocabulary 50,368, biases, LayerNorm, GeLU, learned positions, tied embeddings

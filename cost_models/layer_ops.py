@@ -5,7 +5,8 @@ layers (QKV, attention projection, MLP up/gate, MLP down) as GEMMs split by tens
 (Megatron's column/row split: QKV and MLP-up divide N by t, the projection and MLP-down divide
 K by t), the attention core (unfused: two batched GEMMs per direction plus softmax and dropout
 over b (a/t) s^2 scores; flash: one fused kernel whose FLOPs, halved by the causal mask, run at
-its kernel family's share of peak, ``compute.flash_attention_s``, with no score traffic), and the memory-bound kernels by the bytes they move. Tensor-parallel
+its kernel family's share of peak, ``compute.flash_attention_s``, with no score traffic), and the
+memory-bound kernels by the bytes they move. Tensor-parallel
 collectives (two all-reduces per layer per direction, or an all-gather and a reduce-scatter
 each with sequence parallelism: the same volume) come from ``cost_models.collectives``.
 Byte counts per kernel are listed in docs/cost-model.md. Mixture-of-experts, multi-latent attention

@@ -49,7 +49,8 @@ def test_gpt_oss_on_h100(rows: list[dict[str, object]]) -> None:
 
 def test_gpt_oss_on_b200(rows: list[dict[str, object]]) -> None:
     """GPT-OSS 120B on 64 DGX-B200 (t1 p1): EP 8 (25.11, all-to-all inside a node) +95.1 %, EP 64
-    (26.02, all-to-all across nodes) +17.3 % (+91.5 and +15.2 % before the flash-kernel costing): the measured throughput is the same for both (8,213
+    (26.02, all-to-all across nodes) +17.3 % (+91.5 and +15.2 % before the flash-kernel costing):
+    the measured throughput is the same for both (8,213
     and 8,047), the predicted one falls by 41 % with the cross-node all-to-all, so what limits the
     real runs is not the all-to-all we cost."""
     errors = [float(r["error"]) for r in rows if r["system"] == "DGX-B200"]
