@@ -194,4 +194,4 @@ def test_whole_mpt_tables() -> None:
         assert m["rows"] == rows
         assert (m["mean"], m["median"], m["max"]) == pytest.approx((mean, median, worst), abs=0.002)
     fa2 = HELDOUT.table_summary(HELDOUT.mpt_table_rows(kernel="fa2"))
-    assert all(fa2[d]["mean"] > 3 * summary[d]["mean"] and fa2[d]["bias"] > 0.17 for d in summary)
+    assert all(fa2[d]["mean"] > 3 * summary[d]["mean"] and fa2[d]["bias"] > 0.15 for d in summary)
