@@ -9,7 +9,10 @@ on; this module fits ``ComputeModel`` constants to those samples so that
   of the per-sample fractions), keeping the pair with the smallest error;
 - ``memory_bandwidth_fraction``: the median achieved share of HBM bandwidth of the copies;
 - ``collective_bandwidth_fraction``: the median bus bandwidth / link bandwidth of all-reduce
-  samples (e.g. from nccl-tests), when given.
+  samples (e.g. from nccl-tests), when given;
+- the flash-attention rate: timed causal attention forward + backward (torch's SDPA, whatever
+  kernel it runs on the machine) as a kernel family of its own, ``measured``, at the geometric
+  mean of the samples' shares of peak (``compute.flash_attention_s``).
 
 A fraction above 1 means the device's nominal peak is too low (a CPU's nominal figures): the
 peak is raised to the measured rate and the fraction set to 1.
@@ -56,6 +59,21 @@ class AllReduceSample:
     num_ranks: int
     link_bytes_per_s: float
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSample:
+    """One timed causal attention forward + backward: ``heads`` (batch x heads) heads of ``seq``
+    tokens of width ``head_dim``, in ``seconds``."""
+
+    heads: int
+    seq: int
+    head_dim: int
+    seconds: float
+
+
+MEASURED_ATTENTION = "measured"
+"""The kernel family a calibration's attention samples define (``ComputeModel.attention_fractions``)."""
 
 
 def _with(device: Device, constants: ComputeModel) -> Device:
@@ -123,6 +141,27 @@ def fit_collective_fraction(samples: Sequence[AllReduceSample], device: Device) 
         return device
     constants = compute.compute_constants(device)
     return _with(device, constants.model_copy(update={"collective_bandwidth_fraction": min(1.0, statistics.median(shares))}))
+
+
+def fit_attention_fraction(samples: Sequence[AttentionSample], device: Device) -> Device:
+    """The device running the measured attention kernel: ``attention_fractions["measured"]`` the
+    geometric mean of the samples' shares of peak (at most 1), ``attention_kernel`` "measured"."""
+    if not samples:
+        return device
+    from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
+
+    constants = compute.compute_constants(device)
+    unit = _with(device, constants.model_copy(update={"attention_fractions": {MEASURED_ATTENTION: 1.0},
+                                                      "attention_kernel": MEASURED_ATTENTION}))
+    shares = []
+    for s in samples:
+        ideal = (1 + FLASH_BACKWARD_FACTOR) * compute.flash_attention_s(s.seq, s.seq, s.head_dim, s.head_dim,
+                                                                        s.heads, unit)
+        shares.append(ideal / max(s.seconds - 2 * constants.kernel_launch_s, 1e-12))
+    share = min(1.0, math.exp(statistics.fmean(math.log(x) for x in shares)))
+    return _with(device, constants.model_copy(update={
+        "attention_fractions": {**constants.attention_fractions, MEASURED_ATTENTION: share},
+        "attention_kernel": MEASURED_ATTENTION}))
 
 
 def prediction_errors(samples: Sequence[GemmSample], device: Device) -> list[float]:

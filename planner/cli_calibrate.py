@@ -1,9 +1,10 @@
 """CLI sub-command ``calibrate``: fit a device's compute constants on this machine.
 
-Runs GEMM and copy microbenchmarks with torch (``runtime_bridge.calibrate``; torch is imported
-only in the handler), fits ``gemm_max_fraction``, ``gemm_k_overhead`` and
-``memory_bandwidth_fraction`` (``cost_models.calibration``) and writes a cluster file: the preset
-cluster with the calibrated device, which every solver accepts (``--cluster FILE``).
+Runs GEMM, copy and attention microbenchmarks with torch (``runtime_bridge.calibrate``; torch is
+imported only in the handler), fits ``gemm_max_fraction``, ``gemm_k_overhead``,
+``memory_bandwidth_fraction`` and the attention kernel's share of peak (family ``measured``;
+``cost_models.calibration``) and writes a cluster file: the preset cluster with the calibrated
+device, which every solver accepts (``--cluster FILE``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ MAX_REPEATS = 100
 
 def add_parsers(sub: Any) -> None:
     """Add ``calibrate`` to the ``paraplan`` sub-command parser."""
-    c = sub.add_parser("calibrate", help="fit the compute model's device constants with GEMM/copy microbenchmarks")
+    c = sub.add_parser("calibrate", help="fit the compute model's device constants with GEMM/copy/attention microbenchmarks")
     c.add_argument("--cluster", required=True, help="cluster preset whose device this machine has (e.g. a100-80gb:1 for one GPU, cpu:2)")
     c.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device to measure on")
     c.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="GEMM precision (default: bf16 on cuda, fp32 on cpu)")
@@ -57,13 +58,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         gemms = bench.measure_gemms(shapes, device=args.device, dtype=dtype, repeats=args.repeats)
         copies = bench.measure_copies((1 << 20, 1 << 22) if args.quick else (1 << 24, 1 << 26, 1 << 28),
                                       device=args.device, repeats=args.repeats)
+        attention = bench.measure_attention(bench.QUICK_ATTENTION_SHAPES if args.quick
+                                            else bench.DEFAULT_ATTENTION_SHAPES,
+                                            device=args.device, dtype=dtype, repeats=args.repeats)
     device, error = calibration.fit_gemm_constants(gemms, cluster.device)
     device = calibration.fit_memory_fraction(copies, device)
+    device = calibration.fit_attention_fraction(attention, device)
     assert device.compute is not None
     print(f"GEMMs: {len(gemms)} shapes, fit RMS error {100 * error:.1f}% (log); gemm_max_fraction "
           f"{device.compute.gemm_max_fraction:.3f}, gemm_k_overhead {device.compute.gemm_k_overhead:g}, "
           f"peak {device.peak_flops / 1e12:.3g} TFLOP/s; memory_bandwidth_fraction "
-          f"{device.compute.memory_bandwidth_fraction:.3f}", file=sys.stderr)
+          f"{device.compute.memory_bandwidth_fraction:.3f}; attention (causal SDPA forward + backward, "
+          f"{len(attention)} shapes) at {device.compute.attention_fractions['measured']:.3f} of peak, kernel "
+          f"family 'measured'", file=sys.stderr)
     for s, err in zip(gemms, calibration.prediction_errors(gemms, device)):
         print(f"  {s.m}x{s.n}x{s.k}: measured {s.seconds * 1e3:.3f} ms, predicted {100 * err:+.1f}%", file=sys.stderr)
     T.write_or_print(cluster.model_copy(update={"device": device}).model_dump_json(indent=2), args.output,

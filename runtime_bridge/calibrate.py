@@ -1,4 +1,4 @@
-"""Microbenchmarks for ``paraplan calibrate``: GEMMs and memory copies timed with torch.
+"""Microbenchmarks for ``paraplan calibrate``: GEMMs, memory copies and attention timed with torch.
 
 The samples go to ``cost_models.calibration``, which fits the device's compute constants; the
 result is a cluster file whose ``device.compute`` every solver uses (``--cluster file.json``).
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from cost_models.calibration import CopySample, GemmSample
+from cost_models.calibration import AttentionSample, CopySample, GemmSample
 from planner.errors import InvalidProblemError
 
 DEFAULT_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -21,6 +21,10 @@ DEFAULT_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
     (8192, 4096, 1024), (2048, 8192, 128), (4096, 1024, 4096),
 )
 QUICK_GEMM_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 64, 64), (128, 128, 128), (256, 128, 64), (256, 256, 256))
+DEFAULT_ATTENTION_SHAPES: tuple[tuple[int, int, int], ...] = ((32, 1024, 128), (16, 2048, 128), (8, 4096, 128),
+                                                             (4, 8192, 128))
+"""(batch x heads, sequence, head width) of the causal attention samples: 32k tokens of 128-wide heads each."""
+QUICK_ATTENTION_SHAPES: tuple[tuple[int, int, int], ...] = ((2, 128, 32), (2, 256, 32))
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -82,4 +86,25 @@ def measure_copies(sizes_bytes: Sequence[int] = (1 << 24, 1 << 26, 1 << 28), *, 
         dst = torch.empty_like(src)
         seconds = _time_s(lambda: dst.copy_(src), dev, repeats)
         out.append(CopySample(num_bytes=2.0 * src.numel() * 4, seconds=seconds))
+    return out
+
+
+def measure_attention(shapes: Sequence[tuple[int, int, int]] = DEFAULT_ATTENTION_SHAPES, *, device: str = "cpu",
+                      dtype: str = "bf16", repeats: int = 5) -> list[AttentionSample]:
+    """Time causal ``scaled_dot_product_attention`` forward + backward (the kernel torch picks on
+    this machine: FlashAttention-2 or cuDNN on recent GPUs, the math path on CPU) for each shape."""
+    dev = torch.device(device)
+    torch_dtype = _DTYPES["fp32" if dev.type == "cpu" and dtype == "fp16" else dtype]
+    out = []
+    for heads, seq, width in shapes:
+        q, k, v = (torch.randn(1, heads, seq, width, device=dev, dtype=torch_dtype, requires_grad=True)
+                   for _ in range(3))
+        grad = torch.randn(1, heads, seq, width, device=dev, dtype=torch_dtype)
+
+        def step() -> None:
+            for t in (q, k, v):
+                t.grad = None
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        out.append(AttentionSample(heads=heads, seq=seq, head_dim=width, seconds=_time_s(step, dev, repeats)))
     return out

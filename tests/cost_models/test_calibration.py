@@ -51,6 +51,25 @@ def test_memory_and_collective_fractions() -> None:
         cal.fit_gemm_constants(ar and [], A100)
 
 
+@pytest.mark.parametrize("share", [0.3, 0.55])
+def test_attention_fit_recovers_the_share_that_made_the_samples(share: float) -> None:
+    """Samples timed as the model times a kernel at ``share`` of peak (forward + 2.5 forwards of
+    backward, two launches) give back that share as the family ``measured``, now the device's."""
+    from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
+
+    c = compute.compute_constants(A100)
+    truth = A100.model_copy(update={"compute": c.model_copy(update={
+        "attention_fractions": {"measured": share}, "attention_kernel": "measured"})})
+    shapes = [(32, 1024, 128), (8, 4096, 128), (4, 8192, 64), (64, 512, 64)]
+    samples = [cal.AttentionSample(h, s, d, (1 + FLASH_BACKWARD_FACTOR) * compute.flash_attention_s(s, s, d, d, h, truth)
+                                   + 2 * c.kernel_launch_s) for h, s, d in shapes]
+    fitted = cal.fit_attention_fraction(samples, A100)
+    assert fitted.compute is not None and fitted.compute.attention_kernel == "measured"
+    assert fitted.compute.attention_fractions["measured"] == pytest.approx(share, rel=1e-9)
+    assert fitted.compute.attention_fractions["fa2"] == c.attention_fractions["fa2"]  # the published families stay
+    assert cal.fit_attention_fraction([], A100) == A100
+
+
 def test_calibrate_cli_writes_a_cluster_every_solver_accepts(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from planner.cli import main
@@ -59,6 +78,8 @@ def test_calibrate_cli_writes_a_cluster_every_solver_accepts(tmp_path: Path) -> 
     assert main(["calibrate", "--cluster", "cpu:2", "--quick", "--repeats", "1", "-o", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["device"]["compute"]["num_sms"] == 64  # the generic constants, fitted
+    assert data["device"]["compute"]["attention_kernel"] == "measured"  # SDPA timed on this machine
+    assert 0 < data["device"]["compute"]["attention_fractions"]["measured"] <= 1
     problem = api.make_problem("gpt-tiny", str(out), num_stages=2, global_batch_size=8)
     assert problem.model.source == "analytic"  # the per-operation model with the fitted constants
     assert api.plan(problem, solver="even").predicted is not None
