@@ -209,17 +209,13 @@ def make_problem(
         raise InvalidProblemError(
             f"cluster {cluster_obj.name!r} gives only worker_types; pipeline planning needs a 'device'"
         )
-    if memory_headroom is not None:  # --memory-headroom: a fraction or an amount (cost_models.memory)
-        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("memory").with_headroom(cluster_obj.device, memory_headroom)})
-    if kernels is not None:  # --kernels: fused or eager elementwise kernels (cost_models.compute)
-        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_elementwise_kernels(
-            cluster_obj.device, kernels)})
-    if precision is not None:  # --precision: BF16 or Transformer Engine FP8 linear layers (cost_models.fp8)
-        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_linear_precision(
-            cluster_obj.device, precision)})
-    if attention_kernel is not None:  # --attention-kernel: the flash family the stack runs (cost_models.compute)
-        cluster_obj = cluster_obj.model_copy(update={"device": _cost_model("compute").with_attention_kernel(
-            cluster_obj.device, attention_kernel)})
+    memory, compute = _cost_model("memory"), _cost_model("compute")
+    # the device settings of --memory-headroom, --kernels, --precision and --attention-kernel, each
+    # validated by the cost model that owns it
+    for setter, value in ((memory.with_headroom, memory_headroom), (compute.with_elementwise_kernels, kernels),
+                          (compute.with_linear_precision, precision), (compute.with_attention_kernel, attention_kernel)):
+        if value is not None:
+            cluster_obj = cluster_obj.model_copy(update={"device": setter(cluster_obj.device, value)})
     config: TransformerConfig | None = None
     if isinstance(model_obj, TransformerConfig):
         config = model_obj
