@@ -35,7 +35,7 @@ class Search:
     clock: Callable[[], float] = time.perf_counter
     """The time source of ``time_budget_s`` (tests pass a counter)."""
     _actions: tuple[object, ...] | None = None
-    _began: float | None = None
+    _began: float = 0.0
     _longest_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -59,13 +59,15 @@ class Search:
         self._longest_s = max(self._longest_s, self.clock() - began)
         return self.simulated[counts]
 
+    def _past_budget(self, more_s: float = 0.0) -> bool:
+        return self.clock() - self._began + more_s > self.time_budget_s
+
     @property
     def out_of_time(self) -> bool:
         """Whether one more simulation, as long as the longest so far, would end past the budget
         (a large plan's simulation takes seconds: checking only the time already spent let the
         search overrun the budget by one of them)."""
-        assert self._began is not None
-        return self.clock() - self._began + self._longest_s > self.time_budget_s
+        return self._past_budget(self._longest_s)
 
     @property
     def exhausted(self) -> bool:
@@ -98,16 +100,15 @@ class Search:
         """The unsimulated neighbours of ``best`` that fit, by modelled time; None when the time
         budget runs out while ranking them (a plan of 128 virtual stages has thousands of
         neighbours, each checked for memory and modelled: seconds of work)."""
-        assert self._began is not None
         pool: set[Counts] = set()
         for i, counts in enumerate(neighbours(best)):
-            if i % 64 == 0 and self.clock() - self._began > self.time_budget_s:
+            if i % 64 == 0 and self._past_budget():
                 return None
             if counts not in self.simulated and fits(self.model, counts):
                 pool.add(counts)
         keys: dict[Counts, float] = {}
         for i, counts in enumerate(pool):
-            if i % 64 == 0 and self.clock() - self._began > self.time_budget_s:
+            if i % 64 == 0 and self._past_budget():
                 return None
             keys[counts] = modelled_time_s(self.model, counts)
         return sorted(pool, key=keys.__getitem__)
