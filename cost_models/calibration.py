@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models import compute
+from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 from planner.errors import InvalidProblemError
 from planner.schema import ComputeModel, Device
 
@@ -145,19 +146,19 @@ def fit_collective_fraction(samples: Sequence[AllReduceSample], device: Device) 
 
 def fit_attention_fraction(samples: Sequence[AttentionSample], device: Device) -> Device:
     """The device running the measured attention kernel: ``attention_fractions["measured"]`` the
-    geometric mean of the samples' shares of peak (at most 1), ``attention_kernel`` "measured"."""
+    geometric mean of the samples' shares of peak (at most 1), ``attention_kernel`` "measured". A
+    sample's time inverts the layer model's: (1 + FLASH_BACKWARD_FACTOR) forwards, each with its
+    launch (``layer_ops._attention_core``)."""
     if not samples:
         return device
-    from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
-
     constants = compute.compute_constants(device)
+    passes = 1 + FLASH_BACKWARD_FACTOR
     unit = _with(device, constants.model_copy(update={"attention_fractions": {MEASURED_ATTENTION: 1.0},
                                                       "attention_kernel": MEASURED_ATTENTION}))
     shares = []
     for s in samples:
-        ideal = (1 + FLASH_BACKWARD_FACTOR) * compute.flash_attention_s(s.seq, s.seq, s.head_dim, s.head_dim,
-                                                                        s.heads, unit)
-        shares.append(ideal / max(s.seconds - 2 * constants.kernel_launch_s, 1e-12))
+        ideal = passes * compute.flash_attention_s(s.seq, s.seq, s.head_dim, s.head_dim, s.heads, unit)
+        shares.append(ideal / max(s.seconds - passes * constants.kernel_launch_s, 1e-12))
     share = min(1.0, math.exp(statistics.fmean(math.log(x) for x in shares)))
     return _with(device, constants.model_copy(update={
         "attention_fractions": {**constants.attention_fractions, MEASURED_ATTENTION: share},

@@ -69,8 +69,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"{device.compute.gemm_max_fraction:.3f}, gemm_k_overhead {device.compute.gemm_k_overhead:g}, "
           f"peak {device.peak_flops / 1e12:.3g} TFLOP/s; memory_bandwidth_fraction "
           f"{device.compute.memory_bandwidth_fraction:.3f}; attention (causal SDPA forward + backward, "
-          f"{len(attention)} shapes) at {device.compute.attention_fractions['measured']:.3f} of peak, kernel "
-          f"family 'measured'", file=sys.stderr)
+          f"{len(attention)} shapes) at {device.compute.attention_fractions[calibration.MEASURED_ATTENTION]:.3f} "
+          f"of peak, kernel family {calibration.MEASURED_ATTENTION!r}", file=sys.stderr)
     for s, err in zip(gemms, calibration.prediction_errors(gemms, device)):
         print(f"  {s.m}x{s.n}x{s.k}: measured {s.seconds * 1e3:.3f} ms, predicted {100 * err:+.1f}%", file=sys.stderr)
     T.write_or_print(cluster.model_copy(update={"device": device}).model_dump_json(indent=2), args.output,

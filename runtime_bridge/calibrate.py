@@ -59,11 +59,16 @@ def _time_s(fn: Callable[[], object], device: torch.device, repeats: int) -> flo
     return times[len(times) // 2]
 
 
+def _torch_dtype(dev: torch.device, dtype: str) -> torch.dtype:
+    """The dtype to measure in: fp16 runs as fp32 on CPU (no fast fp16 kernels there)."""
+    return _DTYPES["fp32" if dev.type == "cpu" and dtype == "fp16" else dtype]
+
+
 def measure_gemms(shapes: Sequence[tuple[int, int, int]] = DEFAULT_GEMM_SHAPES, *, device: str = "cpu",
                   dtype: str = "bf16", repeats: int = 5) -> list[GemmSample]:
     """Time ``torch.matmul`` of (m x k)(k x n) for each shape."""
     dev = torch.device(device)
-    torch_dtype = _DTYPES["fp32" if dev.type == "cpu" and dtype in ("fp16",) else dtype]
+    torch_dtype = _torch_dtype(dev, dtype)
     warm = torch.randn(256, 256, device=dev, dtype=torch_dtype)
     for _ in range(3):  # thread pools, cuBLAS handles and clocks come up before the first timing
         torch.matmul(warm, warm)
@@ -94,7 +99,7 @@ def measure_attention(shapes: Sequence[tuple[int, int, int]] = DEFAULT_ATTENTION
     """Time causal ``scaled_dot_product_attention`` forward + backward (the kernel torch picks on
     this machine: FlashAttention-2 or cuDNN on recent GPUs, the math path on CPU) for each shape."""
     dev = torch.device(device)
-    torch_dtype = _DTYPES["fp32" if dev.type == "cpu" and dtype == "fp16" else dtype]
+    torch_dtype = _torch_dtype(dev, dtype)
     out = []
     for heads, seq, width in shapes:
         q, k, v = (torch.randn(1, heads, seq, width, device=dev, dtype=torch_dtype, requires_grad=True)

@@ -53,16 +53,17 @@ def test_memory_and_collective_fractions() -> None:
 
 @pytest.mark.parametrize("share", [0.3, 0.55])
 def test_attention_fit_recovers_the_share_that_made_the_samples(share: float) -> None:
-    """Samples timed as the model times a kernel at ``share`` of peak (forward + 2.5 forwards of
-    backward, two launches) give back that share as the family ``measured``, now the device's."""
+    """Samples timed as the layer model times a kernel at ``share`` of peak (forward + 2.5 forwards
+    of backward, each with its launch) give back that share as the family ``measured``, now the
+    device's."""
     from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 
     c = compute.compute_constants(A100)
     truth = A100.model_copy(update={"compute": c.model_copy(update={
         "attention_fractions": {"measured": share}, "attention_kernel": "measured"})})
     shapes = [(32, 1024, 128), (8, 4096, 128), (4, 8192, 64), (64, 512, 64)]
-    samples = [cal.AttentionSample(h, s, d, (1 + FLASH_BACKWARD_FACTOR) * compute.flash_attention_s(s, s, d, d, h, truth)
-                                   + 2 * c.kernel_launch_s) for h, s, d in shapes]
+    samples = [cal.AttentionSample(h, s, d, (1 + FLASH_BACKWARD_FACTOR) * (compute.flash_attention_s(s, s, d, d, h, truth)
+                                                                           + c.kernel_launch_s)) for h, s, d in shapes]
     fitted = cal.fit_attention_fraction(samples, A100)
     assert fitted.compute is not None and fitted.compute.attention_kernel == "measured"
     assert fitted.compute.attention_fractions["measured"] == pytest.approx(share, rel=1e-9)
