@@ -117,17 +117,10 @@ their ratio is the published FP8 speedup, which the BF16 model's own error does 
 
 
 def _mpt_rate(size: str, seq: int, b: int, ga: int, ckpt: bool, precision: str, fraction: float | None) -> float:
-    import fidelity
     import fidelity_heldout
-    from cost_models.compute import compute_constants
 
-    cluster = h100(8, fraction, precision=precision)
-    assert cluster.device is not None
-    compute = compute_constants(cluster.device).model_copy(update={"attention_kernel": "fa1"})  # llm-foundry's Triton
-    # FlashAttention, as bench/fidelity_heldout.mpt_cluster
-    cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
-    return fidelity._torchtitan_rate(fidelity_heldout.mpt_config(size, seq), cluster, b, "full" if ckpt else "none",
-                                     seq, kernels="fused", grad_accum=ga, reduce_bytes=4)
+    cluster = fidelity_heldout.with_mpt_attention(h100(8, fraction, precision=precision))
+    return fidelity_heldout.mpt_rate(cluster, size, seq, b, ga, ckpt, reduce_bytes=4)
 
 
 def mpt_fp8_rows(fraction: float | None = None) -> list[dict[str, object]]:

@@ -160,36 +160,48 @@ def mpt_config(size: str, seq: int) -> TransformerConfig:
                              vocab_size=50368, ffn_hidden_size=4 * h, dtype="bf16")
 
 
+def with_mpt_attention(cluster: Cluster, kernel: str = "fa1") -> Cluster:
+    """The cluster running llm-foundry's benchmark attention kernel: the Triton FlashAttention
+    (``attn_impl: triton``, the default of its benchmark submission script), a FlashAttention-1-class
+    kernel (``fa1``; ``kernel`` another family, for comparison)."""
+    from cost_models.compute import with_attention_kernel
+
+    assert cluster.device is not None
+    return cluster.model_copy(update={"device": with_attention_kernel(cluster.device, kernel)})
+
+
 def mpt_cluster(device: str, gpus: int, h100_gemm_fraction: float | None = None, kernel: str = "fa1") -> Cluster:
-    """``gpus`` of llm-foundry's ``device`` running its benchmarks' attention kernel: the Triton
-    FlashAttention (``attn_impl: triton``, the default of its benchmark submission script), a
-    FlashAttention-1-class kernel (``fa1``; ``kernel`` another family, for comparison).
+    """``gpus`` of llm-foundry's ``device`` with its benchmarks' attention kernel (``with_mpt_attention``).
     ``h100_gemm_fraction``: the H100 GEMM fraction instead of the preset's (the ratio check and the
     fit of docs/cost-model.md)."""
     from cost_models.compute import compute_constants
 
-    cluster = api.load_cluster(f"{device}:{gpus}")
+    cluster = with_mpt_attention(api.load_cluster(f"{device}:{gpus}"), kernel)
+    if device != "h100" or h100_gemm_fraction is None:
+        return cluster
     assert cluster.device is not None
-    update: dict[str, object] = {"attention_kernel": kernel}
-    if device == "h100" and h100_gemm_fraction is not None:
-        update["gemm_max_fraction"] = h100_gemm_fraction
-    compute = compute_constants(cluster.device).model_copy(update=update)
+    compute = compute_constants(cluster.device).model_copy(update={"gemm_max_fraction": h100_gemm_fraction})
     return cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
 
 
-def mpt_rows(h100_gemm_fraction: float | None = None) -> list[dict[str, object]]:
-    """MPT on A100 80 GB and H100 SXM (700 W), through bench/fidelity.py's FSDP path: fused kernels
-    (LayerNorm and GeLU are single PyTorch kernels), FlashAttention-2-class attention (the 2023
-    triton/flash kernels: FA2's rate on both devices), full block checkpointing where the table says
-    so, one set of FSDP gathers and reduce-scatters per microbatch. ``h100_gemm_fraction``: the H100
-    rows with that ``gemm_max_fraction`` instead of the preset's (the ratio check of the docs)."""
+def mpt_rate(cluster: Cluster, size: str, seq: int, b: int, ga: int, ckpt: bool, reduce_bytes: int) -> float:
+    """Predicted tokens/s/GPU of an llm-foundry MPT run through bench/fidelity.py's FSDP path: fused
+    kernels (LayerNorm and GeLU are single PyTorch kernels), full block checkpointing where the table
+    says so, one set of FSDP gathers and reduce-scatters per microbatch, ``ga`` microbatches per step,
+    gradients reduced in ``reduce_bytes`` bytes (4: FSDP's DEFAULT mixed precision, 2: PURE)."""
     import fidelity
 
+    return fidelity._torchtitan_rate(mpt_config(size, seq), cluster, b, "full" if ckpt else "none", seq,
+                                     kernels="fused", grad_accum=ga, reduce_bytes=reduce_bytes)
+
+
+def mpt_rows(h100_gemm_fraction: float | None = None) -> list[dict[str, object]]:
+    """The hand-picked MPT rows on A100 80 GB and H100 SXM (700 W) (``mpt_rate`` on ``mpt_cluster``).
+    ``h100_gemm_fraction``: the H100 rows with that ``gemm_max_fraction`` instead of the preset's
+    (the ratio check of the docs)."""
     out = []
     for device, size, gpus, seq, b, ga, ckpt, reduce_bytes, published in MPT_ROWS:
-        cluster = mpt_cluster(device, gpus, h100_gemm_fraction)
-        got = fidelity._torchtitan_rate(mpt_config(size, seq), cluster, b, "full" if ckpt else "none", seq,
-                                        kernels="fused", grad_accum=ga, reduce_bytes=reduce_bytes)
+        got = mpt_rate(mpt_cluster(device, gpus, h100_gemm_fraction), size, seq, b, ga, ckpt, reduce_bytes)
         out.append({"row": f"MPT-{size}, {gpus} {device}, s={seq}, b={b}, GA={ga}{', AC' if ckpt else ''}, "
                            f"tokens/s/GPU", "published": published, "predicted": got, "error": got / published - 1,
                     "key": (size, seq, device)})
@@ -206,18 +218,14 @@ def mpt_table_rows(kernel: str = "fa1") -> list[dict[str, object]]:
     reduce gradients in bf16, DEFAULT rows in fp32); ``kernel``: the attention family costed."""
     import csv
 
-    import fidelity
-
     with MPT_TABLE.open() as f:
         table = list(csv.DictReader(line for line in f if not line.startswith("#")))
     out = []
     for r in table:
         device, size, seq, gpus = r["device"], r["model"], int(r["seq"]), int(r["gpus"])
         b, ga, ckpt = int(r["microbatch"]), int(r["grad_accum"]), r["checkpointing"] == "1"
-        got = fidelity._torchtitan_rate(mpt_config(size, seq), mpt_cluster(device, gpus, kernel=kernel), b,
-                                        "full" if ckpt else "none",
-                                        seq, kernels="fused", grad_accum=ga,
-                                        reduce_bytes=2 if r["mp_mode"] == "PURE" else 4)
+        got = mpt_rate(mpt_cluster(device, gpus, kernel=kernel), size, seq, b, ga, ckpt,
+                       2 if r["mp_mode"] == "PURE" else 4)
         published = float(r["tokens_per_s_per_gpu"])
         out.append({"device": device, "row": f"MPT-{size}, {gpus} {device}, s={seq}, b={b}, GA={ga}"
                                              f"{', AC' if ckpt else ''}, tokens/s/GPU",
