@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner import api
-from planner.schema import Cluster
+from planner.schema import Cluster, Device
 from solvers import ptdp
 from fidelity_bridge import forced_options
 
@@ -155,23 +155,22 @@ def torchtitan_fp8_rows(fraction: float | None = None) -> list[dict[str, object]
     import fidelity
     from cost_models.compute import compute_constants, with_linear_precision
 
+    def grand_teton(peak: float, precision: str) -> Device:
+        device = fidelity.grand_teton_h100(peak)
+        c = compute_constants(device)
+        update: dict[str, object] = {"peak_flops_by_dtype": {**c.peak_flops_by_dtype, "fp8": 2 * peak}}
+        if fraction is not None:
+            update["fp8_gemm_max_fraction"] = fraction
+        return with_linear_precision(device.model_copy(update={"compute": c.model_copy(update=update)}), precision)
+
+    def rate(gpus: int, peak: float, precision: str) -> float:
+        cluster = fidelity._with_device(f"h100:{gpus}", grand_teton(peak, precision))
+        return fidelity._torchtitan_rate("llama3-8b", cluster, 2, "selective", 8192, kernels="fused")
+
     out = []
+    nvl, sxm = fidelity.GRAND_TETON_PEAKS
     for gpus, published, bf16 in TORCHTITAN_FP8:
-        rates = []
-        for peak in fidelity.GRAND_TETON_PEAKS:
-            device = fidelity.grand_teton_h100(peak)
-            c = compute_constants(device)
-            update: dict[str, object] = {"peak_flops_by_dtype": {**c.peak_flops_by_dtype, "fp8": 2 * peak}}
-            if fraction is not None:
-                update["fp8_gemm_max_fraction"] = fraction
-            device = device.model_copy(update={"compute": c.model_copy(update=update)})
-            kw = {"kernels": "fused"}
-            base = fidelity._torchtitan_rate("llama3-8b", fidelity._with_device(f"h100:{gpus}", device), 2,
-                                             "selective", 8192, **kw)
-            fp8 = fidelity._torchtitan_rate("llama3-8b", fidelity._with_device(
-                f"h100:{gpus}", with_linear_precision(device, "fp8-cs")), 2, "selective", 8192, **kw)
-            rates.append((fp8, base))
-        (low, low_base), (high, _) = rates
+        low, high, low_base = rate(gpus, nvl, "fp8-cs"), rate(gpus, sxm, "fp8-cs"), rate(gpus, nvl, "bf16")
         out.append({"row": f"torchtitan llama3-8b + compile + Float8, {gpus} grand-teton-h100, tokens/s/GPU",
                     "source": "torchtitan", "published": published, "predicted": low, "predicted_high": high,
                     "error": low / published - 1, "error_high": high / published - 1, "bf16_published": bf16,
