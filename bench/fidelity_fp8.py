@@ -218,9 +218,9 @@ def main() -> None:
         if "error_high" in r:
             extra = f"; {100 * float(r['error_high']):+.1f}% at the SXM end"
         if "speedup_error" in r:
-            published_speedup = float(r["published"]) / float(r["bf16_published"])
+            published_speedup, error = float(r["published"]) / float(r["bf16_published"]), float(r["speedup_error"])
             extra += (f"; FP8/BF16 speedup published {published_speedup:.3f}, predicted "
-                      f"{(1 + float(r['speedup_error'])) * published_speedup:.3f} ({100 * float(r['speedup_error']):+.1f}%)")
+                      f"{(1 + error) * published_speedup:.3f} ({100 * error:+.1f}%)")
         print(f"{r['row']}: published {float(r['published']):.0f}, predicted {float(r['predicted']):.0f} "
               f"({100 * float(r['error']):+.1f}%){extra}")
 
