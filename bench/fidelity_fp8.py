@@ -46,6 +46,14 @@ class Fp8Row:
     fsdp: bool
     tokens: float
     """Published tokens/s/GPU."""
+    system: str = "h100"
+    """The device preset (DGX-H100: ``h100``, DGX-B200: ``b200``, DGX-GB200: ``gb200``)."""
+    mbs: int = 1
+    seq: int = 8192
+    ep: int = 1
+    precision: str = "fp8-cs"
+    """``fp8-cs`` (current scaling, NeMo 25.02 on) or ``fp8`` (delayed scaling, NeMo 24.07)."""
+    source: str = "megatron-bridge"
 
 
 BRIDGE_ROWS = [
@@ -62,6 +70,46 @@ BRIDGE_ROWS = [
 precision column: its rows are the 25.11 configurations, which the 25.11 table lists as FP8-CS);
 26.02: the LLAMA3_70B and LLAMA3.1_405B model tables, DGX-H100 rows ("FP8")."""
 
+BLACKWELL_ROWS = [
+    Fp8Row("25.09", "llama3-8b", 8, 128, 1, 1, 1, 1, False, 29994.0, "b200", mbs=2, source="megatron-bridge-blackwell"),
+    Fp8Row("25.09", "llama3-405b", 128, 64, 4, 8, 2, 8, False, 664.0, "b200", source="megatron-bridge-blackwell"),
+    Fp8Row("25.11", "llama3-8b", 8, 128, 1, 1, 1, 1, False, 30624.0, "b200", mbs=2, source="megatron-bridge-blackwell"),
+    Fp8Row("25.11", "llama3-405b", 128, 64, 4, 8, 2, 8, False, 661.0, "b200", source="megatron-bridge-blackwell"),
+    Fp8Row("25.09", "llama3-8b", 8, 128, 1, 1, 1, 1, False, 31357.0, "gb200", mbs=2, source="megatron-bridge-blackwell"),
+    Fp8Row("25.11", "llama3-8b", 8, 128, 1, 1, 1, 1, False, 31508.0, "gb200", mbs=2, source="megatron-bridge-blackwell"),
+]
+"""Held out: the DGX-B200 and DGX-GB200 FP8-CS rows of the 25.09 and 25.11 tables [megatron-bridge-perf]
+that ptdp can force. Left out: GB200's Llama 3 70B and 405B rows, whose recipes run Megatron-FSDP with
+``cpu_offloading_num_layers`` (activations of 40 of the 70B's 80 layers offloaded to Grace memory),
+which paraplan does not cost (it would recompute instead: -20 to -27 %)."""
+
+NEMO_ROWS = [
+    # NeMo 24.07, DGX-H100, FP8 with delayed scaling (Transformer Engine's recipe of the time)
+    Fp8Row("24.07", "gpt3-175b", 128, 256, 4, 8, 1, 6, False, 726.0, seq=2048, precision="fp8", source="nemo"),
+    Fp8Row("24.07", "gpt3-175b", 512, 2048, 4, 8, 1, 6, False, 782.0, mbs=2, seq=2048, precision="fp8", source="nemo"),
+    Fp8Row("24.07", "llama2-7b", 8, 128, 1, 1, 1, 1, False, 16847.0, seq=4096, precision="fp8", source="nemo"),
+    Fp8Row("24.07", "llama2-13b", 16, 128, 1, 4, 1, 10, False, 8646.0, seq=4096, precision="fp8", source="nemo"),
+    Fp8Row("24.07", "llama2-70b", 64, 128, 4, 4, 1, 20, False, 1707.0, seq=4096, precision="fp8", source="nemo"),
+    Fp8Row("24.07", "llama3-8b", 8, 128, 1, 1, 2, 1, False, 12036.0, precision="fp8", source="nemo"),
+    Fp8Row("24.07", "llama3-70b", 64, 128, 4, 4, 2, 5, False, 1533.0, precision="fp8", source="nemo"),
+    # NeMo 25.02, DGX-B200, FP8 current scaling
+    Fp8Row("25.02", "gpt3-175b", 512, 2048, 4, 4, 1, 6, False, 1600.0, "b200", mbs=2, seq=2048, source="nemo"),
+    Fp8Row("25.02", "llama3-8b", 8, 128, 1, 1, 1, 1, False, 26006.0, "b200", mbs=2, source="nemo"),
+    Fp8Row("25.02", "llama3-70b", 64, 128, 2, 4, 2, 5, False, 3062.0, "b200", source="nemo"),
+    Fp8Row("25.02", "llama3-405b", 128, 64, 4, 8, 2, 8, False, 625.0, "b200", source="nemo"),
+    Fp8Row("25.02", "mixtral-8x7b", 64, 256, 1, 1, 1, 1, False, 15457.0, "b200", mbs=2, seq=4096, ep=8, source="nemo"),
+    # NeMo 25.04, DGX-GB200, FP8 current scaling
+    Fp8Row("25.04", "gpt3-175b", 128, 256, 4, 4, 1, 12, False, 1804.0, "gb200", mbs=2, seq=2048, source="nemo"),
+    Fp8Row("25.04", "llama3-8b", 8, 128, 1, 1, 1, 1, False, 33099.0, "gb200", mbs=2, source="nemo"),
+    Fp8Row("25.04", "llama3-405b", 128, 64, 4, 8, 2, 8, False, 665.0, "gb200", source="nemo"),
+    Fp8Row("25.04", "mixtral-8x7b", 64, 256, 1, 1, 1, 1, False, 19275.0, "gb200", mbs=2, seq=4096, ep=8, source="nemo"),
+]
+"""Held out: NVIDIA's NeMo Framework performance summaries [nemo-perf-summary], the pre-training rows
+of models paraplan has presets for: NeMo 24.07 on DGX-H100 (FP8, delayed scaling), 25.02 on DGX-B200
+and 25.04 on DGX-GB200 (FP8 with current scaling, as those pages state). Left out: GPT-3 5B/20B and
+Nemotron (no preset), Mixtral 8x22B (its GBS/MBS columns are shifted on the page), GB200's Llama 3 70B
+(FSDP without its recipe's activation offload, as ``BLACKWELL_ROWS``)."""
+
 ASSUMED = ("FP8 with current scaling (fp8-cs) on every row; ZeRO-1 (distributed optimizer) with overlapped "
            "gradient reduce-scatter and parameter all-gather, or ZeRO-3 where FSDP is set (8B); sequence "
            "parallelism with t > 1 and overlapped TP communication; recompute: the cheapest Megatron-Core module "
@@ -70,15 +118,22 @@ ASSUMED = ("FP8 with current scaling (fp8-cs) on every row; ZeRO-1 (distributed 
 
 def bridge_options(row: Fp8Row) -> dict[str, object]:
     """The ptdp options that pin a row's published configuration (bench/fidelity_bridge.py's forcing)."""
-    return forced_options(row.model, tp=row.tp, pp=row.pp, vp=row.vp, mbs=1, cp=row.cp,
+    return forced_options(row.model, tp=row.tp, pp=row.pp, vp=row.vp, mbs=row.mbs, cp=row.cp, ep=row.ep,
                           zero_stage=3 if row.fsdp else 1)
 
 
 def h100(gpus: int, fraction: float | None = None, precision: str = "fp8-cs") -> Cluster:
     """``gpus`` H100 SXM with FP8 linear layers; ``fraction``: another ``fp8_gemm_max_fraction`` (the fit)."""
+    return fp8_cluster("h100", gpus, fraction, precision)
+
+
+def fp8_cluster(system: str, gpus: int, fraction: float | None = None, precision: str = "fp8-cs") -> Cluster:
+    """``gpus`` devices of preset ``system`` with FP8 linear layers (GB200: 64-GPU NVLink domains past one
+    rack's 72, as bench/fidelity_bridge.py assumes); ``fraction``: another ``fp8_gemm_max_fraction``."""
     from cost_models.compute import compute_constants, with_linear_precision
 
-    cluster = api.load_cluster(f"h100:{gpus}")
+    spec = f"{system}:{gpus // 64}x64" if system == "gb200" and gpus > 72 else f"{system}:{gpus}"
+    cluster = api.load_cluster(spec)
     assert cluster.device is not None
     device = with_linear_precision(cluster.device, precision)
     if fraction is not None:
@@ -88,12 +143,16 @@ def h100(gpus: int, fraction: float | None = None, precision: str = "fp8-cs") ->
 
 
 def bridge_row(row: Fp8Row, fraction: float | None = None) -> dict[str, object]:
-    problem = api.make_problem(row.model, h100(row.gpus, fraction), global_batch_size=row.gbs, seq_length=8192)
+    """One FP8 row forced through ptdp; ``fraction`` is applied to the H100 rows only (the fit)."""
+    cluster = fp8_cluster(row.system, row.gpus, fraction if row.system == "h100" else None, row.precision)
+    problem = api.make_problem(row.model, cluster, global_batch_size=row.gbs, seq_length=row.seq)
     best = ptdp.solve(problem, options=bridge_options(row)).candidates[0]
-    tokens = row.gbs * 8192 / float(best["iteration_s"]) / row.gpus
-    return {"row": f"{row.model}, {row.gpus} DGX-H100 ({row.container}; t{row.tp} p{row.pp} c{row.cp} v{row.vp}"
-                   f"{' FSDP' if row.fsdp else ''} GBS {row.gbs}), FP8-CS tokens/s/GPU",
-            "source": "megatron-bridge", "published": row.tokens, "predicted": tokens,
+    tokens = row.gbs * row.seq / float(best["iteration_s"]) / row.gpus
+    label = "FP8-CS" if row.precision == "fp8-cs" else "FP8 (delayed scaling)"
+    shape = f"t{row.tp} p{row.pp} c{row.cp} v{row.vp}" + (f" e{row.ep}" if row.ep > 1 else "")
+    return {"row": f"{row.model}, {row.gpus} DGX-{row.system.upper()} ({row.container}; {shape}"
+                   f"{' FSDP' if row.fsdp else ''} b{row.mbs} GBS {row.gbs} s{row.seq}), {label} tokens/s/GPU",
+            "source": row.source, "system": row.system, "published": row.tokens, "predicted": tokens,
             "error": tokens / row.tokens - 1, "recompute": str(best["recompute"]),
             "peak_memory_gib": float(best["peak_memory_gib"])}
 
@@ -178,8 +237,53 @@ def torchtitan_fp8_rows(fraction: float | None = None) -> list[dict[str, object]
     return out
 
 
+TORCHTITAN_H200 = [(32, 10938.0), (64, 10753.0)]
+"""(GPUs, tokens/s/GPU): Llama 3.1 8B with torch.compile and Float8 (tensorwise, FSDP Float8
+all-gather), b = 2, s = 8,192, the 8B config's selective (op) checkpointing, on 4 and 8 nodes of 8 H200
+(700 W) with 400 Gb/s per GPU ([torchtitan] ``benchmarks/llama3_8b_h200_2025-06_torchtitan.md``, June 2025)."""
+
+
+def torchtitan_h200_rows(fraction: float | None = None) -> list[dict[str, object]]:
+    """torchtitan's H200 Float8 rows through bench/fidelity.py's FSDP path (fused kernels, SDPA's
+    FlashAttention-2, current scaling) on the ``h200`` preset: held out; no BF16 row was published
+    with them, so no speedup is compared."""
+    import fidelity
+    from cost_models.compute import compute_constants, with_attention_kernel, with_linear_precision
+
+    out = []
+    for gpus, published in TORCHTITAN_H200:
+        cluster = api.load_cluster(f"h200:{gpus}")
+        assert cluster.device is not None
+        device = with_attention_kernel(with_linear_precision(cluster.device, "fp8-cs"), "fa2")
+        if fraction is not None:
+            device = device.model_copy(update={"compute": compute_constants(device).model_copy(
+                update={"fp8_gemm_max_fraction": fraction})})
+        got = fidelity._torchtitan_rate("llama3-8b", cluster.model_copy(update={"device": device}), 2, "selective",
+                                        8192, kernels="fused")
+        out.append({"row": f"torchtitan llama3-8b + compile + Float8, {gpus} h200, tokens/s/GPU",
+                    "source": "torchtitan-h200", "published": published, "predicted": got,
+                    "error": got / published - 1})
+    return out
+
+
 def fp8_rows(fraction: float | None = None) -> list[dict[str, object]]:
-    return [bridge_row(r, fraction) for r in BRIDGE_ROWS] + mpt_fp8_rows(fraction) + torchtitan_fp8_rows(fraction)
+    return ([bridge_row(r, fraction) for r in BRIDGE_ROWS] + mpt_fp8_rows(fraction) + torchtitan_fp8_rows(fraction)
+            + torchtitan_h200_rows(fraction))
+
+
+def blackwell_and_nemo_rows() -> list[dict[str, object]]:
+    """The held-out Megatron-Bridge Blackwell rows and the NeMo performance-summary rows."""
+    return [bridge_row(r) for r in BLACKWELL_ROWS + NEMO_ROWS]
+
+
+def system_summary(rows: list[dict[str, object]]) -> dict[tuple[str, str], tuple[float, float, float, int]]:
+    """(mean signed error, mean |error|, max |error|, rows) by (source, system)."""
+    out = {}
+    for key in dict.fromkeys((str(r["source"]), str(r["system"])) for r in rows):
+        errors = [float(r["error"]) for r in rows if (r["source"], r["system"]) == key]
+        out[key] = (sum(errors) / len(errors), sum(map(abs, errors)) / len(errors), max(map(abs, errors)),
+                    len(errors))
+    return out
 
 
 def summary(rows: list[dict[str, object]]) -> dict[str, tuple[float, float, float, int]]:
@@ -208,12 +312,15 @@ def main() -> None:
     if "--fit" in sys.argv:
         print(f"fitted fp8_gemm_max_fraction on the Megatron-Bridge rows: {fit_fraction()}")
         return
-    rows = fp8_rows()
+    rows, held = fp8_rows(), blackwell_and_nemo_rows()
     print(f"assumed where the tables are silent: {ASSUMED}")
     for source, (mean, mean_abs, worst, n) in summary(rows).items():
         print(f"{source}: {n} rows, mean error {100 * mean:+.1f}%, mean |error| {100 * mean_abs:.1f}%, "
               f"max {100 * worst:.1f}%")
-    for r in rows:
+    for (source, system), (mean, mean_abs, worst, n) in system_summary(held).items():
+        print(f"{source} {system}: {n} rows, mean error {100 * mean:+.1f}%, mean |error| {100 * mean_abs:.1f}%, "
+              f"max {100 * worst:.1f}%")
+    for r in rows + held:
         extra = f"; recompute {r['recompute']}, peak {float(r['peak_memory_gib']):.1f} GiB" if "recompute" in r else ""
         if "error_high" in r:
             extra = f"; {100 * float(r['error_high']):+.1f}% at the SXM end"

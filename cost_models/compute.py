@@ -64,7 +64,8 @@ def with_elementwise_kernels(device: Device, kernels: str) -> Device:
 
 def with_attention_kernel(device: Device, kernel: str) -> Device:
     """The device running flash-attention kernel family ``kernel`` (``ComputeModel.attention_kernel``,
-    a key of its ``attention_fractions``: ``fa1`` FlashAttention and its Triton port, ``fa2``, ``fa3``).
+    a key of its ``attention_fractions``: ``fa1`` FlashAttention and its Triton port, ``fa2``, ``fa3`` (Hopper), ``cudnn`` and ``fa4``
+    (Blackwell)).
 
     Raises:
         InvalidProblemError: the device lists no such family.

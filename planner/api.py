@@ -195,7 +195,7 @@ def make_problem(
     chains) sets how the memory-bound layer kernels are costed (``ComputeModel.elementwise_kernels``).
     ``precision`` (``bf16``, the default, ``fp8`` or ``fp8-cs``: Transformer Engine FP8 linear layers
     with delayed or current scaling) sets ``ComputeModel.linear_precision`` (``cost_models.fp8``).
-    ``attention_kernel`` (``fa1``, ``fa2``, ``fa3``: a family the device lists) sets the flash-attention
+    ``attention_kernel`` (``fa1``, ``fa2``, ``fa3``, ``cudnn``, ``fa4``: a family the device lists) sets the flash-attention
     kernel family whose rate the attention core runs at (``ComputeModel.attention_kernel``).
 
     Raises:

@@ -428,7 +428,7 @@ class ComputeModel(_Frozen):
     """Dense peaks by precision (``fp32``, ``tf32``, ``fp8``); 16-bit is ``Device.peak_flops``."""
     attention_kernel: str = "fa2"
     """Flash-attention kernel family the training stack runs (``fa1``: FlashAttention and its Triton
-    port, ``fa2``, ``fa3``...): the key of ``attention_fractions`` used for ``attention="flash"``
+    port, ``fa2``, ``fa3`` on Hopper, ``cudnn`` and ``fa4`` on Blackwell...): the key of ``attention_fractions`` used for ``attention="flash"``
     layers."""
     attention_fractions: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
     """Share of the 16-bit peak each flash-attention kernel family sustains over a step's forward and

@@ -78,10 +78,11 @@ def test_bad_precisions_are_refused() -> None:
         api.make_problem("llama3-8b", "a100-80gb:8", precision="fp8")
 
 
-PUBLISHED_ERRORS = [  # Megatron-Bridge (fit set), then llm-foundry and torchtitan (held out)
+PUBLISHED_ERRORS = [  # Megatron-Bridge (fit set), then llm-foundry, torchtitan H100 and H200 (held out)
     0.026, -0.042, 0.008, -0.001, -0.032, 0.043, -0.031, 0.029,
     0.025, 0.070, 0.160, 0.193, 0.015, 0.100, 0.162,
     0.094, 0.109,
+    0.112, 0.128,
 ]
 
 
@@ -119,3 +120,52 @@ def test_torchtitan_float8_rows(rows: list[dict[str, object]]) -> None:
     assert [float(r["error"]) for r in tt] == pytest.approx([0.094, 0.109], abs=0.005)
     assert [float(r["error_high"]) for r in tt] == pytest.approx([0.234, 0.251], abs=0.005)
     assert [float(r["speedup_error"]) for r in tt] == pytest.approx([0.104, 0.097], abs=0.005)
+
+
+def test_torchtitan_float8_on_h200(rows: list[dict[str, object]]) -> None:
+    """torchtitan's June 2025 Llama 3.1 8B Float8 runs on 32 and 64 H200 at 700 W (held out): +11.2 and
+    +12.8 %, the same +10-13 % the Grand Teton H100 Float8 rows show at their NVL end: torchao's Float8
+    gains less than the Transformer Engine stack the FP8 constant is fitted on, on both parts."""
+    h200 = [float(r["error"]) for r in rows if r["source"] == "torchtitan-h200"]
+    assert h200 == pytest.approx([0.112, 0.128], abs=0.005)
+
+
+HELD_OUT_ERRORS = [  # Megatron-Bridge DGX-B200/GB200 FP8-CS (25.09, 25.11), then NeMo 24.07 H100, 25.02 B200, 25.04 GB200
+    0.007, -0.004, -0.014, 0.000, 0.049, 0.044,
+    0.041, 0.067, 0.131, 0.127, 0.124, 0.224, 0.105,
+    -0.073, 0.161, 0.100, 0.058, 0.078,
+    -0.057, -0.006, 0.127, 0.111,
+]
+
+
+@pytest.fixture(scope="module")
+def held_out() -> list[dict[str, object]]:
+    return load_bench("fidelity_fp8").blackwell_and_nemo_rows()
+
+
+def test_held_out_blackwell_and_nemo_rows(held_out: list[dict[str, object]]) -> None:
+    """Per-row errors at the accuracy reached (+-0.005). None was fitted: the Blackwell constants come
+    from GEMM and attention microbenchmarks (cost_models/data/hardware.json), the H100 ones from the
+    Megatron-Bridge H100 rows above."""
+    assert [float(r["error"]) for r in held_out] == pytest.approx(HELD_OUT_ERRORS, abs=0.005)
+
+
+def test_held_out_summary_by_system(held_out: list[dict[str, object]]) -> None:
+    """Megatron-Bridge's 2025 Blackwell rows: B200 within 1.4 % (mean |error| 0.6 %), GB200 +4.4 and
+    +4.9 %. NeMo's older containers run the same configurations slower than we predict: 24.07 on H100
+    +4 to +22 % (mean +11.7 %), 25.02 on B200 mean +6.5 %, 25.04 on GB200 +4.4 %; B200 Llama 3 8B at
+    the same configuration went from 26,006 (25.02) to 30,624 tokens/s/GPU (25.11), +18 % by software
+    alone, and our one prediction (30,197) sits at the later figure."""
+    summary = load_bench("fidelity_fp8").system_summary(held_out)
+    mean, mean_abs, worst, n = summary[("megatron-bridge-blackwell", "b200")]
+    assert n == 4 and mean_abs < 0.01 and worst < 0.015
+    mean, mean_abs, worst, n = summary[("megatron-bridge-blackwell", "gb200")]
+    assert n == 2 and 0.04 < mean < 0.05
+    mean, mean_abs, worst, n = summary[("nemo", "h100")]
+    assert n == 7 and 0.11 < mean < 0.125 and worst < 0.23
+    mean, mean_abs, worst, n = summary[("nemo", "b200")]
+    assert n == 5 and 0.06 < mean < 0.07 and mean_abs < 0.1
+    mean, mean_abs, worst, n = summary[("nemo", "gb200")]
+    assert n == 4 and 0.04 < mean < 0.05 and mean_abs < 0.08
+    b200_8b = [r for r in held_out if r["system"] == "b200" and str(r["row"]).startswith("llama3-8b")]
+    assert len({float(r["predicted"]) for r in b200_8b}) == 1

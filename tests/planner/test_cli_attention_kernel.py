@@ -57,3 +57,17 @@ def test_a_cluster_file_naming_an_unlisted_family_is_refused(tmp_path, capsys) -
     assert code == 2
     err = capsys.readouterr().err
     assert "attention_kernel='fa4'" in err and "attention_fractions" in err
+
+
+def test_blackwell_lists_cudnn_and_fa4_not_fa3(capsys) -> None:
+    """B200: cuDNN's fused attention is the default (0.50 of peak), FlashAttention-4 (0.65) is faster,
+    FlashAttention-3 (Hopper-only) is refused with the families the device does list."""
+    default = api.make_problem("llama3-8b", "b200:8", global_batch_size=16)
+    fa4 = api.make_problem("llama3-8b", "b200:8", global_batch_size=16, attention_kernel="fa4")
+    assert default.cluster.device is not None and fa4.cluster.device is not None
+    assert compute_constants(default.cluster.device).attention_kernel == "cudnn"
+    assert compute_constants(fa4.cluster.device).attention_fractions["fa4"] > \
+        compute_constants(default.cluster.device).attention_fractions["cudnn"]
+    code = main(["plan", "--model", "llama3-8b", "--cluster", "b200:8", "--attention-kernel", "fa3"])
+    assert code == 2
+    assert "it lists: cudnn, fa1, fa2, fa4" in capsys.readouterr().err
