@@ -145,7 +145,7 @@ FLASH_BLOCK = 128
 
 
 def flash_attention_s(s_q: int, s_kv: int, d_qk: int, d_v: int, heads: int, device: Device, *,
-                      causal: bool = True) -> float:
+                      causal: bool = True, window: int | None = None) -> float:
     """One fused flash-attention kernel over ``heads`` (batch x heads) independent heads: its
     FLOPs (4 s_q s_kv d per head forward, halved by the causal mask) at the kernel family's share
     of peak (``ComputeModel.attention_fractions[attention_kernel]``; a family not listed runs at
@@ -155,7 +155,9 @@ def flash_attention_s(s_q: int, s_kv: int, d_qk: int, d_v: int, heads: int, devi
     prologue/epilogue (load Q, rescale and write O: ``gemm_k_overhead`` keys), so short sequences
     run below the family's rate. The head width sets the FLOPs, not the rate (the inner loop runs
     over keys, not over the head dimension). This is the forward; the backward runs 5 score-sized
-    matmuls against its 2 (``layer_ops.FLASH_BACKWARD_FACTOR``)."""
+    matmuls against its 2 (``layer_ops.FLASH_BACKWARD_FACTOR``). ``window``: a causal sliding window
+    of that many keys; a block then loops over the window's keys plus the half block its far edge
+    cuts (the kernel skips the key blocks outside it), never more than the causal half."""
     if min(s_q, s_kv, heads) <= 0:
         return 0.0
     c = compute_constants(device)
@@ -163,6 +165,8 @@ def flash_attention_s(s_q: int, s_kv: int, d_qk: int, d_v: int, heads: int, devi
     blocks = heads * math.ceil(s_q / FLASH_BLOCK)
     waves = math.ceil(blocks / c.num_sms)
     keys = s_kv / 2 if causal else s_kv
+    if window is not None and causal:
+        keys = min(keys, window + FLASH_BLOCK / 2)
     per_block_flops = 2.0 * FLASH_BLOCK * (keys + c.gemm_k_overhead) * (d_qk + d_v)
     return waves * per_block_flops / (device.peak_flops / c.num_sms * fraction)
 

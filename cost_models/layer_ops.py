@@ -91,14 +91,22 @@ def _linear_gemms(cfg: TransformerConfig, tokens: int, t: int, layer_index: int 
 
 
 def _attention_core(cfg: TransformerConfig, device: Device, b: int, t: int, attention: str) -> tuple[float, float]:
-    """(forward, backward) of softmax(QK^T) V for one microbatch."""
+    """(forward, backward) of softmax(QK^T) V for one microbatch. With sliding-window layers the flash
+    kernel's time is the model's average over its windowed and global layers (every decoder layer is
+    costed alike, so each pipeline stage's sum is its share of the layers at that average); unfused
+    attention materialises the whole masked score matrix either way."""
     s, a, e = cfg.seq_length, cfg.num_heads // t, _BYTES[cfg.dtype]
     dh = dv = cfg.hidden_size // cfg.num_heads
     if moe.uses_extended_counts(cfg):  # explicit head width; MLA: d_nope + d_rope for Q.K, d_v for values
         dh, dv = moe.qk_head_dim(cfg), moe.v_head_dim(cfg)
     batch = b * a
     if attention == "flash":
-        fwd = flash_attention_s(s, s, dh, dv, batch, device) + compute_constants(device).kernel_launch_s
+        fwd = flash_attention_s(s, s, dh, dv, batch, device)
+        windowed = cfg.windowed_layers  # sliding-window layers: the model's average layer (docs, "Sliding-window")
+        if windowed:
+            local = flash_attention_s(s, s, dh, dv, batch, device, window=cfg.sliding_window)
+            fwd = ((cfg.num_layers - windowed) * fwd + windowed * local) / cfg.num_layers
+        fwd += compute_constants(device).kernel_launch_s
         return fwd, FLASH_BACKWARD_FACTOR * fwd
     scores = batch * s * s
     fwd = gemm_time_s(s, s, dh, device, batch=batch) + gemm_time_s(s, dv, s, device, batch=batch)

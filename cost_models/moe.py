@@ -28,6 +28,7 @@ active, DeepSeek-V3 671B / 37B, Llama-3 8B/70B/405B 8.03B/70.6B/405.9B.
 
 from __future__ import annotations
 
+from cost_models.windows import attention_span_factor
 from planner.schema import TransformerConfig
 
 __all__ = [
@@ -134,9 +135,10 @@ def attention_kv_widths(cfg: TransformerConfig) -> tuple[int, int]:
 
 
 def attention_core_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
-    """Scores 2bs^2 n_h d_qk plus weighted values 2bs^2 n_h d_v, split over t; 4bs^2h for GPT shapes."""
+    """Scores 2bs^2 n_h d_qk plus weighted values 2bs^2 n_h d_v, split over t; 4bs^2h for GPT shapes;
+    times the share sliding windows leave (``windows.attention_span_factor``)."""
     b, s, a = microbatch_size, cfg.seq_length, cfg.num_heads
-    return 2 * b * s**2 * a * (_qk_head_dim(cfg) + _v_head_dim(cfg)) / tensor_parallel
+    return 2 * b * s**2 * a * (_qk_head_dim(cfg) + _v_head_dim(cfg)) / tensor_parallel * attention_span_factor(cfg)
 
 
 # ------------------------------------------------------------------------------------------

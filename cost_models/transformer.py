@@ -27,6 +27,7 @@ import logging
 
 from cost_models import compute, moe, moe_memory
 from cost_models import recompute as recompute_mod
+from cost_models.windows import attention_span_factor
 from planner.errors import InvalidProblemError
 from planner.schema import RECOMPUTE_MODULES, Device, ModelProfile, TransformerConfig, recompute_modules_of
 
@@ -114,12 +115,13 @@ def num_parameters(cfg: TransformerConfig) -> int:
 
 
 def attention_core_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:
-    """Scores QK^T plus attention over values: 2bs^2h + 2bs^2h = 4bs^2h, split over t (L4127-4129).
+    """Scores QK^T plus attention over values: 2bs^2h + 2bs^2h = 4bs^2h, split over t (L4127-4129),
+    times the share sliding windows leave (``windows.attention_span_factor``, 1 without one).
     Explicit head widths and MLA: ``cost_models.moe.attention_core_forward_flops``."""
     if moe.uses_extended_counts(cfg):
         return moe.attention_core_forward_flops(cfg, microbatch_size=microbatch_size, tensor_parallel=tensor_parallel)
     b, s, h = microbatch_size, cfg.seq_length, cfg.hidden_size
-    return 4 * b * s**2 * h / tensor_parallel
+    return 4 * b * s**2 * h / tensor_parallel * attention_span_factor(cfg)
 
 
 def decoder_forward_flops(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int = 1) -> float:

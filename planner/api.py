@@ -474,10 +474,13 @@ def model_info(model: ModelSpec, *, global_batch_size: int = 1, seq_length: int 
 
 
 def _architecture_info(cfg: TransformerConfig) -> dict[str, Any]:
-    """The settings the exports carry beyond the shape (MoE, MLA, RoPE, norm epsilon)."""
+    """The settings the exports carry beyond the shape (MoE, MLA, RoPE, norm epsilon, sliding windows)."""
     keys = ("num_kv_heads", "head_dim", "rope_theta", "norm_eps", "num_experts", "experts_per_token",
-            "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "kv_lora_rank", "q_lora_rank")
+            "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "kv_lora_rank", "q_lora_rank",
+            "sliding_window", "global_attention_every")
     info: dict[str, Any] = {key: getattr(cfg, key) for key in keys if getattr(cfg, key) not in (None, 0)}
+    if cfg.windowed_layers:
+        info["windowed_layers"] = cfg.windowed_layers
     if cfg.is_mla or cfg.kv_heads != cfg.num_heads:
         info["kv_cache_elements_per_token_per_layer"] = _cost_model("moe").kv_cache_elements_per_token(cfg)
     return info

@@ -5,7 +5,8 @@ Flag names from NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (``--seque
 ``--use-distributed-optimizer``, ``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy``,
 ``--rotary-base``, ``--norm-epsilon``, the MoE group ``--num-experts``/``--moe-*`` and the MLA group
 ``--multi-latent-attention``/``--q-lora-rank``/``--kv-lora-rank``/``--qk-head-dim``/
-``--qk-pos-emb-head-dim``/``--v-head-dim``). tests/planner/test_export_megatron.py builds
+``--qk-pos-emb-head-dim``/``--v-head-dim``, sliding-window attention ``--window-size``/
+``--window-attn-skip-freq``). tests/planner/test_export_megatron.py builds
 megatron-core's own config classes from every exported flag set.
 """
 
@@ -83,6 +84,10 @@ def model_flags(cfg: TransformerConfig, export: _Export) -> None:
             export.add("--add-qkv-bias")
     if cfg.qk_norm:
         export.add("--qk-layernorm")
+    if cfg.sliding_window is not None:  # (left, right): itself and the window - 1 keys before it
+        export.add("--window-size", f"{cfg.sliding_window - 1},0")
+        if cfg.global_attention_every:
+            export.add("--window-attn-skip-freq", cfg.global_attention_every)
     _moe_flags(cfg, export)
     _mla_flags(cfg, export)
     if cfg.dtype in ("bf16", "fp16"):

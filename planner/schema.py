@@ -341,6 +341,14 @@ class TransformerConfig(_Frozen):
     """Biases on the Q, K, V projections only (Qwen2; Megatron --add-qkv-bias); ``bias`` covers all."""
     rope_scaling: dict[str, float | str] | None = None
     """RoPE scaling as the source config states it (Llama-3.1: rope_type llama3, factor 8)."""
+    sliding_window: PositiveInt | None = None
+    """Sliding-window attention: in the windowed layers each query attends itself and the
+    ``sliding_window - 1`` keys before it (Hugging Face ``sliding_window``, GPT-OSS: 128, Mistral 7B
+    v0.1: 4096; Megatron ``--window-size``). None: full causal attention in every layer."""
+    global_attention_every: PositiveInt | None = None
+    """With ``sliding_window``: every k-th layer (0-based layers k-1, 2k-1, ...) attends the whole
+    causal context, the others are windowed (GPT-OSS and Gemma 2: 2; Gemma 3: 6; Megatron
+    ``--window-attn-skip-freq``). None: every layer is windowed."""
     # Multi-latent attention (DeepSeek-V2/V3): kv_lora_rank set = MLA.
     kv_lora_rank: PositiveInt | None = None
     """Rank of the compressed K/V latent (DeepSeek-V3: 512); None = standard attention."""
@@ -376,7 +384,18 @@ class TransformerConfig(_Frozen):
             raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
         if self.first_dense_layers > self.num_layers:
             raise ValueError(f"first_dense_layers={self.first_dense_layers} exceeds num_layers={self.num_layers}")
+        if self.global_attention_every is not None and self.sliding_window is None:
+            raise ValueError(f"global_attention_every={self.global_attention_every} applies to sliding-window "
+                             "attention only; give sliding_window (the window in tokens) too, or drop it")
         return self
+
+    @property
+    def windowed_layers(self) -> int:
+        """Decoder layers that attend a sliding window (``sliding_window``, ``global_attention_every``)."""
+        if self.sliding_window is None:
+            return 0
+        every = self.global_attention_every
+        return self.num_layers - (self.num_layers // every if every else 0)
 
     @property
     def ffn_size(self) -> int:

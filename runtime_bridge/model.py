@@ -61,6 +61,15 @@ def num_model_layers(cfg: TransformerConfig) -> int:
     return cfg.num_layers + 2
 
 
+def layer_window(cfg: TransformerConfig, index: int) -> int | None:
+    """The sliding window block ``index`` (1..N) attends, or None for full causal attention: every
+    block when ``global_attention_every`` is unset, else all but blocks k, 2k, ... (0-based k-1, ...)."""
+    window, every = getattr(cfg, "sliding_window", None), getattr(cfg, "global_attention_every", None)
+    if window is None or (every and index % every == 0):
+        return None
+    return window
+
+
 def is_moe_layer(cfg: TransformerConfig, index: int) -> bool:
     """Whether model layer ``index`` (1..N a block) has a mixture-of-experts FFN."""
     return cfg.num_experts is not None and 1 <= index <= cfg.num_layers and index - 1 >= cfg.first_dense_layers
@@ -128,8 +137,8 @@ def _rope(x: torch.Tensor, theta: float, scaling: dict | None = None, positions:
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
                    ) -> torch.Tensor:
     """softmax(QK^T / sqrt(d)) V with a causal mask (``mask``: an explicit boolean one, for queries
-    that are a subset of the sequence under context parallelism): what selective recompute
-    recomputes."""
+    that are a subset of the sequence under context parallelism, or a sliding window): what
+    selective recompute recomputes."""
     if k.shape[1] != q.shape[1]:  # grouped-query attention: share each K/V head
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
@@ -148,9 +157,11 @@ class Attention(nn.Module):
     code runs whole or with heads split by tensor parallelism. Optional: biases on Q, K, V only
     (``qkv_bias``, Qwen2), RMSNorm on each head's queries and keys (``qk_norm``, Qwen3)."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, window: int | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim(cfg)
+        self.window = window
+        """Sliding window (itself and the ``window - 1`` keys before it), or None: full causal."""
         self.rope_theta = (cfg.rope_theta or DEFAULT_ROPE_THETA) if cfg.position_embedding == "rope" else None
         self.rope_scaling = getattr(cfg, "rope_scaling", None)
         q_dim, kv_dim = cfg.num_heads * self.head_dim, cfg.kv_heads * self.head_dim
@@ -181,6 +192,10 @@ class Attention(nn.Module):
         mask = None
         if cp is not None:
             k, v, mask = cp.gather(k), cp.gather(v), cp.mask
+        if self.window is not None:
+            rows = positions if positions is not None else torch.arange(seq, device=x.device)
+            keys = torch.arange(k.shape[2], device=x.device)
+            mask = (rows[:, None] >= keys[None, :]) & (rows[:, None] - keys[None, :] < self.window)
         if self.selective_recompute and torch.is_grad_enabled():
             out = checkpoint(attention_core, q, k, v, mask, use_reentrant=False)
         else:
@@ -251,9 +266,9 @@ class MoE(nn.Module):
 class Block(nn.Module):
     """Pre-norm decoder block: x + attention(norm(x)), then + feed_forward(norm(x))."""
 
-    def __init__(self, cfg: TransformerConfig, *, moe: bool = False) -> None:
+    def __init__(self, cfg: TransformerConfig, *, moe: bool = False, window: int | None = None) -> None:
         super().__init__()
-        self.attention_norm, self.attention = _norm(cfg), Attention(cfg)
+        self.attention_norm, self.attention = _norm(cfg), Attention(cfg, window)
         self.ffn_norm = _norm(cfg)
         self.feed_forward = MoE(cfg) if moe else FeedForward(cfg, cfg.ffn_size)
         self._modules_recomputed: frozenset[str] = frozenset()
@@ -320,7 +335,7 @@ def build_layer(cfg: TransformerConfig, index: int) -> nn.Module:
         return Embedding(cfg)
     if index == cfg.num_layers + 1:
         return Head(cfg)
-    return Block(cfg, moe=is_moe_layer(cfg, index))
+    return Block(cfg, moe=is_moe_layer(cfg, index), window=layer_window(cfg, index))
 
 
 def init_layer(layer: nn.Module, index: int, *, seed: int) -> None:

@@ -97,7 +97,7 @@ def _check_layers(profile: ModelProfile, cfg: TransformerConfig) -> None:
 _CONFIG_FIELDS = (
     "hidden_size", "num_layers", "num_heads", "kv_heads", "seq_length", "vocab_size", "ffn_size", "mlp", "norm",
     "bias", "position_embedding", "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
-    "first_dense_layers", "head_dim", "qk_norm", "qkv_bias", "kv_lora_rank",
+    "first_dense_layers", "head_dim", "qk_norm", "qkv_bias", "kv_lora_rank", "sliding_window", "global_attention_every",
 )
 """What makes two transformers the same network for a plan (names, dtype and numerics aside)."""
 

@@ -132,6 +132,7 @@ def _fields(hf: Any, model_type: str) -> dict[str, Any]:
     head_dim = getattr(hf, "head_dim", None)
     if model_type != "deepseek_v3" and head_dim and head_dim * heads != h:
         fields["head_dim"] = head_dim
+    fields.update(_window_fields(hf))
     experts = _experts(hf)
     if experts is not None:
         fields.update(_moe_fields(hf, model_type, experts))
@@ -140,6 +141,29 @@ def _fields(hf: Any, model_type: str) -> dict[str, Any]:
             fields[key] = getattr(hf, key, None)
         fields["num_kv_heads"] = None
     return fields
+
+
+def _window_fields(hf: Any) -> dict[str, Any]:
+    """``sliding_window`` and ``global_attention_every`` from ``sliding_window`` and ``layer_types``
+    (``sliding_attention`` / ``full_attention`` per layer; none: every layer windowed, Mistral).
+    Qwen2/Qwen3 state a window they use only with ``use_sliding_window``."""
+    window = getattr(hf, "sliding_window", None)
+    if not window or not getattr(hf, "use_sliding_window", True):
+        return {}
+    types = list(getattr(hf, "layer_types", None) or [])
+    windowed = [kind == "sliding_attention" for kind in types]
+    if not any(windowed):
+        return {} if types else {"sliding_window": int(window)}
+    if all(windowed):
+        return {"sliding_window": int(window)}
+    every = windowed.index(False) + 1
+    if any(w != ((i + 1) % every != 0) for i, w in enumerate(windowed)):
+        raise InvalidProblemError(
+            f"layer_types={types}: paraplan models one full-attention layer every k layers (layers k-1, 2k-1, ...; "
+            f"Megatron --window-attn-skip-freq); this pattern is not periodic. Write a paraplan.transformer/v1 "
+            f"config with sliding_window and global_attention_every closest to it"
+        )
+    return {"sliding_window": int(window), "global_attention_every": every}
 
 
 def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
@@ -175,12 +199,8 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
 
 
 def _warn_unmodelled(hf: Any, model_type: str) -> None:
-    if getattr(hf, "sliding_window", None) and getattr(hf, "use_sliding_window", True) and model_type != "qwen3":
-        logger.warning(
-            "sliding_window=%s is not modelled: attention is costed over the full sequence", hf.sliding_window
-        )
     if model_type == "gpt_oss":
-        logger.warning("gpt-oss attention sinks and alternating banded attention are not modelled (full attention)")
+        logger.warning("gpt-oss attention sinks are not modelled (one learned logit per head: no FLOP or memory of note)")
     if model_type == "deepseek_v3" and getattr(hf, "num_nextn_predict_layers", 0):
         logger.warning(
             "DeepSeek-V3's %d multi-token-prediction module(s) are not modelled", hf.num_nextn_predict_layers

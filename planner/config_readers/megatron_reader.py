@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-layer-freq", default="1")
     p.add_argument("--rope-type")
     p.add_argument("--moe-router-score-function", default="softmax")
+    p.add_argument("--window-size")
+    p.add_argument("--window-attn-skip-freq")
     return p
 
 
@@ -135,6 +137,7 @@ def read_megatron_args(
         "rope_scaling": _rope_scaling(args),
     }
     fields.update(_moe_fields(args))
+    fields.update(_window_fields(args))
     if args.multi_latent_attention:
         fields.update(
             {
@@ -165,6 +168,32 @@ def _rope_scaling(args: argparse.Namespace) -> dict[str, float | str] | None:
         )
         return out
     return None
+
+
+def _window_fields(args: argparse.Namespace) -> dict[str, object]:
+    """``--window-size LEFT,RIGHT`` (a causal window: RIGHT 0) -> ``sliding_window`` LEFT + 1;
+    ``--window-attn-skip-freq N`` (one full-attention layer every N) -> ``global_attention_every``."""
+    if args.window_size is None:
+        if args.window_attn_skip_freq is not None:
+            raise InvalidProblemError(f"--window-attn-skip-freq {args.window_attn_skip_freq} needs --window-size")
+        return {}
+    parts = str(args.window_size).strip("()[] ").split(",")
+    try:
+        left, right = (int(x) for x in parts)
+    except ValueError:
+        raise InvalidProblemError(f"--window-size {args.window_size!r}: write LEFT,RIGHT, e.g. 127,0") from None
+    if right != 0 or left < 0:
+        raise InvalidProblemError(f"--window-size {args.window_size!r}: paraplan models causal windows only "
+                                  f"(RIGHT 0, LEFT >= 0)")
+    fields: dict[str, object] = {"sliding_window": left + 1}
+    if args.window_attn_skip_freq is not None:
+        try:
+            fields["global_attention_every"] = int(args.window_attn_skip_freq)
+        except ValueError:
+            raise InvalidProblemError(
+                f"--window-attn-skip-freq {args.window_attn_skip_freq!r}: paraplan models one full-attention layer "
+                f"every N layers; write an integer N") from None
+    return fields
 
 
 def _head_dim(args: argparse.Namespace) -> int | None:

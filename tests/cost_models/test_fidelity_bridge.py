@@ -53,44 +53,48 @@ def test_blackwell_presets_are_the_datasheet_figures() -> None:
 
 
 def test_gpt_oss_on_h100(rows: list[dict[str, object]]) -> None:
-    """GPT-OSS 120B on 64 DGX-H100 (t1 p4 e8): 25.11 (b = 4, GBS 512) +2.8 %, 26.02 (b = 1, GBS 1,280,
-    80 microbatches) +29.8 % in tokens/s/GPU (-0.7 and +24.9 % before the flash kernel was costed
-    as one kernel at FlashAttention-3's training rate: its 64-wide heads had been slowed as GEMMs)."""
+    """GPT-OSS 120B on 64 DGX-H100 (t1 p4 e8): 25.11 (b = 4, GBS 512) +8.5 %, 26.02 (b = 1, GBS 1,280,
+    80 microbatches) +37.0 % in tokens/s/GPU (+2.8 and +29.8 % while its 128-token windows were costed
+    as full causal attention: the windowed layers are cheaper, and what the runs spend instead is not
+    in the model)."""
     errors = [float(r["error"]) for r in rows if r["system"] == "DGX-H100"]
-    assert errors == pytest.approx([0.028, 0.298], abs=0.005)
+    assert errors == pytest.approx([0.085, 0.370], abs=0.005)
 
 
 def test_gpt_oss_on_b200(rows: list[dict[str, object]]) -> None:
-    """GPT-OSS 120B on 64 DGX-B200 (t1 p1): EP 8 (25.11, all-to-all inside a node) +85.4 %, EP 64
-    (26.02, all-to-all across nodes) +11.7 % (+95.1 and +17.3 % with Hopper's efficiency constants):
+    """GPT-OSS 120B on 64 DGX-B200 (t1 p1): EP 8 (25.11, all-to-all inside a node) +91.3 %, EP 64
+    (26.02, all-to-all across nodes) +15.3 % (+85.4 and +11.7 % with its windows costed as full
+    attention; +95.1 and +17.3 % with Hopper's efficiency constants):
     the measured throughput is the same for both (8,213 and 8,047), the predicted one falls by 41 %
     with the cross-node all-to-all, so what limits the real runs is not the all-to-all we cost."""
     errors = [float(r["error"]) for r in rows if r["system"] == "DGX-B200"]
-    assert errors == pytest.approx([0.854, 0.117], abs=0.005)
+    assert errors == pytest.approx([0.913, 0.153], abs=0.005)
 
 
 def test_moe_rows_on_gb200(rows: list[dict[str, object]]) -> None:
     """GB200 (64 GPUs of one NVL72 domain for GPT-OSS, four 64-GPU domains for DeepSeek-V3 and
-    Qwen3-235B-A22B): GPT-OSS +44.7 % (s = 8,192, b = 1) and +80.6 % (s = 4,096, b = 4);
+    Qwen3-235B-A22B): GPT-OSS +70.2 % (s = 8,192, b = 1) and +98.1 % (s = 4,096, b = 4; +44.7 and
+    +80.6 % with full attention in the windowed layers);
     DeepSeek-V3 +5.7 %, Qwen3-235B-A22B +6.7 % (+65.0, +109.4, +20.8, +20.4 % with Hopper's
     efficiency constants)."""
     errors = [float(r["error"]) for r in rows if r["system"] == "DGX-GB200"]
-    assert errors == pytest.approx([0.447, 0.806, 0.057, 0.067], abs=0.005)
+    assert errors == pytest.approx([0.702, 0.981, 0.057, 0.067], abs=0.005)
 
 
 def test_model_flops_accounting_differs(rows: list[dict[str, object]]) -> None:
     """Megatron-Bridge's model TFLOP/s per token is below ours on every row (GPT-OSS: 27 GFLOP per token
-    at s = 4,096 against our 38; its count is not published), so the TFLOP/s error is always the
-    larger of the two: compared in tokens/s/GPU."""
+    at s = 4,096 against our 35, which counts the causal global layers in full as Eq. 4.2 does; its
+    count is not published), so the TFLOP/s error is always the larger of the two: compared in
+    tokens/s/GPU."""
     for r in rows:
         assert float(r["tflops_error"]) > float(r["error"])
 
 
 def test_bridge_summary_by_system(rows: list[dict[str, object]]) -> None:
-    """Mean |error| in tokens/s/GPU: H100 16.3 % (max 29.8 %), B200 48.5 % (max 85.4 %), GB200 34.4 %
-    (max 80.6 %); every Blackwell row over-predicts."""
+    """Mean |error| in tokens/s/GPU: H100 22.8 % (max 37.0 %), B200 53.3 % (max 91.3 %), GB200 45.2 %
+    (max 98.1 %); every row over-predicts."""
     summary = BRIDGE.system_summary(rows)
-    assert summary["DGX-H100"] == pytest.approx((0.163, 0.298, 2), abs=0.003)
-    assert summary["DGX-B200"] == pytest.approx((0.485, 0.854, 2), abs=0.003)
-    assert summary["DGX-GB200"] == pytest.approx((0.344, 0.806, 4), abs=0.003)
-    assert all(float(r["error"]) > 0 for r in rows if r["system"] != "DGX-H100")
+    assert summary["DGX-H100"] == pytest.approx((0.228, 0.370, 2), abs=0.003)
+    assert summary["DGX-B200"] == pytest.approx((0.533, 0.913, 2), abs=0.003)
+    assert summary["DGX-GB200"] == pytest.approx((0.452, 0.981, 4), abs=0.003)
+    assert all(float(r["error"]) > 0 for r in rows)

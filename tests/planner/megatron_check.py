@@ -102,6 +102,10 @@ _BOOL = {
 }
 
 
+_WINDOW = {"--window-size": "window_size", "--window-attn-skip-freq": "window_attn_skip_freq"}
+"""Megatron-LM's ``tuple_type`` (LEFT,RIGHT) and ``moe_freq_type`` (an integer here) arguments."""
+
+
 def parse(argv: list[str]) -> dict[str, Any]:
     """Flag -> typed value; raises AssertionError on a flag Megatron-LM does not have."""
     out: dict[str, Any] = {}
@@ -117,6 +121,11 @@ def parse(argv: list[str]) -> dict[str, Any]:
             while j < len(argv) and not argv[j].startswith("--"):
                 j += 1
             out[flag], i = argv[i + 1:j], j
+            continue
+        if flag in _WINDOW:
+            value = argv[i + 1]
+            out[flag] = tuple(int(x) for x in value.strip("()").split(",")) if flag == "--window-size" else int(value)
+            i += 2
             continue
         assert flag in _INT | _OTHER_INT or flag in _FLOAT or flag in _STR, f"{flag} is not a Megatron-LM flag"
         value = argv[i + 1]
@@ -162,6 +171,9 @@ def transformer_kwargs(a: dict[str, Any]) -> dict[str, Any]:
     kw["moe_router_enable_expert_bias"] = a.get("--moe-router-enable-expert-bias", False)
     kw["sequence_parallel"] = a.get("--sequence-parallel", False)
     kw["moe_grouped_gemm"] = a.get("--moe-grouped-gemm", False)
+    for flag, field in _WINDOW.items():
+        if flag in a:
+            kw[field] = a[flag]
     if "--recompute-modules" in a:
         kw["recompute_modules"] = a["--recompute-modules"]
     kw["num_layers_in_first_pipeline_stage"] = a.get("--decoder-first-pipeline-num-layers")

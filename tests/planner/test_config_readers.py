@@ -65,8 +65,26 @@ def test_hf_configs_read_into_the_preset_model(
         "num_shared_experts",
         "qk_norm",
         "head_dim",
+        "sliding_window",
+        "global_attention_every",
     )
     assert {k: getattr(cfg, k) for k in router} == {k: getattr(ref, k) for k in router}
+
+
+def test_hf_sliding_windows(hf_reader, tmp_path) -> None:
+    """gpt-oss: a 128-token window, layer_types alternating sliding and full (every 2nd layer global);
+    Mistral 7B v0.1: a 4,096-token window in every layer; Qwen2 states a window it does not use
+    (use_sliding_window false); a layer_types pattern with no period is refused, naming the field."""
+    oss = hf_reader.read_hf_config(HF / "gpt-oss-20b" / "config.json", seq_length=4096)
+    assert (oss.sliding_window, oss.global_attention_every, oss.windowed_layers) == (128, 2, 12)
+    mistral = hf_reader.read_hf_config(HF / "mistral-7b" / "config.json", seq_length=8192)
+    assert (mistral.sliding_window, mistral.global_attention_every, mistral.windowed_layers) == (4096, None, 32)
+    assert hf_reader.read_hf_config(HF / "qwen2-7b" / "config.json", seq_length=4096).sliding_window is None
+    raw = json.loads((HF / "gpt-oss-20b" / "config.json").read_text())
+    raw["layer_types"] = ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 19 + ["full_attention"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(InvalidProblemError, match="layer_types=.*not periodic"):
+        hf_reader.read_hf_config(tmp_path / "config.json", seq_length=4096)
 
 
 def test_hf_sequence_length_defaults(hf_reader) -> None:
@@ -222,3 +240,11 @@ def test_missing_transformers_is_invalid_input_with_the_install_hint(monkeypatch
     monkeypatch.setattr(builtins, "__import__", no_transformers)
     assert main(["model-info", f"hf:{HF / 'llama-3-8b' / 'config.json'}"]) == 2
     assert "pip install 'paraplan[hf]'" in capsys.readouterr().err
+
+
+def test_model_info_reports_the_windows(capsys) -> None:
+    """`paraplan model-info gpt-oss-120b`: 128-token windows, every 2nd layer global, 18 windowed."""
+    info = api.model_info("gpt-oss-120b")
+    assert (info["sliding_window"], info["global_attention_every"], info["windowed_layers"]) == (128, 2, 18)
+    assert "windowed_layers" not in api.model_info("llama3-8b")
+    assert main(["model-info", "gpt-oss-120b"]) == 0 and "windowed_layers                    18" in capsys.readouterr().out

@@ -60,6 +60,11 @@ def test_megatron_core_accepts_the_export(name: str, make, world: int) -> None:
     assert cfg.layernorm_epsilon == model.norm_eps
     if model.num_experts:
         assert cfg.num_moe_experts == model.num_experts and cfg.moe_router_topk == model.experts_per_token
+    if model.sliding_window:  # GPT-OSS: 128-token windows, every 2nd layer global
+        assert cfg.window_size == (model.sliding_window - 1, 0)
+        assert cfg.window_attn_skip_freq == model.global_attention_every
+    else:
+        assert cfg.window_size is None
     args = parse(argv)
     assert args["--rotary-base"] == model.rope_theta
     if built["rope"] is not None:  # Megatron's RotaryEmbedding uses the exported base

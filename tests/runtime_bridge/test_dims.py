@@ -8,7 +8,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 
 from runtime_bridge import model as gpt  # noqa: E402
 from runtime_bridge.context_parallel import ContextShard, context_parallel_layer, held_positions  # noqa: E402
@@ -29,17 +28,6 @@ def test_load_balanced_split_by_hand() -> None:
 def test_expert_blocks() -> None:
     assert [list(local_experts(8, 4, r)) for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert list(local_experts(4, 1, 0)) == [0, 1, 2, 3]
-
-
-@pytest.fixture()
-def one_rank_group():
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
