@@ -248,18 +248,14 @@ def torchtitan_h200_rows(fraction: float | None = None) -> list[dict[str, object
     FlashAttention-2, current scaling) on the ``h200`` preset: held out; no BF16 row was published
     with them, so no speedup is compared."""
     import fidelity
-    from cost_models.compute import compute_constants, with_attention_kernel, with_linear_precision
+    from cost_models.compute import with_attention_kernel
 
     out = []
     for gpus, published in TORCHTITAN_H200:
-        cluster = api.load_cluster(f"h200:{gpus}")
+        cluster = fp8_cluster("h200", gpus, fraction)
         assert cluster.device is not None
-        device = with_attention_kernel(with_linear_precision(cluster.device, "fp8-cs"), "fa2")
-        if fraction is not None:
-            device = device.model_copy(update={"compute": compute_constants(device).model_copy(
-                update={"fp8_gemm_max_fraction": fraction})})
-        got = fidelity._torchtitan_rate("llama3-8b", cluster.model_copy(update={"device": device}), 2, "selective",
-                                        8192, kernels="fused")
+        sdpa = cluster.model_copy(update={"device": with_attention_kernel(cluster.device, "fa2")})
+        got = fidelity._torchtitan_rate("llama3-8b", sdpa, 2, "selective", 8192, kernels="fused")
         out.append({"row": f"torchtitan llama3-8b + compile + Float8, {gpus} h200, tokens/s/GPU",
                     "source": "torchtitan-h200", "published": published, "predicted": got,
                     "error": got / published - 1})
