@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from cost_models.memory import usable_memory_bytes
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters
+from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_model as model
 from solvers._ptdp_enum import divisors as _divisors
 from solvers._ptdp_enum import tensor_degrees
@@ -63,6 +64,13 @@ def no_layout_message(search: Search, opts: Options) -> str:
                 f"{cfg.num_heads} heads under the fixed values (num_stages={problem.num_stages}, "
                 f"data_parallel={problem.data_parallel}, tensor_parallel={opts.tensor_parallel}); use a cluster "
                 f"size that is a multiple of a divisor of the layer count, or drop the fixed values")
+    pinned_p = opts.pipeline_parallel or problem.num_stages
+    if pinned_p and (opts.tensor_parallel or problem.data_parallel):
+        t = opts.tensor_parallel or n // (pinned_p * problem.data_parallel)
+        layout = _layout_conflict(cfg.num_layers, pinned_p, _fixed_virtual(search, opts), n, t,
+                                  b_batch, opts.microbatch_size or 1, uneven=bool(opts.uneven_stages))
+        if layout is not None:
+            return layout
     d = degrees[0]
     lo, hi = b_batch // d * d, (b_batch // d + 1) * d
     near = [x for x in (lo, hi) if x > 0]
@@ -70,6 +78,33 @@ def no_layout_message(search: Search, opts: Options) -> str:
             f"{degrees} (and for interleaved 1F1B, m a multiple of p; for ZB-V and DualPipeV, layers divisible "
             f"by 2p, and for DualPipeV m >= 2p), and also match num_microbatches="
             f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
+
+
+def _fixed_virtual(search: Search, opts: Options) -> int:
+    return opts.virtual_pipeline or search.problem.num_chunks or 1
+
+
+def _layout_conflict(layers: int, p: int, v: int, n: int, t: int, batch: int, b: int, *, uneven: bool) -> str | None:
+    """With t and p pinned, a batch that does split (b x d divides it, m a multiple of p) fails only
+    on the layer layout: say so, with the virtual degrees whose layout exists."""
+    if n % (t * p):
+        return None
+    d = n // (t * p)
+    if batch % (b * d) or (v > 1 and (batch // (b * d)) % p):
+        return None
+
+    def laid_out(k_v: int) -> bool:
+        return bool(dims_mod.stage_layouts(layers, p, k_v, embedding_layers=1.0, head_layers=1.0, uneven=uneven))
+
+    if laid_out(v):
+        return None
+    working = [k for k in range(1, dims_mod.MAX_UNEVEN_CHUNKS + 1) if k * p <= layers and laid_out(k)]
+    return (f"no layer layout of {layers} decoder layers over pipeline_parallel={p} x virtual_pipeline={v} = "
+            f"{p * v} virtual stages: an even split needs the layers divisible by p x v, and uneven_stages "
+            f"gives the two end stages fewer layers and the others an even share (Megatron's "
+            f"--decoder-first/last-pipeline-num-layers, or a layout string with ends of one layer); "
+            f"global_batch_size={batch} itself splits (b={b}, d={d}). Use virtual_pipeline in {working}"
+            + ("" if uneven else " or set uneven_stages") + ", or another pipeline degree")
 
 
 def memory_message(search: Search, scored: list[tuple[model.Config, model.Estimate]]) -> str:

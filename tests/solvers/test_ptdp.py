@@ -465,3 +465,16 @@ def test_ptdp_takes_the_attention_kind_the_problem_was_built_with() -> None:
     assert any("(flash attention)" in note for note in api.plan(flash, solver="ptdp").notes)
     overridden = api.plan(unfused, solver="ptdp", options={"attention": "flash"})
     assert any("(flash attention)" in note for note in overridden.notes)
+
+
+def test_a_batch_that_splits_but_a_layout_that_does_not_says_so() -> None:
+    """DeepSeek-V3's 61 layers pinned to p = 8, v = 4 (32 virtual stages) on 1,024 GPUs: the batch
+    splits (b = 1, d = 64, m = 128), the layers do not (61 is prime; the uneven ends leave 59 for 30
+    middle stages): the message names the layout and the virtual degrees that work, not the batch."""
+    problem = api.make_problem("deepseek-v3", "h100:1024", global_batch_size=8192)
+    opts = {"tensor_parallel": 2, "pipeline_parallel": 8, "virtual_pipeline": 4, "expert_parallel": 64,
+            "microbatch_size": 1, "uneven_stages": True, "schedules": "interleaved-1f1b"}
+    with pytest.raises(InfeasibleError, match=r"no layer layout of 61 decoder layers over pipeline_parallel=8 x "
+                                              r"virtual_pipeline=4 = 32 virtual stages.*itself splits \(b=1, d=64\)"
+                                              r"\. Use virtual_pipeline in \[1, 2, 3, 5, 6, 7\]"):
+        ptdp.solve(problem, options=opts)
