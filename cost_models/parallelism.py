@@ -138,7 +138,7 @@ def model_state_bytes_per_rank(
     if world % (etp * expert * pipeline):
         raise InvalidProblemError(
             f"world size t x p x d x c = {world} is not divisible by expert_tensor x expert x pipeline = "
-            f"{etp * expert * pipeline}; expert-parallel groups are carved out of the data-parallel ranks"
+            f"{etp * expert * pipeline}; expert-parallel groups are carved out of the t d c / etp ranks of a stage"
         )
     dense = moe.num_parameters(cfg) - experts
     dense_bytes = zero_state_bytes_per_rank(

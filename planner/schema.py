@@ -872,7 +872,8 @@ class Plan(_Frozen):
                             f"layer {i} ({self.model.layers[i].name}) has no recompute strategy "
                             f"{strategy!r}; it allows {sorted(self.model.layers[i].strategies())}"
                         )
-        _check_parallel_degrees(self.degrees, self.transformer)
+        etp = self.options.get("expert_tensor_parallel")
+        _check_parallel_degrees(self.degrees, self.transformer, etp if isinstance(etp, int) and etp >= 1 else None)
         self._check_recompute_modules()
         if self.schedule == "custom" and self.actions is None:
             raise ValueError("schedule 'custom' needs 'actions' (one list of actions per pipeline rank)")
@@ -912,7 +913,15 @@ class Plan(_Frozen):
         return tuple(self.chunk_of_virtual_stage(k)[0] for k in range(p * v))
 
 
-def _check_parallel_degrees(degrees: Degrees, cfg: TransformerConfig | None) -> None:
+def expert_group_ranks(degrees: Degrees, expert_tensor: int | None = None) -> int:
+    """Ranks of a pipeline stage the expert layers spread over, t d c / etp (Megatron-Core's MoE
+    parallel folding: the expert-parallel group may take the tensor ranks when the experts are not
+    tensor-split, ``expert_tensor`` 1; with the default etp = t it is the d x c data ranks)."""
+    etp = degrees.tensor if expert_tensor is None else expert_tensor
+    return max(1, degrees.tensor * degrees.data * degrees.context // etp)
+
+
+def _check_parallel_degrees(degrees: Degrees, cfg: TransformerConfig | None, expert_tensor: int | None = None) -> None:
     """Expert and context degrees the model can take (issue 15: bad input names the field and the fix)."""
     e, c = degrees.expert, degrees.context
     if e > 1:
@@ -923,10 +932,13 @@ def _check_parallel_degrees(degrees: Degrees, cfg: TransformerConfig | None) -> 
             raise ValueError(
                 f"transformer.num_experts={cfg.num_experts} is not divisible by degrees.expert={e}; "
                 f"use an expert-parallel degree that divides it, e.g. {ok[-1]}")
-        if (degrees.data * c) % e:
+        ranks = expert_group_ranks(degrees, expert_tensor)
+        if ranks % e:
             raise ValueError(
-                f"degrees.expert={e} must divide degrees.data x degrees.context = {degrees.data * c} "
-                "(expert-parallel groups are carved out of the data-parallel ranks)")
+                f"degrees.expert={e} must divide the {ranks} ranks the experts spread over: data x context = "
+                f"{degrees.data * c}, times tensor = {degrees.tensor} when the experts are not tensor-split "
+                f"(options.expert_tensor_parallel=1, Megatron-Core's MoE parallel folding; it is "
+                f"{expert_tensor or degrees.tensor} here); use an expert degree dividing {ranks}")
     if c > 1 and cfg is not None and cfg.seq_length % (2 * c):
         raise ValueError(
             f"transformer.seq_length={cfg.seq_length} is not divisible by 2 x degrees.context = {2 * c} (context "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.errors import InvalidProblemError
-from planner.schema import Action, Plan
+from planner.schema import Action, Plan, expert_group_ranks
 from planner.schema_io import MAX_PIPELINE_WORK
 
 __all__ = ["check_actions", "plan_defects", "validate_plan"]
@@ -74,11 +74,12 @@ def _device_defects(plan: Plan) -> list[str]:
             f"{f' x context {d.context}' if d.context > 1 else ''}) but its cluster {plan.cluster.name!r} has "
             f"{devices}; plan again for this cluster or use fewer stages or replicas"
         )
-    if d.expert > d.data * d.context:
-        out.append(f"degrees.expert={d.expert} exceeds data x context = {d.data * d.context}: experts are split over "
-                   "the data-parallel (and context) ranks; use an expert degree dividing data x context")
-    elif (d.data * d.context) % d.expert:
-        out.append(f"degrees.expert={d.expert} must divide data x context = {d.data * d.context}")
+    etp = plan.options.get("expert_tensor_parallel")
+    ranks = expert_group_ranks(d, etp if isinstance(etp, int) and etp >= 1 else None)
+    if ranks % d.expert:
+        out.append(f"degrees.expert={d.expert} must divide the {ranks} ranks the experts spread over (data x context"
+                   f"{', x tensor with expert_tensor_parallel=1' if ranks != d.data * d.context else ''}); use an "
+                   f"expert degree dividing {ranks}")
     return out
 
 

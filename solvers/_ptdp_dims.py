@@ -89,7 +89,9 @@ def context_degrees(cfg: TransformerConfig, devices: int, fixed: int | None, att
 
 
 def expert_degrees(cfg: TransformerConfig, dp_ranks: int, fixed: int | None) -> list[int]:
-    """e dividing the expert count and the d x c data-parallel ranks (the groups are carved out of them)."""
+    """e dividing the expert count and the ``dp_ranks`` = t d c / etp ranks the expert layers spread over
+    (the d x c data ranks at etp = t; with the experts whole, etp = 1, the tensor ranks too:
+    Megatron-Core's MoE parallel folding)."""
     if not cfg.is_moe:
         return [1]
     num_experts = int(cfg.num_experts or 0)

@@ -122,8 +122,8 @@ def enumerate_configs(search: Search, opts: Options, units: Units | None = None,
                 d = n // (t * c * p)
                 if search.global_batch_size % d or (fixed_d and fixed_d != d):
                     continue
-                for e in dims_mod.expert_degrees(cfg, d * c, opts.expert_parallel):
-                    for etp in dims_mod.expert_tensor_degrees(cfg, t, opts.expert_tensor_parallel):
+                for etp in dims_mod.expert_tensor_degrees(cfg, t, opts.expert_tensor_parallel):
+                    for e in dims_mod.expert_degrees(cfg, t * d * c // etp, opts.expert_parallel):
                         for z in dims_mod.zero_stages_for(stages, p, d * c,
                                                           overlap_grad_reduce=opts.overlap_grad_reduce):
                             base = model.Config(tensor=t, pipeline=p, data=d, virtual=1, microbatch_size=1,

@@ -40,12 +40,17 @@ def _pinned_conflict(search: Search, opts: Options) -> str | None:
     cfg, n = search.cfg, search.problem.cluster.num_devices
     e, c = opts.expert_parallel, opts.context_parallel or 1
     pipelines = [opts.pipeline_parallel or search.problem.num_stages or 1]
-    room = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in pipelines if n % (t * p) == 0})
-    if e is not None and e > 1 and not any(r % e == 0 and r % c == 0 for r in room):
-        return (f"option expert_parallel={e} must divide the data x context ranks d x c = n / (t p), which are "
-                f"{room} under the pinned degrees (tensor_parallel={opts.tensor_parallel}, pipeline_parallel="
-                f"{pipelines[0]}) on {n} devices of {cfg.name!r}; lower tensor_parallel or pipeline_parallel, or use "
-                f"an expert degree dividing {room[-1] if room else 1}")
+    rooms = {(n // (t * p), n // (p * etp)) for t in tensor_degrees(search, opts) for p in pipelines
+             if n % (t * p) == 0 for etp in dims_mod.expert_tensor_degrees(cfg, t, opts.expert_tensor_parallel)}
+    if e is not None and e > 1 and not any(expert % e == 0 and data % c == 0 for data, expert in rooms):
+        room = sorted({expert for _, expert in rooms})
+        return (f"option expert_parallel={e} must divide the ranks the expert layers spread over, t d c / etp = "
+                f"n / (p etp): the data x context ranks, and the tensor ranks too when the experts are not "
+                f"tensor-split (expert_tensor_parallel=1, Megatron-Core's MoE parallel folding); they are {room} "
+                f"under the pinned degrees (tensor_parallel={opts.tensor_parallel}, pipeline_parallel={pipelines[0]}, "
+                f"expert_tensor_parallel={opts.expert_tensor_parallel}) on {n} devices of {cfg.name!r}; lower "
+                f"pipeline_parallel or expert_tensor_parallel, or use an expert degree dividing "
+                f"{room[-1] if room else 1}")
     return None
 
 

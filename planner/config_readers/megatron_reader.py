@@ -17,6 +17,7 @@ import logging
 import re
 import shlex
 from pathlib import Path
+from typing import NoReturn
 
 from planner.config_readers.common import build_config, training_seq_length
 from planner.errors import InvalidProblemError
@@ -27,8 +28,16 @@ logger = logging.getLogger(__name__)
 _DENSE_PREFIX_RE = re.compile(r"^\(?\[0\]\*(\d+)\s*\+\s*\[1\]\*(\d+)\)?$")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Megatron-LM's flags, whose parse errors become ``InvalidProblemError`` (exit 2, the flag named)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InvalidProblemError(f"Megatron-LM arguments: {message} (a negative value takes --flag=VALUE, "
+                                  f"e.g. --window-size=-1,0)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p = _Parser(add_help=False, allow_abbrev=False)
     for flag in (
         "--num-layers",
         "--hidden-size",
@@ -182,9 +191,11 @@ def _window_fields(args: argparse.Namespace) -> dict[str, object]:
         left, right = (int(x) for x in parts)
     except ValueError:
         raise InvalidProblemError(f"--window-size {args.window_size!r}: write LEFT,RIGHT, e.g. 127,0") from None
+    if left == -1 and right in (-1, 0):  # Megatron's "infinite" window: full (causal) attention
+        return {}
     if right != 0 or left < 0:
         raise InvalidProblemError(f"--window-size {args.window_size!r}: paraplan models causal windows only "
-                                  f"(RIGHT 0, LEFT >= 0)")
+                                  f"(RIGHT 0, LEFT >= 0; -1,0 is full attention)")
     fields: dict[str, object] = {"sliding_window": left + 1}
     if args.window_attn_skip_freq is not None:
         try:

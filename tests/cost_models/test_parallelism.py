@@ -164,7 +164,7 @@ def test_deepseek_v3_states_on_its_published_layout() -> None:
     )
     with pytest.raises(InvalidProblemError, match="num_experts=256 is not divisible by expert=3"):
         par.model_state_bytes_per_rank(cfg, pipeline=16, data=3, expert=3)
-    with pytest.raises(InvalidProblemError, match="carved out of the data-parallel ranks"):
+    with pytest.raises(InvalidProblemError, match="carved out of the t d c / etp ranks of a stage"):
         par.model_state_bytes_per_rank(cfg, pipeline=16, data=2, expert=8)
 
 

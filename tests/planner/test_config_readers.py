@@ -248,3 +248,30 @@ def test_model_info_reports_the_windows(capsys) -> None:
     assert (info["sliding_window"], info["global_attention_every"], info["windowed_layers"]) == (128, 2, 18)
     assert "windowed_layers" not in api.model_info("llama3-8b")
     assert main(["model-info", "gpt-oss-120b"]) == 0 and "windowed_layers                    18" in capsys.readouterr().out
+
+
+def test_megatron_window_flags(tmp_path) -> None:
+    """--window-size LEFT,RIGHT (causal: RIGHT 0) and --window-attn-skip-freq N read back as the
+    window LEFT + 1 and one global layer every N; -1,0 is Megatron's infinite window (full attention);
+    a bidirectional window, a skip frequency without a window or as a list are refused by name."""
+    from planner.config_readers.megatron_reader import read_megatron_args
+
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --vocab-size 1000 "
+
+    def read(extra: str):
+        path = tmp_path / "args.sh"
+        path.write_text(base + extra)
+        return read_megatron_args(path)
+
+    cfg = read("--window-size 127,0 --window-attn-skip-freq 2")
+    assert (cfg.sliding_window, cfg.global_attention_every, cfg.windowed_layers) == (128, 2, 2)
+    assert read("--window-size (4095,0)").sliding_window == 4096
+    assert read("--window-size=-1,0").sliding_window is None
+    for extra, needle in (("--window-size 127,5", "causal windows only"),
+                          ("--window-size -1,0", "expected one argument"),
+                          ("--num-layers x", "--num-layers: invalid int value"),
+                          ("--window-attn-skip-freq 2", "needs --window-size"),
+                          ("--window-size 127,0 --window-attn-skip-freq [1,0,1,0]", "write an integer N"),
+                          ("--window-size x", "write LEFT,RIGHT")):
+        with pytest.raises(InvalidProblemError, match=needle.replace("(", r"\(").replace("[", r"\[")):
+            read(extra)

@@ -428,10 +428,14 @@ def test_overlap_options_hide_what_the_other_microbatch_computes() -> None:
 
 
 def test_pinned_expert_degree_without_room_says_which_degrees_leave_it(capsys) -> None:
+    """t = 8 on 8 GPUs leaves one data rank: experts split over the 8 tensor ranks (etp = 8) have no
+    room for e = 8; whole experts (etp = 1) could fold e over the tensor ranks, and the message says so."""
     code = main(["plan", "--model", "mixtral-8x7b", "--cluster", "h100:8", "--global-batch", "64", "--solver", "ptdp",
-                 "--option", "expert_parallel=8", "--option", "tensor_parallel=8", "--no-offload"])
+                 "--option", "expert_parallel=8", "--option", "tensor_parallel=8", "--option",
+                 "expert_tensor_parallel=8", "--no-offload"])
     err = capsys.readouterr().err
-    assert code == 3 and "expert_parallel=8 must divide the data x context ranks" in err and "[1]" in err
+    assert code == 3 and "expert_parallel=8 must divide the ranks the expert layers spread over" in err
+    assert "they are [1]" in err and "expert_tensor_parallel=1, Megatron-Core's MoE parallel folding" in err
 
 
 def test_pinned_end_stage_layers_follow_megatrons_flags() -> None:
