@@ -54,6 +54,8 @@ class Fp8Row:
     precision: str = "fp8-cs"
     """``fp8-cs`` (current scaling, NeMo 25.02 on) or ``fp8`` (delayed scaling, NeMo 24.07)."""
     source: str = "megatron-bridge"
+    dispatcher: str = "alltoall"
+    """ptdp's ``moe_dispatcher``: ``deepep`` where the recipe runs Megatron's flex dispatcher."""
 
 
 BRIDGE_ROWS = [
@@ -82,6 +84,17 @@ BLACKWELL_ROWS = [
 that ptdp can force. Left out: GB200's Llama 3 70B and 405B rows, whose recipes run Megatron-FSDP with
 ``cpu_offloading_num_layers`` (activations of 40 of the 70B's 80 layers offloaded to Grace memory),
 which paraplan does not cost (it would recompute instead: -20 to -27 %)."""
+
+MOE_ROWS = [
+    Fp8Row("25.09", "deepseek-v3", 1024, 8192, 2, 8, 1, 2, False, 1297.0, seq=4096, ep=64, dispatcher="deepep",
+           source="megatron-bridge-moe"),
+]
+"""Held out: the DGX-H100 DeepSeek-V3 row of the 25.09 table (dropless, force-balanced routing), FP8
+current scaling as the table's headline figure; the recipe (``DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1``)
+runs the flex dispatcher on HybridEP (node-deduplicated: ``deepep``), recompute modules mla_up_proj and
+mlp, and v = 4 with the layout 'Et|(tt|)*30mL', whose last virtual stage holds no decoder layer (the
+multi-token-prediction module and the loss); paraplan's layouts give every virtual stage a layer, so
+the row is forced at v = 2."""
 
 NEMO_ROWS = [
     # NeMo 24.07, DGX-H100, FP8 with delayed scaling (Transformer Engine's recipe of the time)
@@ -118,8 +131,8 @@ ASSUMED = ("FP8 with current scaling (fp8-cs) on every row; ZeRO-1 (distributed 
 
 def bridge_options(row: Fp8Row) -> dict[str, object]:
     """The ptdp options that pin a row's published configuration (bench/fidelity_bridge.py's forcing)."""
-    return forced_options(row.model, tp=row.tp, pp=row.pp, vp=row.vp, mbs=row.mbs, cp=row.cp, ep=row.ep,
-                          zero_stage=3 if row.fsdp else 1)
+    return {**forced_options(row.model, tp=row.tp, pp=row.pp, vp=row.vp, mbs=row.mbs, cp=row.cp, ep=row.ep,
+                             zero_stage=3 if row.fsdp else 1), "moe_dispatcher": row.dispatcher}
 
 
 def h100(gpus: int, fraction: float | None = None, precision: str = "fp8-cs") -> Cluster:
@@ -267,6 +280,11 @@ def fp8_rows(fraction: float | None = None) -> list[dict[str, object]]:
             + torchtitan_h200_rows(fraction))
 
 
+def moe_rows() -> list[dict[str, object]]:
+    """The held-out Megatron-Bridge MoE FP8 rows."""
+    return [bridge_row(r) for r in MOE_ROWS]
+
+
 def blackwell_and_nemo_rows() -> list[dict[str, object]]:
     """The held-out Megatron-Bridge Blackwell rows and the NeMo performance-summary rows."""
     return [bridge_row(r) for r in BLACKWELL_ROWS + NEMO_ROWS]
@@ -308,7 +326,7 @@ def main() -> None:
     if "--fit" in sys.argv:
         print(f"fitted fp8_gemm_max_fraction on the Megatron-Bridge rows: {fit_fraction()}")
         return
-    rows, held = fp8_rows(), blackwell_and_nemo_rows()
+    rows, held = fp8_rows(), blackwell_and_nemo_rows() + moe_rows()
     print(f"assumed where the tables are silent: {ASSUMED}")
     for source, (mean, mean_abs, worst, n) in summary(rows).items():
         print(f"{source}: {n} rows, mean error {100 * mean:+.1f}%, mean |error| {100 * mean_abs:.1f}%, "

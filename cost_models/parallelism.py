@@ -232,6 +232,52 @@ def expert_alltoall_bytes_per_rank(
     return tokens_per_rank * experts_per_token * hidden_size * element_bytes * (e - 1) / e
 
 
+def expected_nodes_per_token(*, num_experts: int, experts_per_token: int, nodes: int,
+                             router_groups: int | None = None, router_group_topk: int | None = None) -> float:
+    """Distinct nodes one token's k experts sit on, on average, with the E experts spread evenly over
+    the nodes of the expert-parallel group (E / N each) and uniform routing: N (1 - C(E - E/N, k) / C(E, k)).
+    Group-limited routing (DeepSeek-V3: the k experts come from ``router_group_topk`` of
+    ``router_groups`` contiguous groups, Sec. 2.1.2 of its report) caps it at the nodes those groups
+    cover, N (1 - C(G - G/N, g) / C(G, g)) when the groups split evenly over the nodes."""
+    if nodes <= 1:
+        return 1.0
+    per = num_experts // nodes
+    k = min(experts_per_token, num_experts)
+    untouched = math.comb(num_experts - per, k) / math.comb(num_experts, k) if num_experts - per >= k else 0.0
+    out = nodes * (1 - untouched)
+    groups, g = router_groups, router_group_topk
+    if groups and g and groups % nodes == 0 and g <= groups:
+        per_group = groups // nodes
+        none = math.comb(groups - per_group, g) / math.comb(groups, g) if groups - per_group >= g else 0.0
+        out = min(out, nodes * (1 - none))
+    return out
+
+
+def deduplicated_alltoall_bytes_per_rank(
+    *,
+    tokens_per_rank: int,
+    hidden_size: int,
+    experts_per_token: int,
+    expert_parallel: int,
+    ranks_per_node: int,
+    nodes_per_token: float,
+    element_bytes: int = 2,
+) -> tuple[float, float]:
+    """(NVLink bytes, network bytes) one rank sends in one dispatch of a node-deduplicating dispatcher
+    (DeepEP's normal kernels, Megatron's flex dispatcher with its deepep/hybridep backends): a token
+    crosses the network once per distinct remote node holding one of its experts, to the GPU of the
+    same local index there, which forwards it over NVLink to the GPUs holding its experts; copies for
+    the sender's own node go over NVLink directly. Per rank: network tokens x D (N - 1) / N x h,
+    NVLink tokens x k x (G - 1) / G x h with G ranks per node (e when the group fits one node:
+    (e - 1) / e, the plain all-to-all's share). Combine sends the same back."""
+    e, g = expert_parallel, max(1, min(ranks_per_node, expert_parallel))
+    nodes = max(1, e // g)
+    row = tokens_per_rank * hidden_size * element_bytes
+    nvlink = row * experts_per_token * (g - 1) / g
+    network = row * nodes_per_token * (nodes - 1) / nodes if nodes > 1 else 0.0
+    return nvlink, network
+
+
 def expert_load_time_factor(*, load_balance_factor: float, capacity_factor: float | None = None) -> float:
     """Slowdown of the expert computation from routing imbalance: the busiest expert's tokens over the
     mean (>= 1). With a capacity factor C (Switch Sec. 2.2) the busiest expert processes at most C x

@@ -237,7 +237,7 @@ def _megatron_export(plan: Plan) -> _MegatronExport:
     export.add("--micro-batch-size", plan.microbatch_size)
     export.add("--global-batch-size", plan.global_batch_size)
     if plan.transformer is not None:
-        model_flags(plan.transformer, export)
+        model_flags(plan.transformer, export, str(plan.options.get("moe_dispatcher", "alltoall")))
         _recompute_flags(plan, export)
     if plan.schedule in _SCHEDULE_NOTES:
         export.warnings.append(_SCHEDULE_NOTES[plan.schedule])

@@ -51,8 +51,9 @@ def parallel_flags(plan: Plan, export: _Export) -> None:
         export.add("--data-parallel-sharding-strategy", "optim_grads_params")
 
 
-def model_flags(cfg: TransformerConfig, export: _Export) -> None:
-    """The model's shape and settings, nothing the config states left at Megatron's default."""
+def model_flags(cfg: TransformerConfig, export: _Export, dispatcher: str = "alltoall") -> None:
+    """The model's shape and settings, nothing the config states left at Megatron's default;
+    ``dispatcher``: the plan's expert token dispatcher (ptdp's ``moe_dispatcher``)."""
     export.add("--num-layers", cfg.num_layers)
     export.add("--hidden-size", cfg.hidden_size)
     export.add("--ffn-hidden-size", cfg.ffn_size)
@@ -88,7 +89,7 @@ def model_flags(cfg: TransformerConfig, export: _Export) -> None:
         export.add("--window-size", f"{cfg.sliding_window - 1},0")
         if cfg.global_attention_every:
             export.add("--window-attn-skip-freq", cfg.global_attention_every)
-    _moe_flags(cfg, export)
+    _moe_flags(cfg, export, dispatcher)
     _mla_flags(cfg, export)
     if cfg.dtype in ("bf16", "fp16"):
         export.add(f"--{cfg.dtype}")
@@ -120,7 +121,7 @@ def _rope_scaling_flags(cfg: TransformerConfig, export: _Export) -> None:
     )
 
 
-def _moe_flags(cfg: TransformerConfig, export: _Export) -> None:
+def _moe_flags(cfg: TransformerConfig, export: _Export, dispatcher: str = "alltoall") -> None:
     if cfg.num_experts is None:
         return
     export.add("--num-experts", cfg.num_experts)
@@ -141,7 +142,11 @@ def _moe_flags(cfg: TransformerConfig, export: _Export) -> None:
     if cfg.router_num_groups is not None:
         export.add("--moe-router-num-groups", cfg.router_num_groups)
         export.add("--moe-router-group-topk", cfg.router_group_topk)
-    export.add("--moe-token-dispatcher-type", "alltoall")
+    if dispatcher == "deepep":  # Megatron's flex dispatcher on DeepEP (node-deduplicated dispatch)
+        export.add("--moe-token-dispatcher-type", "flex")
+        export.add("--moe-flex-dispatcher-backend", "deepep")
+    else:
+        export.add("--moe-token-dispatcher-type", "alltoall")
     if cfg.capacity_factor is not None:
         export.add("--moe-expert-capacity-factor", cfg.capacity_factor)
 

@@ -30,6 +30,8 @@ from cost_models.compute import collective_sm_share
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 from cost_models.memory import GRAD_BYTES_PER_PARAM, zero_static_scale
 from cost_models.parallelism import (
+    deduplicated_alltoall_bytes_per_rank,
+    expected_nodes_per_token,
     expert_alltoall_bytes_per_rank,
     expert_load_time_factor,
     ring_attention_exposed_s,
@@ -213,7 +215,8 @@ def profile_config(cfg: TransformerConfig, context: int) -> TransformerConfig:
 
 def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Cluster, dims: Dims, *,
                        microbatch_size: int, moe_layer: bool, load_balance_factor: float = 1.0,
-                       per_operation: bool = True, overlap_moe_alltoall: bool = False) -> LayerProfile:
+                       per_operation: bool = True, overlap_moe_alltoall: bool = False,
+                       moe_dispatcher: str = "alltoall") -> LayerProfile:
     """A decoder layer profiled at (t, b) on s/c tokens, with the context, expert and ZeRO-3 terms.
     ``per_operation``: the layer comes from the per-operation model (GEMM shapes matter); a flat-efficiency
     layer keeps the experts' time (same FLOPs at the same rate)."""
@@ -238,7 +241,7 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         delta = expert_params_delta(cfg, dims)
         static += ADAM_BYTES_PER_PARAM * delta
         params += element_bytes(cfg) * delta
-        a2a = alltoall_s(cfg, cluster, dims, microbatch_size)
+        a2a = alltoall_s(cfg, cluster, dims, microbatch_size, moe_dispatcher)
         regroup = expert_gemm_delta_s(cfg, cluster, dims, microbatch_size) if per_operation else (0.0, 0.0, 0.0)
         imbalance = 0.0
         if dims.expert > 1:  # the busiest expert rank sets the pace; one rank holding all experts does not wait
@@ -305,19 +308,39 @@ def ring_exposed_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microba
                                      context_parallel=c))
 
 
-def alltoall_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_size: int) -> float:
+MOE_DISPATCHERS = ("alltoall", "deepep")
+"""Expert token dispatchers: ``alltoall`` sends every (token, expert) copy (Megatron's alltoall
+dispatcher); ``deepep`` sends a token once per distinct remote node and forwards it over NVLink there
+(DeepEP's normal kernels; Megatron's flex dispatcher, deepep and hybridep backends)."""
+
+
+def alltoall_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_size: int,
+               dispatcher: str = "alltoall") -> float:
     """One dispatch (or combine) all-to-all of an MoE layer: each rank sends its b s/(c t) tokens x k
     copies, (e-1)/e of them to other expert ranks (ranks etp apart); the in-node and the off-node shares
-    run at once, each on its link (NVLink; one NIC per GPU)."""
+    run at once, each on its link (NVLink; one NIC per GPU). ``deepep``: the network carries each token
+    once per distinct remote node (``parallelism.deduplicated_alltoall_bytes_per_rank``)."""
     e = dims.expert
     if e == 1:
         return 0.0
     tokens = microbatch_size * cfg.seq_length // (dims.context * dims.tensor)
-    total = expert_alltoall_bytes_per_rank(tokens_per_rank=tokens, hidden_size=cfg.hidden_size,
-                                           experts_per_token=int(cfg.experts_per_token or 1), expert_parallel=e,
-                                           element_bytes=element_bytes(cfg))
+    k = int(cfg.experts_per_token or 1)
     fraction = _collective_fraction(cluster)
     per_node = max(1, min(e, cluster.devices_per_node // dims.expert_tensor))
+    if dispatcher == "deepep":
+        nodes = max(1, e // per_node)
+        reach = expected_nodes_per_token(num_experts=int(cfg.num_experts or 1), experts_per_token=k, nodes=nodes,
+                                         router_groups=cfg.router_num_groups, router_group_topk=cfg.router_group_topk)
+        nvlink, network = deduplicated_alltoall_bytes_per_rank(
+            tokens_per_rank=tokens, hidden_size=cfg.hidden_size, experts_per_token=k, expert_parallel=e,
+            ranks_per_node=per_node, nodes_per_token=reach, element_bytes=element_bytes(cfg))
+        intra = nvlink / (float(cluster.intra_node_bytes_per_s or 1.0) * fraction)
+        inter = network / (float(cluster.inter_node_bytes_per_s or 1.0) * fraction)
+        latency = cluster.inter_node_latency_s if per_node < e else cluster.intra_node_latency_s
+        return latency + max(intra, inter)
+    total = expert_alltoall_bytes_per_rank(tokens_per_rank=tokens, hidden_size=cfg.hidden_size,
+                                           experts_per_token=k, expert_parallel=e,
+                                           element_bytes=element_bytes(cfg))
     intra_share = (per_node - 1) / (e - 1)
     intra = total * intra_share / (float(cluster.intra_node_bytes_per_s or 1.0) * fraction)
     inter = total * (1 - intra_share) / (float(cluster.inter_node_bytes_per_s or 1.0) * fraction)

@@ -168,7 +168,8 @@ class ProfileSettings:
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
                settings: ProfileSettings, dims: dims_mod.Dims | None = None,
-               load_balance_factor: float = 1.0, overlap_moe_alltoall: bool = False) -> UnitCosts:
+               load_balance_factor: float = 1.0, overlap_moe_alltoall: bool = False,
+               moe_dispatcher: str = "alltoall") -> UnitCosts:
     """Layer costs at (t, b) and the degrees beyond (``dims``, default none) from a copy of the model
     with one block of each kind (per-layer costs do not depend on the number of layers, and a short
     model keeps the search fast)."""
@@ -182,7 +183,8 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
     )
     layers = profile.layers
     kw = {"microbatch_size": microbatch_size, "load_balance_factor": load_balance_factor,
-          "per_operation": profile.source == "analytic", "overlap_moe_alltoall": overlap_moe_alltoall}
+          "per_operation": profile.source == "analytic", "overlap_moe_alltoall": overlap_moe_alltoall,
+          "moe_dispatcher": moe_dispatcher}
     dense = dims_mod.decoder_at_degrees(layers[1], cfg, cluster, dims, moe_layer=cfg.is_moe and fd == 0, **kw)
     moe_dec = None
     experts = 0.0

@@ -93,6 +93,10 @@ class Options:
     overlap_moe_alltoall: bool = False
     """Hide one microbatch's expert all-to-alls under another's compute of the layer (Megatron's
     --overlap-moe-expert-parallel-comm, DualPipe's pairing)."""
+    moe_dispatcher: str = "alltoall"
+    """Expert token dispatcher: 'alltoall' sends every (token, expert) copy (Megatron's alltoall
+    dispatcher); 'deepep' sends a token once per distinct remote node and forwards it over NVLink there
+    (DeepEP; Megatron's flex dispatcher, --moe-flex-dispatcher-backend deepep or hybridep)."""
     efficiency_by_microbatch: str | None = None
     """Per-b efficiencies, e.g. '1:0.40,2:0.46,4:0.5' (Eq. 4.1 needs t_f(b), L3902-3932); only
     the listed b are searched."""
@@ -198,7 +202,7 @@ def unit_cache(search: Search, opts: Options) -> Callable[[model.Config], model.
         if key not in cache:
             cache[key] = model.unit_costs(search.cfg, search.problem.cluster, c.tensor, c.microbatch_size,
                                           _settings(search, c.microbatch_size), c.dims, opts.load_balance_factor,
-                                          opts.overlap_moe_alltoall)
+                                          opts.overlap_moe_alltoall, opts.moe_dispatcher)
         return cache[key]
 
     return units
@@ -284,6 +288,10 @@ def _check_options(opts: Options, cfg: TransformerConfig) -> None:
         raise InvalidProblemError(f"option optimizer='deepspeed-bf16' needs zero_stage=0 or 1 (got "
                                   f"{opts.zero_stage!r}): DeepSpeed's pipeline engine runs BF16 only up to ZeRO-1")
     _csv(opts.recompute, RECOMPUTE, "recompute")
+    if opts.moe_dispatcher not in dims_mod.MOE_DISPATCHERS:
+        raise InvalidProblemError(
+            f"option moe_dispatcher={opts.moe_dispatcher!r} of solver 'ptdp' must be one of "
+            f"{list(dims_mod.MOE_DISPATCHERS)} ('deepep': Megatron's flex dispatcher with DeepEP or HybridEP)")
     if opts.efficiency is not None and not 0 < opts.efficiency <= 1:
         raise InvalidProblemError(f"option efficiency={opts.efficiency} must be in (0, 1]; PTD-P reaches 0.44-0.52")
     for key in ("tensor_parallel", "microbatch_size", "num_simulated", "num_candidates"):

@@ -78,6 +78,7 @@ _STR = {
     "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
     "--moe-layer-freq": "moe_layer_freq",
     "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
+    "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
     "--data-parallel-sharding-strategy": None,
     "--rope-type": "rope_type",
     "--moe-router-score-function": "moe_router_score_function",

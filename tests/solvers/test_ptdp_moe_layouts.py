@@ -1,0 +1,109 @@
+"""MoE layouts in the ``ptdp`` search.
+
+- Megatron-Core's MoE parallel folding: with the experts whole (expert tensor parallelism 1) the
+  expert-parallel group may take the tensor ranks as well as the data ranks, so e divides t d c / etp
+  instead of d c (Qwen3-235B-A22B on 256 H100: t = 2, p = 8, d = 16, e = 32, as Megatron-Bridge's
+  recipe runs it). Plans check the rule with the plan's own etp, and the Megatron export builds
+  megatron-core's expert rank generator.
+- The expert token dispatcher: node-deduplicated (DeepEP, Megatron's flex dispatcher) against one
+  copy per (token, expert), costed, simulated and exported."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import api
+from planner.errors import InfeasibleError, InvalidProblemError
+from planner.schema import Plan
+from solvers import ptdp
+
+OPTIONS = {"tensor_parallel": 2, "pipeline_parallel": 8, "virtual_pipeline": 4, "expert_parallel": 32,
+           "microbatch_size": 1, "recompute": "none,modules", "schedules": "interleaved-1f1b"}
+
+
+@pytest.fixture(scope="module")
+def folded() -> Plan:
+    problem = api.make_problem("qwen3-235b-a22b", "h100:256", global_batch_size=2048, precision="fp8-cs")
+    return ptdp.solve(problem, options=OPTIONS)
+
+
+def test_expert_group_takes_the_tensor_ranks(folded: Plan) -> None:
+    """d = 16 data ranks, e = 32: only the folded layout (etp = 1, 2 x 16 / 1 = 32 ranks) exists."""
+    d = folded.degrees
+    assert (d.tensor, d.pipeline, d.data, d.expert) == (2, 8, 16, 32)
+    assert folded.options["expert_tensor_parallel"] == 1
+
+
+def test_experts_split_like_the_dense_layers_cannot_fold() -> None:
+    """etp = t = 2 leaves the experts the d x c = 16 data ranks: e = 32 is refused, naming the fix."""
+    problem = api.make_problem("qwen3-235b-a22b", "h100:256", global_batch_size=2048)
+    with pytest.raises(InfeasibleError, match=r"expert_parallel=32 must divide the ranks the expert layers spread "
+                                              r"over.*they are \[16\].*expert_tensor_parallel=2"):
+        ptdp.solve(problem, options={**OPTIONS, "expert_tensor_parallel": 2})
+
+
+def test_plan_checks_the_rule_with_its_own_etp(folded: Plan) -> None:
+    """The same plan without its etp option (Megatron's default etp = t) is not a valid plan."""
+    data = folded.model_dump(mode="json")
+    Plan.model_validate(data)
+    data["options"] = {k: v for k, v in data["options"].items() if k != "expert_tensor_parallel"}
+    with pytest.raises(ValueError, match=r"degrees.expert=32 must divide the 16 ranks the experts spread over"):
+        Plan.model_validate(data)
+
+
+def test_megatron_core_builds_the_folded_expert_groups(folded: Plan) -> None:
+    pytest.importorskip("megatron.core")
+    from planner.export import to_megatron_args
+    from tests.planner.megatron_check import parse, validate
+
+    argv = to_megatron_args(folded)
+    args = parse(argv)
+    assert args["--expert-model-parallel-size"] == 32 and args["--expert-tensor-parallel-size"] == 1
+    built = validate(argv, world_size=256)
+    assert built["data_parallel_size"] == 16 and built["transformer"].expert_model_parallel_size == 32
+
+
+def test_the_runtime_bridge_refuses_folding_by_name(folded: Plan) -> None:
+    pytest.importorskip("torch")
+    from runtime_bridge.validate import check_plan
+
+    with pytest.raises(InvalidProblemError, match=r"degrees.expert=32 must divide degrees.data x degrees.context"):
+        check_plan(folded, folded.transformer)
+
+
+@pytest.fixture(scope="module")
+def deepseek_plans() -> dict[str, Plan]:
+    """DeepSeek-V3 on 1,024 H100 (t 2, p 8, v 2, e 64: 8 nodes per expert group) under both dispatchers."""
+    problem = api.make_problem("deepseek-v3", "h100:1024", global_batch_size=8192, precision="fp8-cs")
+    opts = {"tensor_parallel": 2, "pipeline_parallel": 8, "virtual_pipeline": 2, "expert_parallel": 64,
+            "microbatch_size": 1, "recompute": "none,modules", "schedules": "interleaved-1f1b"}
+    return {d: ptdp.solve(problem, options={**opts, "moe_dispatcher": d}) for d in ("alltoall", "deepep")}
+
+
+def test_node_deduplicated_dispatch_is_faster_across_nodes(deepseek_plans: dict[str, Plan]) -> None:
+    """Each token crosses InfiniBand to at most 4 nodes (group-limited routing) instead of 8 x 7/8
+    copies: the plan is faster, the plan records its dispatcher, and the simulator agrees."""
+    plain, dedup = deepseek_plans["alltoall"], deepseek_plans["deepep"]
+    assert dedup.predicted.iteration_time_s < 0.8 * plain.predicted.iteration_time_s
+    assert dedup.options["moe_dispatcher"] == "deepep"
+    assert api.simulate(dedup).iteration_time_s == pytest.approx(dedup.predicted.iteration_time_s, rel=1e-9)
+
+
+def test_megatron_export_of_the_flex_dispatcher(deepseek_plans: dict[str, Plan]) -> None:
+    pytest.importorskip("megatron.core")
+    from planner.export import to_megatron_args
+    from tests.planner.megatron_check import parse, validate
+
+    argv = to_megatron_args(deepseek_plans["deepep"])
+    args = parse(argv)
+    assert args["--moe-token-dispatcher-type"] == "flex" and args["--moe-flex-dispatcher-backend"] == "deepep"
+    cfg = validate(argv, world_size=1024)["transformer"]
+    assert cfg.moe_token_dispatcher_type == "flex" and cfg.moe_flex_dispatcher_backend == "deepep"
+    assert parse(to_megatron_args(deepseek_plans["alltoall"]))["--moe-token-dispatcher-type"] == "alltoall"
+
+
+def test_an_unknown_dispatcher_is_refused() -> None:
+    problem = api.make_problem("mixtral-8x7b", "h100:8", global_batch_size=64)
+    with pytest.raises(InvalidProblemError, match=r"moe_dispatcher='nccl' of solver 'ptdp' must be one of "
+                                                  r"\['alltoall', 'deepep'\]"):
+        ptdp.solve(problem, options={"moe_dispatcher": "nccl"})
