@@ -86,15 +86,15 @@ that ptdp can force. Left out: GB200's Llama 3 70B and 405B rows, whose recipes 
 which paraplan does not cost (it would recompute instead: -20 to -27 %)."""
 
 MOE_ROWS = [
-    Fp8Row("25.09", "deepseek-v3", 1024, 8192, 2, 8, 1, 2, False, 1297.0, seq=4096, ep=64, dispatcher="deepep",
+    Fp8Row("25.09", "deepseek-v3", 1024, 8192, 2, 8, 1, 4, False, 1297.0, seq=4096, ep=64, dispatcher="deepep",
            source="megatron-bridge-moe"),
 ]
 """Held out: the DGX-H100 DeepSeek-V3 row of the 25.09 table (dropless, force-balanced routing), FP8
 current scaling as the table's headline figure; the recipe (``DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1``)
 runs the flex dispatcher on HybridEP (node-deduplicated: ``deepep``), recompute modules mla_up_proj and
-mlp, and v = 4 with the layout 'Et|(tt|)*30mL', whose last virtual stage holds no decoder layer (the
-multi-token-prediction module and the loss); paraplan's layouts give every virtual stage a layer, so
-the row is forced at v = 2."""
+mlp, and v = 4 with the layout 'Et|(tt|)*30mL' (the last virtual stage holds the multi-token-prediction
+module and the loss); ptdp's near-even layout of the 61 layers over the 32 virtual stages is 1, 2 x 29,
+1, 1."""
 
 NEMO_ROWS = [
     # NeMo 24.07, DGX-H100, FP8 with delayed scaling (Transformer Engine's recipe of the time)

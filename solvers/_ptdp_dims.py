@@ -48,6 +48,10 @@ parallelism from 8K tokens reflects."""
 ZERO_STAGES = (0, 1, 2, 3)
 MAX_UNEVEN_CHUNKS = 8
 """Largest interleaving factor searched for layer counts that p v does not divide (uneven end chunks)."""
+NEAR_EVEN = (-1, -1)
+"""``ends`` of the near-even layout: every virtual stage ``l // (p v)`` layers and the remaining ones
+one each to the middle stages, in order (Megatron's ``--pipeline-model-parallel-layout``; e.g.
+DeepSeek-V3's 61 layers on 32 virtual stages: 1, 2 x 29, 1, 1)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,13 +131,15 @@ def zero_stages_for(stages: tuple[int, ...], pipeline: int, dp_ranks: int, *,
 
 
 def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_layers: float, head_layers: float,
-                  uneven: bool, fixed: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+                  uneven: bool, fixed: tuple[int, int] | None = None, near_even: bool = False) -> list[tuple[int, int]]:
     """(first, last) decoder layers of the first and last virtual stages; (0, 0) = Megatron's even
     split. Uneven ends are searched with p v >= 2 virtual stages: the split that balances the embedding
     and the output head against the decoder layers (``balanced_end_stage_layers`` over the p v virtual
     stages; Megatron's ``--decoder-first/last-pipeline-num-layers`` for 1F1B, its
     ``--pipeline-model-parallel-layout`` when interleaved). Pinned ends (``fixed``) are stage counts
-    (1F1B only)."""
+    (1F1B only). ``near_even``: also ``NEAR_EVEN`` where the layers do not split evenly (offered for a
+    pinned interleaving depth only: the closed form ranks its unequal chunks optimistically, by up to
+    7 % against the simulator for Llama 3 405B at v = 5-7)."""
     k = pipeline * virtual
     even = num_layers % k == 0
     if fixed is not None:
@@ -145,6 +151,9 @@ def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_lay
             split = _single_layer_ends(num_layers, k)
         if split is not None and (not even or len(set(split)) > 1):
             out.append((split[0], split[-1]))
+        if near_even and not even and k >= 3 and all(chunk_layer_counts(num_layers, pipeline, virtual, ends)
+                                       != chunk_layer_counts(num_layers, pipeline, virtual, NEAR_EVEN) for ends in out):
+            out.append(NEAR_EVEN)  # the end-plus-even-middle family cannot split l this evenly (l prime, ...)
     return out
 
 
@@ -180,10 +189,17 @@ def stage_layer_counts(num_layers: int, pipeline: int, ends: tuple[int, int]) ->
 
 
 def chunk_layer_counts(num_layers: int, pipeline: int, virtual: int, ends: tuple[int, int]) -> list[int]:
-    """Decoder layers per virtual stage (p v of them, model order): even, or the given first and last
-    virtual stages and an even middle."""
+    """Decoder layers per virtual stage (p v of them, model order): even, the given first and last
+    virtual stages and an even middle, or ``NEAR_EVEN``."""
     first, last = ends
     k = pipeline * virtual
+    if ends == NEAR_EVEN:
+        base, extra = divmod(num_layers, k)
+        counts = [base] * k
+        order = [*range(1, k - 1), k - 1, 0]  # the middle first, then the last, then the first stage
+        for i in order[:extra]:
+            counts[i] += 1
+        return counts
     if (first, last) == (0, 0):
         return [num_layers // k] * k
     if k == 2:

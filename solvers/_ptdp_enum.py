@@ -230,7 +230,7 @@ def _layouts(search: Search, opts: Options, u: model.UnitCosts, p: int, v: int) 
     layer = u.moe_decoder or u.decoder
     per_layer = layer.forward_s + layer.backward_s
     return dims_mod.stage_layouts(
-        search.cfg.num_layers, p, v, uneven=opts.uneven_stages, fixed=fixed,
+        search.cfg.num_layers, p, v, uneven=opts.uneven_stages, fixed=fixed, near_even=_fixed_chunks(search, opts) > 1,
         embedding_layers=(u.embedding.forward_s + u.embedding.backward_s) / per_layer,
         head_layers=(u.head.forward_s + u.head.backward_s) / per_layer)
 

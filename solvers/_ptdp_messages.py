@@ -99,17 +99,19 @@ def _layout_conflict(layers: int, p: int, v: int, n: int, t: int, batch: int, b:
         return None
 
     def laid_out(k_v: int) -> bool:
-        return bool(dims_mod.stage_layouts(layers, p, k_v, embedding_layers=1.0, head_layers=1.0, uneven=uneven))
+        return bool(dims_mod.stage_layouts(layers, p, k_v, embedding_layers=1.0, head_layers=1.0, uneven=uneven,
+                                           near_even=True))
 
     if laid_out(v):
         return None
     working = [k for k in range(1, dims_mod.MAX_UNEVEN_CHUNKS + 1) if k * p <= layers and laid_out(k)]
+    fix = ("set uneven_stages (lighter end stages or a near-even split, Megatron's "
+           "--pipeline-model-parallel-layout)" if not uneven else "use another pipeline degree")
     return (f"no layer layout of {layers} decoder layers over pipeline_parallel={p} x virtual_pipeline={v} = "
-            f"{p * v} virtual stages: an even split needs the layers divisible by p x v, and uneven_stages "
-            f"gives the two end stages fewer layers and the others an even share (Megatron's "
-            f"--decoder-first/last-pipeline-num-layers, or a layout string with ends of one layer); "
-            f"global_batch_size={batch} itself splits (b={b}, d={d}). Use virtual_pipeline in {working}"
-            + ("" if uneven else " or set uneven_stages") + ", or another pipeline degree")
+            f"{p * v} virtual stages: an even split needs the layers divisible by p x v"
+            f"{' and uneven_stages is off' if not uneven else ''}; global_batch_size={batch} itself splits "
+            f"(b={b}, d={d}). {fix[0].upper() + fix[1:]}"
+            + (f", or virtual_pipeline in {working}" if working else ""))
 
 
 def memory_message(search: Search, scored: list[tuple[model.Config, model.Estimate]]) -> str:

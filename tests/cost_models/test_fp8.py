@@ -174,12 +174,13 @@ def test_held_out_summary_by_system(held_out: list[dict[str, object]]) -> None:
 
 
 def test_deepseek_v3_on_h100_with_the_flex_dispatcher() -> None:
-    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 e 64, held out): -7.4 % with the
-    node-deduplicated dispatch the recipe runs (HybridEP), -33.5 % with one InfiniBand copy per
-    (token, expert); the memory model takes a heavier recompute set than the recipe's mla_up_proj + mlp."""
+    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 v 4 e 64, held out): -4.6 % with
+    the node-deduplicated dispatch the recipe runs (HybridEP) and the near-even layout of its 61 layers,
+    -31.8 % with one InfiniBand copy per (token, expert); recompute layernorm + mla_up_proj (the recipe:
+    mla_up_proj + mlp). At v = 2 (before the near-even layout) it was -7.4 % under a heavier recompute set."""
     bench = load_bench("fidelity_fp8")
     (row,) = bench.moe_rows()
-    assert float(row["error"]) == pytest.approx(-0.074, abs=0.005)
-    assert row["recompute"] == "moe_act+layernorm+mla_up_proj+mlp+shared_experts"
+    assert float(row["error"]) == pytest.approx(-0.046, abs=0.005)
+    assert row["recompute"] == "layernorm+mla_up_proj"
     plain = bench.bridge_row(dataclasses.replace(bench.MOE_ROWS[0], dispatcher="alltoall"))
-    assert float(plain["error"]) == pytest.approx(-0.335, abs=0.005)
+    assert float(plain["error"]) == pytest.approx(-0.318, abs=0.005)

@@ -467,14 +467,21 @@ def test_ptdp_takes_the_attention_kind_the_problem_was_built_with() -> None:
     assert any("(flash attention)" in note for note in overridden.notes)
 
 
-def test_a_batch_that_splits_but_a_layout_that_does_not_says_so() -> None:
-    """DeepSeek-V3's 61 layers pinned to p = 8, v = 4 (32 virtual stages) on 1,024 GPUs: the batch
-    splits (b = 1, d = 64, m = 128), the layers do not (61 is prime; the uneven ends leave 59 for 30
-    middle stages): the message names the layout and the virtual degrees that work, not the batch."""
+def test_a_prime_layer_count_gets_the_near_even_layout() -> None:
+    """DeepSeek-V3's 61 layers pinned to p = 8, v = 4 (32 virtual stages) on 1,024 GPUs, as
+    Megatron-Bridge's H100 recipe runs them: no even split and no end-plus-even-middle split exists
+    (61 is prime); with even splits only the message says so and names uneven_stages, with uneven
+    stages the near-even layout (1, 2 x 29, 1, 1 decoder layers) plans it, every rank within one layer
+    of the others."""
     problem = api.make_problem("deepseek-v3", "h100:1024", global_batch_size=8192)
     opts = {"tensor_parallel": 2, "pipeline_parallel": 8, "virtual_pipeline": 4, "expert_parallel": 64,
-            "microbatch_size": 1, "uneven_stages": True, "schedules": "interleaved-1f1b"}
-    with pytest.raises(InfeasibleError, match=r"no layer layout of 61 decoder layers over pipeline_parallel=8 x "
-                                              r"virtual_pipeline=4 = 32 virtual stages.*itself splits \(b=1, d=64\)"
-                                              r"\. Use virtual_pipeline in \[1, 2, 3, 5, 6, 7\]"):
+            "microbatch_size": 1, "uneven_stages": False, "schedules": "interleaved-1f1b"}
+    with pytest.raises(InfeasibleError, match=r"num_stages=8 x num_chunks=4 does not divide the 61 layers.*"
+                                              r"uneven_stages=true"):
         ptdp.solve(problem, options=opts)
+    plan = ptdp.solve(problem, options={**opts, "uneven_stages": True})
+    decoders = [sum(plan.model.layers[i].kind == "decoder" for i in range(*chunk.layers))
+                for chunk in plan.virtual_stages()]
+    assert decoders == [1, *[2] * 29, 1, 1]
+    per_rank = [sum(decoders[r::8]) for r in range(8)]
+    assert max(per_rank) - min(per_rank) <= 1

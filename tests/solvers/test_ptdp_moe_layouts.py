@@ -107,3 +107,21 @@ def test_an_unknown_dispatcher_is_refused() -> None:
     with pytest.raises(InvalidProblemError, match=r"moe_dispatcher='nccl' of solver 'ptdp' must be one of "
                                                   r"\['alltoall', 'deepep'\]"):
         ptdp.solve(problem, options={"moe_dispatcher": "nccl"})
+
+
+def test_the_near_even_layout_reaches_megatron_core() -> None:
+    """DeepSeek-V3 at p 8 v 4 on 1,024 GPUs (near-even: 1, 2 x 29, 1, 1 decoder layers) exports a
+    layout string that megatron-core's config accepts for 8 stages of 4 chunks."""
+    pytest.importorskip("megatron.core")
+    from planner.export import to_megatron_args
+    from tests.planner.megatron_check import parse, validate
+
+    problem = api.make_problem("deepseek-v3", "h100:1024", global_batch_size=8192)
+    plan = ptdp.solve(problem, options={"tensor_parallel": 2, "pipeline_parallel": 8, "virtual_pipeline": 4,
+                                        "expert_parallel": 64, "microbatch_size": 1, "moe_dispatcher": "deepep",
+                                        "schedules": "interleaved-1f1b"})
+    argv = to_megatron_args(plan)
+    layout = parse(argv)["--pipeline-model-parallel-layout"]
+    assert layout == "Et|" + "t*2|" * 29 + "t|" + "tL"
+    cfg = validate(argv, world_size=1024)["transformer"]
+    assert cfg.pipeline_model_parallel_size == 8 and cfg.virtual_pipeline_model_parallel_size == 4
