@@ -499,9 +499,13 @@ def pipeline_time_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: C
         return v_model.pipeline_s(u, cfg, c, send_s)
     work = rank_work_s(u, cfg, c)
     t_max, t_avg = max(work), math.fsum(work) / p
+    bubble = (p - 1) / v * t_avg
+    if c.ends == dims_mod.NEAR_EVEN:  # unequal chunks: the fill and drain run at the larger chunks' pace
+        counts = c.chunk_layers(cfg.num_layers)
+        bubble *= max(counts) * len(counts) / sum(counts)
     # Each microbatch waits on 2 v transfers per rank in the steady state and 2 (p - 1) more to fill
     # and drain the pipeline (Megatron's 1F1B sends are blocking).
-    return m * (t_max + 2 * v * send_s) + (p - 1) / v * t_avg + 2 * (p - 1) * send_s
+    return m * (t_max + 2 * v * send_s) + bubble + 2 * (p - 1) * send_s
 
 
 def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config, *,
