@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "BF16; docs/cost-model.md, FP8)")
     p.add_argument("--attention-kernel", metavar="FAMILY",
                    help="flash-attention kernel family the stack runs, one the device lists (A100: fa1, fa2; "
-                        "H100: fa1, fa2, fa3; B200/GB200: fa1, fa2, cudnn, fa4): fa1 FlashAttention and its "
+                        "H100: fa1, fa2, fa3, cudnn; B200/GB200: fa1, fa2, cudnn, fa4): fa1 FlashAttention and its "
                         "Triton port, fa2 FlashAttention-2 (PyTorch SDPA), fa3 FlashAttention-3 / cuDNN (the H100 "
                         "default), cudnn cuDNN fused attention (the Blackwell default), fa4 FlashAttention-4; "
                         "docs/cost-model.md, Attention core")

@@ -54,7 +54,7 @@ def test_family_rates_are_the_published_ones() -> None:
     FlashAttention-2 on both devices ("about 2x"); A100 FlashAttention-2 at 0.612."""
     h100, a100 = compute_constants(device_preset("h100")), compute_constants(device_preset("a100-80gb"))
     assert 3.5 / (1 / 648 + 2.5 / 561) / 989.4 == pytest.approx(h100.attention_fractions["fa3"], abs=0.005)
-    assert h100.attention_fractions == {"fa1": 0.175, "fa2": 0.35, "fa3": 0.59}
+    assert h100.attention_fractions == {"fa1": 0.175, "fa2": 0.35, "fa3": 0.59, "cudnn": 0.59}
     assert a100.attention_fractions == {"fa1": 0.306, "fa2": 0.612}
     for c in (h100, a100):
         assert c.attention_fractions["fa1"] == pytest.approx(c.attention_fractions["fa2"] / 2)

@@ -71,3 +71,11 @@ def test_blackwell_lists_cudnn_and_fa4_not_fa3(capsys) -> None:
     code = main(["plan", "--model", "llama3-8b", "--cluster", "b200:8", "--attention-kernel", "fa3"])
     assert code == 2
     assert "it lists: cudnn, fa1, fa2, fa4" in capsys.readouterr().err
+
+
+def test_cudnn_names_the_same_kernel_on_hopper() -> None:
+    """A Transformer Engine stack names its attention `cudnn` on Hopper and Blackwell alike; on H100 it
+    runs at FlashAttention-3's rate (the default), so the plan is the same."""
+    fa3, cudnn = _plan(), _plan("--attention-kernel", "cudnn")
+    assert cudnn["cluster"]["device"]["compute"]["attention_kernel"] == "cudnn"
+    assert cudnn["predicted"]["iteration_time_s"] == fa3["predicted"]["iteration_time_s"]
