@@ -23,7 +23,9 @@ Run from the repository root: ``PYTHONPATH=. .venv/bin/python bench/fidelity_fp8
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from planner import api
 from planner.schema import Cluster, Device
@@ -135,11 +137,6 @@ def bridge_options(row: Fp8Row) -> dict[str, object]:
                              zero_stage=3 if row.fsdp else 1), "moe_dispatcher": row.dispatcher}
 
 
-def h100(gpus: int, fraction: float | None = None, precision: str = "fp8-cs") -> Cluster:
-    """``gpus`` H100 SXM with FP8 linear layers; ``fraction``: another ``fp8_gemm_max_fraction`` (the fit)."""
-    return fp8_cluster("h100", gpus, fraction, precision)
-
-
 def fp8_cluster(system: str, gpus: int, fraction: float | None = None, precision: str = "fp8-cs") -> Cluster:
     """``gpus`` devices of preset ``system`` with FP8 linear layers (GB200: 64-GPU NVLink domains past one
     rack's 72, as bench/fidelity_bridge.py assumes); ``fraction``: another ``fp8_gemm_max_fraction``."""
@@ -191,7 +188,7 @@ their ratio is the published FP8 speedup, which the BF16 model's own error does 
 def _mpt_rate(size: str, seq: int, b: int, ga: int, ckpt: bool, precision: str, fraction: float | None) -> float:
     import fidelity_heldout
 
-    cluster = fidelity_heldout.with_mpt_attention(h100(8, fraction, precision=precision))
+    cluster = fidelity_heldout.with_mpt_attention(fp8_cluster("h100", 8, fraction, precision))
     return fidelity_heldout.mpt_rate(cluster, size, seq, b, ga, ckpt, reduce_bytes=4)
 
 
@@ -290,24 +287,22 @@ def blackwell_and_nemo_rows() -> list[dict[str, object]]:
     return [bridge_row(r) for r in BLACKWELL_ROWS + NEMO_ROWS]
 
 
+def _grouped(rows: list[dict[str, object]], key: Callable[[dict[str, object]], Any]) -> dict[Any, tuple[float, float, float, int]]:
+    """(mean signed error, mean |error|, max |error|, rows) of the rows grouped by ``key``."""
+    groups: dict[Any, list[float]] = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(float(r["error"]))
+    return {k: (sum(e) / len(e), sum(map(abs, e)) / len(e), max(map(abs, e)), len(e)) for k, e in groups.items()}
+
+
 def system_summary(rows: list[dict[str, object]]) -> dict[tuple[str, str], tuple[float, float, float, int]]:
     """(mean signed error, mean |error|, max |error|, rows) by (source, system)."""
-    out = {}
-    for key in dict.fromkeys((str(r["source"]), str(r["system"])) for r in rows):
-        errors = [float(r["error"]) for r in rows if (r["source"], r["system"]) == key]
-        out[key] = (sum(errors) / len(errors), sum(map(abs, errors)) / len(errors), max(map(abs, errors)),
-                    len(errors))
-    return out
+    return _grouped(rows, lambda r: (str(r["source"]), str(r["system"])))
 
 
 def summary(rows: list[dict[str, object]]) -> dict[str, tuple[float, float, float, int]]:
     """(mean signed error, mean |error|, max |error|, rows) by source."""
-    out = {}
-    for source in dict.fromkeys(str(r["source"]) for r in rows):
-        errors = [float(r["error"]) for r in rows if r["source"] == source]
-        out[source] = (sum(errors) / len(errors), sum(map(abs, errors)) / len(errors), max(map(abs, errors)),
-                       len(errors))
-    return out
+    return _grouped(rows, lambda r: str(r["source"]))
 
 
 def fit_fraction(lo: float = 0.3, hi: float = 0.9, steps: int = 12) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models import fp8, moe, moe_ops
+from cost_models import fp8, moe, moe_ops, windows
 from cost_models.collectives import ring_allreduce_s
 from cost_models.compute import compute_constants, flash_attention_s, gemm_fwd_bwd_s, gemm_time_s, memory_op_s
 from cost_models.moe_ops import Gemm
@@ -102,10 +102,9 @@ def _attention_core(cfg: TransformerConfig, device: Device, b: int, t: int, atte
     batch = b * a
     if attention == "flash":
         fwd = flash_attention_s(s, s, dh, dv, batch, device)
-        windowed = cfg.windowed_layers  # sliding-window layers: the model's average layer (docs, "Sliding-window")
-        if windowed:
-            local = flash_attention_s(s, s, dh, dv, batch, device, window=cfg.sliding_window)
-            fwd = ((cfg.num_layers - windowed) * fwd + windowed * local) / cfg.num_layers
+        if cfg.windowed_layers:  # sliding-window layers: the model's average layer (docs, "Sliding-window")
+            fwd = windows.layer_average(cfg, fwd, flash_attention_s(s, s, dh, dv, batch, device,
+                                                                    window=cfg.sliding_window))
         fwd += compute_constants(device).kernel_launch_s
         return fwd, FLASH_BACKWARD_FACTOR * fwd
     scores = batch * s * s

@@ -25,10 +25,15 @@ def window_ratio(cfg: TransformerConfig) -> float:
     return mean_window_keys(s, cfg.sliding_window) / ((s + 1) / 2)
 
 
+def layer_average(cfg: TransformerConfig, global_value: float, windowed_value: float) -> float:
+    """The model's average of a per-layer quantity over its global and its windowed layers."""
+    windowed = cfg.windowed_layers
+    if windowed == 0:
+        return global_value
+    return ((cfg.num_layers - windowed) * global_value + windowed * windowed_value) / cfg.num_layers
+
+
 def attention_span_factor(cfg: TransformerConfig) -> float:
     """The model-average share of full causal attention's score FLOPs its layers do: windowed layers
     at ``window_ratio``, the global ones (every ``global_attention_every``-th) at 1."""
-    windowed = cfg.windowed_layers
-    if windowed == 0:
-        return 1.0
-    return (cfg.num_layers - windowed + windowed * window_ratio(cfg)) / cfg.num_layers
+    return layer_average(cfg, 1.0, window_ratio(cfg))

@@ -344,22 +344,20 @@ def alltoall_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_
     fraction = _collective_fraction(cluster)
     per_node = max(1, min(e, cluster.devices_per_node // dims.expert_tensor))
     if dispatcher == "deepep":
-        nodes = max(1, e // per_node)
-        reach = expected_nodes_per_token(num_experts=int(cfg.num_experts or 1), experts_per_token=k, nodes=nodes,
-                                         router_groups=cfg.router_num_groups, router_group_topk=cfg.router_group_topk)
+        reach = expected_nodes_per_token(num_experts=int(cfg.num_experts or 1), experts_per_token=k,
+                                         nodes=max(1, e // per_node), router_groups=cfg.router_num_groups,
+                                         router_group_topk=cfg.router_group_topk)
         nvlink, network = deduplicated_alltoall_bytes_per_rank(
             tokens_per_rank=tokens, hidden_size=cfg.hidden_size, experts_per_token=k, expert_parallel=e,
             ranks_per_node=per_node, nodes_per_token=reach, element_bytes=element_bytes(cfg))
-        intra = nvlink / (float(cluster.intra_node_bytes_per_s or 1.0) * fraction)
-        inter = network / (float(cluster.inter_node_bytes_per_s or 1.0) * fraction)
-        latency = cluster.inter_node_latency_s if per_node < e else cluster.intra_node_latency_s
-        return latency + max(intra, inter)
-    total = expert_alltoall_bytes_per_rank(tokens_per_rank=tokens, hidden_size=cfg.hidden_size,
-                                           experts_per_token=k, expert_parallel=e,
-                                           element_bytes=element_bytes(cfg))
-    intra_share = (per_node - 1) / (e - 1)
-    intra = total * intra_share / (float(cluster.intra_node_bytes_per_s or 1.0) * fraction)
-    inter = total * (1 - intra_share) / (float(cluster.inter_node_bytes_per_s or 1.0) * fraction)
+    else:
+        total = expert_alltoall_bytes_per_rank(tokens_per_rank=tokens, hidden_size=cfg.hidden_size,
+                                               experts_per_token=k, expert_parallel=e,
+                                               element_bytes=element_bytes(cfg))
+        intra_share = (per_node - 1) / (e - 1)
+        nvlink, network = total * intra_share, total * (1 - intra_share)
+    intra = nvlink / (float(cluster.intra_node_bytes_per_s or 1.0) * fraction)
+    inter = network / (float(cluster.inter_node_bytes_per_s or 1.0) * fraction)
     latency = cluster.inter_node_latency_s if per_node < e else cluster.intra_node_latency_s
     return latency + max(intra, inter)
 

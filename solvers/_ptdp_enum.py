@@ -137,7 +137,7 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
     """b, m, v, end layout and recompute for fixed degrees; nothing when the model states alone
     (at b = 1, full recompute aside) cannot fit."""
     problem, cfg = search.problem, search.cfg
-    schedules = _schedules(search, opts)
+    schedules = searched_schedules(search, opts)
     recompute = tuple(s.strip() for s in opts.recompute.split(",") if s.strip())
     per_replica = search.global_batch_size // base.data
     for b in microbatch_sizes(search, opts, per_replica):
@@ -146,7 +146,7 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
             continue
         probe = _replace(base, microbatch_size=b, num_microbatches=m)
         u = units(probe)
-        for v, vs in _chunk_counts(cfg.num_layers, base.pipeline, m, schedules, _fixed_chunks(search, opts),
+        for v, vs in chunk_counts(cfg.num_layers, base.pipeline, m, schedules, fixed_chunks(search, opts),
                                    uneven=opts.uneven_stages):
             for ends in [(0, 0)] if vs else _layouts(search, opts, u, base.pipeline, v):
                 c = _replace(probe, virtual=v, ends=ends, v_schedule=vs)
@@ -203,7 +203,8 @@ def _replace(c: model.Config, **changes: object) -> model.Config:
     return c.but(**changes)
 
 
-def _schedules(search: Search, opts: Options) -> tuple[str, ...]:
+def searched_schedules(search: Search, opts: Options) -> tuple[str, ...]:
+    """The schedules the search enumerates: option schedules, or the problem's fixed one."""
     from solvers.ptdp import SCHEDULES, _csv
 
     schedules = _csv(opts.schedules, SCHEDULES, "schedules")
@@ -214,7 +215,8 @@ def _schedules(search: Search, opts: Options) -> tuple[str, ...]:
     return schedules
 
 
-def _fixed_chunks(search: Search, opts: Options) -> int:
+def fixed_chunks(search: Search, opts: Options) -> int:
+    """The pinned interleaving depth: option virtual_pipeline, else the problem's num_chunks (1: free)."""
     return opts.virtual_pipeline or search.problem.num_chunks
 
 
@@ -230,12 +232,12 @@ def _layouts(search: Search, opts: Options, u: model.UnitCosts, p: int, v: int) 
     layer = u.moe_decoder or u.decoder
     per_layer = layer.forward_s + layer.backward_s
     return dims_mod.stage_layouts(
-        search.cfg.num_layers, p, v, uneven=opts.uneven_stages, fixed=fixed, near_even=_fixed_chunks(search, opts) > 1,
+        search.cfg.num_layers, p, v, uneven=opts.uneven_stages, fixed=fixed, near_even=fixed_chunks(search, opts) > 1,
         embedding_layers=(u.embedding.forward_s + u.embedding.backward_s) / per_layer,
         head_layers=(u.head.forward_s + u.head.backward_s) / per_layer)
 
 
-def _chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int, *,
+def chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fixed: int, *,
                   uneven: bool = False) -> list[tuple[int, str]]:
     """(v, V schedule or ''): v = 1 for 1F1B; v >= 2 for interleaved, which needs p >= 2 and m % p == 0: v
     dividing l / p (even chunks), or with ``uneven`` any v up to ``MAX_UNEVEN_CHUNKS`` (and l / p) whose p v

@@ -10,8 +10,8 @@ from cost_models.memory import usable_memory_bytes
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_model as model
+from solvers._ptdp_enum import chunk_counts, fixed_chunks, searched_schedules, tensor_degrees
 from solvers._ptdp_enum import divisors as _divisors
-from solvers._ptdp_enum import tensor_degrees
 from solvers.common import format_bytes, memory_shortfall_message
 
 if TYPE_CHECKING:
@@ -72,8 +72,9 @@ def no_layout_message(search: Search, opts: Options) -> str:
     pinned_p = opts.pipeline_parallel or problem.num_stages
     if pinned_p and (opts.tensor_parallel or problem.data_parallel):
         t = opts.tensor_parallel or n // (pinned_p * problem.data_parallel)
-        layout = _layout_conflict(cfg.num_layers, pinned_p, _fixed_virtual(search, opts), n, t,
-                                  b_batch, opts.microbatch_size or 1, uneven=bool(opts.uneven_stages))
+        layout = _layout_conflict(cfg.num_layers, pinned_p, fixed_chunks(search, opts), n, t, b_batch,
+                                  opts.microbatch_size or 1, searched_schedules(search, opts),
+                                  uneven=bool(opts.uneven_stages))
         if layout is not None:
             return layout
     d = degrees[0]
@@ -85,22 +86,23 @@ def no_layout_message(search: Search, opts: Options) -> str:
             f"{problem.num_microbatches} when given. Batch sizes that work: {near} (multiples of d={d})")
 
 
-def _fixed_virtual(search: Search, opts: Options) -> int:
-    return opts.virtual_pipeline or search.problem.num_chunks or 1
-
-
-def _layout_conflict(layers: int, p: int, v: int, n: int, t: int, batch: int, b: int, *, uneven: bool) -> str | None:
+def _layout_conflict(layers: int, p: int, v: int, n: int, t: int, batch: int, b: int, schedules: tuple[str, ...], *,
+                     uneven: bool) -> str | None:
     """With t and p pinned, a batch that does split (b x d divides it, m a multiple of p) fails only
-    on the layer layout: say so, with the virtual degrees whose layout exists."""
+    on the layer layout: say so, with the virtual degrees whose layout exists. The search's own rules
+    decide: the interleaving depths it enumerates (``chunk_counts``) and their layouts, near-even
+    ones included for a pinned depth (``_ptdp_enum._layouts``)."""
     if n % (t * p):
         return None
     d = n // (t * p)
-    if batch % (b * d) or (v > 1 and (batch // (b * d)) % p):
+    m = batch // (b * d) if batch % (b * d) == 0 else 0
+    if not m or (v > 1 and m % p):
         return None
 
     def laid_out(k_v: int) -> bool:
-        return bool(dims_mod.stage_layouts(layers, p, k_v, embedding_layers=1.0, head_layers=1.0, uneven=uneven,
-                                           near_even=True))
+        enumerated = (k_v, "") in chunk_counts(layers, p, m, schedules, k_v, uneven=uneven)
+        return enumerated and bool(dims_mod.stage_layouts(layers, p, k_v, embedding_layers=1.0, head_layers=1.0,
+                                                          uneven=uneven, near_even=k_v > 1))
 
     if laid_out(v):
         return None
@@ -108,7 +110,8 @@ def _layout_conflict(layers: int, p: int, v: int, n: int, t: int, batch: int, b:
     fix = ("set uneven_stages (lighter end stages or a near-even split, Megatron's "
            "--pipeline-model-parallel-layout)" if not uneven else "use another pipeline degree")
     return (f"no layer layout of {layers} decoder layers over pipeline_parallel={p} x virtual_pipeline={v} = "
-            f"{p * v} virtual stages: an even split needs the layers divisible by p x v"
+            f"{p * v} virtual stages: each virtual stage needs a layer (v at most {layers // p}) and an even "
+            f"split needs the layers divisible by p x v"
             f"{' and uneven_stages is off' if not uneven else ''}; global_batch_size={batch} itself splits "
             f"(b={b}, d={d}). {fix[0].upper() + fix[1:]}"
             + (f", or virtual_pipeline in {working}" if working else ""))

@@ -485,3 +485,9 @@ def test_a_prime_layer_count_gets_the_near_even_layout() -> None:
     assert decoders == [1, *[2] * 29, 1, 1]
     per_rank = [sum(decoders[r::8]) for r in range(8)]
     assert max(per_rank) - min(per_rank) <= 1
+    with pytest.raises(InfeasibleError, match=r"no layer layout of 61 decoder layers over pipeline_parallel=8 x "
+                                              r"virtual_pipeline=8 = 64 virtual stages: each virtual stage needs a "
+                                              r"layer \(v at most 7\).*global_batch_size=8192 itself splits "
+                                              r"\(b=1, d=64\)\. Use another pipeline degree, or virtual_pipeline in "
+                                              r"\[2, 3, 4, 5, 6, 7\]"):
+        ptdp.solve(problem, options={**opts, "uneven_stages": True, "virtual_pipeline": 8})
