@@ -32,8 +32,7 @@ def _tp_allreduce_s(cfg: TransformerConfig, b: int, t: int, bytes_per_s: float |
 
 def _memory_time_s(num_bytes: float, device: Device, efficiency: float) -> float:
     """Memory-bound work; without a bandwidth, 1 byte counts as 1 FLOP (a crude floor)."""
-    rate = device.memory_bandwidth_bytes_per_s or device.peak_flops
-    return num_bytes / (rate * efficiency)
+    return num_bytes / (compute.memory_bandwidth_bytes_per_s(device) * efficiency)
 
 
 def _embedding_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff: float, bw: float | None,

@@ -123,7 +123,7 @@ def fit_memory_fraction(samples: Sequence[CopySample], device: Device) -> Device
     if not samples:
         return device
     launch = compute.compute_constants(device).kernel_launch_s
-    rate = device.memory_bandwidth_bytes_per_s or device.peak_flops
+    rate = compute.memory_bandwidth_bytes_per_s(device)
     share = statistics.median(s.num_bytes / max(s.seconds - launch, 1e-12) / rate for s in samples)
     constants = compute.compute_constants(device)
     if share > 1.0:

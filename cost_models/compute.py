@@ -39,6 +39,40 @@ def compute_constants(device: Device) -> ComputeModel:
     return _preset_compute(device.name) or _GENERIC
 
 
+@lru_cache(maxsize=64)
+def _preset_field(name: str, field: str) -> float | None:
+    from cost_models.hardware import preset_device_field  # lazy, as _preset_compute
+
+    return preset_device_field(name, field)
+
+
+def memory_bandwidth_bytes_per_s(device: Device) -> float:
+    """Nominal HBM bandwidth: the device's own, else its preset's (a cluster file that names a
+    preset device and omits the field), else, for a toy device without compute constants, its
+    peak FLOP/s (1 byte ~ 1 FLOP, a crude floor of the flat-efficiency model).
+
+    Raises:
+        InvalidProblemError: the device carries compute constants (the per-operation model, which
+            costs memory-bound kernels by bytes over this bandwidth) but no bandwidth and is no preset.
+    """
+    own = device.memory_bandwidth_bytes_per_s or _preset_field(device.name, "memory_bandwidth_bytes_per_s")
+    if own:
+        return float(own)
+    if device.compute is not None:
+        raise InvalidProblemError(
+            f"device {device.name!r} gives compute constants but no memory_bandwidth_bytes_per_s: the "
+            f"per-operation model costs norms, activations and the optimizer step by bytes over HBM "
+            f"bandwidth; set device.memory_bandwidth_bytes_per_s in the cluster JSON (e.g. 2.039e12 "
+            f"for an A100 80 GB), or name a device preset")
+    return device.peak_flops
+
+
+def host_link_bytes_per_s(device: Device) -> float | None:
+    """Device-host (PCIe / C2C) bandwidth: the device's own, else its preset's, else None."""
+    own = device.host_link_bytes_per_s or _preset_field(device.name, "host_link_bytes_per_s")
+    return float(own) if own else None
+
+
 def has_constants(device: Device) -> bool:
     """Whether the device (or its preset) carries compute constants. Devices without them (the
     nominal ``cpu`` preset, hand-written toy devices) get the flat-efficiency model."""
@@ -110,8 +144,7 @@ def peak_flops_per_s(device: Device, dtype: str = "bf16") -> float:
 
 def _memory_rate_bytes_per_s(device: Device) -> float:
     c = compute_constants(device)
-    raw = device.memory_bandwidth_bytes_per_s or device.peak_flops  # no bandwidth: 1 byte ~ 1 FLOP
-    return raw * c.memory_bandwidth_fraction
+    return memory_bandwidth_bytes_per_s(device) * c.memory_bandwidth_fraction
 
 
 SMALLER_TILE_FRACTION = 0.9

@@ -79,6 +79,14 @@ def preset_compute(name: str) -> ComputeModel | None:
     return ComputeModel.from_dict({k: v for k, v in entry.items() if k not in _DOC_KEYS})
 
 
+def preset_device_field(name: str, field: str) -> Any:
+    """A field of the device preset called ``name`` (aliases resolved, case-insensitive); None when
+    the name is not a preset or the preset leaves the field unset. A cluster file whose device
+    names a preset but omits, say, its HBM bandwidth gets the preset's (``cost_models.compute``)."""
+    key = _presets()["aliases"].get(name.strip().lower(), name.strip().lower())
+    return _presets()["devices"].get(key, {}).get(field)
+
+
 def parse_spec(spec: str) -> tuple[str, int | None, int | None]:
     """``(name, count, per_node)`` of ``<name>[:<count>[x<per_node>]]`` (lower-cased, counts >= 1).
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from cost_models import compute
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Cluster, LayerProfile, ModelProfile
 
@@ -96,7 +97,7 @@ def host_spec(cluster: Cluster, options: Mapping[str, Any] | None = None) -> Hos
         if key not in valid:
             raise InvalidProblemError(f"unknown host option {key!r}; valid keys: {valid}")
     if "host_link_bytes_per_s" not in given:
-        link = cluster.device.host_link_bytes_per_s if cluster.device is not None else None
+        link = compute.host_link_bytes_per_s(cluster.device) if cluster.device is not None else None
         if link is None:
             raise InvalidProblemError(
                 f"offloaded training needs the host-device link bandwidth, but cluster {cluster.name!r} "

@@ -484,8 +484,10 @@ class Device(_Frozen):
     peak_flops: Rate
     """Dense 16-bit (fp16/bf16) peak, FLOP/s."""
     memory_bandwidth_bytes_per_s: Rate | None = None
+    """Nominal HBM bandwidth; None = the preset's of the same name (required with ``compute``
+    constants on a device that is no preset)."""
     host_link_bytes_per_s: Rate | None = None
-    """Device-host link (PCIe) bandwidth, for offloading."""
+    """Device-host link (PCIe) bandwidth, for offloading; None = the preset's of the same name."""
     compute: ComputeModel | None = None
     """Per-operation compute constants; None = the preset's of the same name, else defaults."""
     memory_headroom_bytes: NonNegativeFloat | None = None

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models import compute
 from planner.errors import InfeasibleError
 from planner.schema import Device, ModelProfile
 from planner.schema_fill import ExecutorPlan, FillBubble, FillMode, Piece
@@ -81,9 +82,9 @@ def node_chain(profile: ModelProfile, mode: FillMode, config: Config, device: De
         mem.append(resident + held[j] + (act[j] if config.checkpointing else 0.0) + out[j])
     names.append("optimizer")
     if config.offload:
-        dur.append(2 * weights / (device.host_link_bytes_per_s or device.memory_bandwidth_bytes_per_s or 1e10))
+        dur.append(2 * weights / (compute.host_link_bytes_per_s(device) or compute.memory_bandwidth_bytes_per_s(device)))
     else:
-        dur.append(static / (device.memory_bandwidth_bytes_per_s or device.peak_flops))
+        dur.append(static / compute.memory_bandwidth_bytes_per_s(device))
     mem.append(resident)
     return NodeChain(tuple(names), np.array(dur), np.array(mem), config.batch_size, useful)
 

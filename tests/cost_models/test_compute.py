@@ -93,6 +93,23 @@ def test_preset_compute_constants_and_device_override() -> None:
     assert compute.peak_flops_per_s(A100, "fp32") == 19.5e12
 
 
+def test_cluster_file_naming_a_preset_gets_its_bandwidths() -> None:
+    # a cluster JSON written with only the contract's device fields, naming a preset: its HBM and
+    # host-link bandwidths are the preset's (before, memory-bound kernels ran at 1 byte per FLOP,
+    # 153x the HBM rate, and GPT 1.7B came out 35 % faster than on the preset spec)
+    bare = Device(name="A100", memory_bytes=A100.memory_bytes, peak_flops=A100.peak_flops)
+    assert compute.memory_bandwidth_bytes_per_s(bare) == A100.memory_bandwidth_bytes_per_s
+    assert compute.host_link_bytes_per_s(bare) == A100.host_link_bytes_per_s
+    assert compute.memory_op_s(1e9, bare) == compute.memory_op_s(1e9, A100)
+    # a toy device keeps the flat model's floor; a custom device with per-op constants must say
+    toy = Device(name="gpu", memory_bytes=GIB, peak_flops=1e12)
+    assert compute.memory_bandwidth_bytes_per_s(toy) == 1e12
+    assert compute.host_link_bytes_per_s(toy) is None
+    custom = Device(name="mi300x", memory_bytes=GIB, peak_flops=1.3e15, compute=ComputeModel(num_sms=304))
+    with pytest.raises(InvalidProblemError, match="memory_bandwidth_bytes_per_s"):
+        compute.memory_bandwidth_bytes_per_s(custom)
+
+
 # ------------------------------------------------------------------------------------------
 # Collectives
 # ------------------------------------------------------------------------------------------
