@@ -86,7 +86,7 @@ def _linear_gemms(cfg: TransformerConfig, tokens: int, t: int, layer_index: int 
         return moe_ops.layer_gemms(cfg, tokens, t, layer_index)
     h, f = cfg.hidden_size, cfg.ffn_size
     kv = cfg.kv_heads * (h // cfg.num_heads)
-    up = (2 if cfg.mlp == "swiglu" else 1) * f // t
+    up = (2 if cfg.gated_mlp else 1) * f // t
     return [(tokens, (h + 2 * kv) // t, h, 1), (tokens, h, h // t, 1), (tokens, up, h, 1), (tokens, h, f // t, 1)]
 
 
@@ -130,8 +130,8 @@ def _elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_par
         return _extended_elementwise_bytes(cfg, tokens, t, n_h, layer_index)
     fwd = 2 * (2 * e * n_h) + 2 * ((3 * e + 1) * n_h)
     bwd = 2 * (3 * e * n_h) + 2 * ((2 * e + 1) * n_h)
-    fwd += (3 if cfg.mlp == "swiglu" else 2) * e * n_f
-    bwd += (5 if cfg.mlp == "swiglu" else 3) * e * n_f
+    fwd += (3 if cfg.gated_mlp else 2) * e * n_f
+    bwd += (5 if cfg.gated_mlp else 3) * e * n_f
     if cfg.position_embedding == "rope":
         rope = 2 * e * tokens * (h + kv) / t
         fwd, bwd = fwd + rope, bwd + rope
@@ -159,7 +159,7 @@ def eager_extra_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_para
         fwd, bwd = fwd + expand, bwd + expand
     contiguous = 2 * e * tokens * q_width
     fwd, bwd = fwd + contiguous, bwd + contiguous
-    if cfg.mlp == "swiglu":
+    if cfg.gated_mlp:
         n_f = tokens * f / t
         fwd, bwd = fwd + 2 * e * n_f, bwd + 4 * e * n_f  # silu + mul: 5e (9e back) against fused 3e (5e)
     return fwd, bwd
@@ -175,7 +175,7 @@ def eager_extra_activation_bytes(cfg: TransformerConfig, tokens: int, t: int, se
     extra = 0.0
     if cfg.norm == "rmsnorm":
         extra += 2 * (FP32_BYTES - e) * tokens * h / (t if sequence_parallel else 1)
-    if cfg.mlp == "swiglu":
+    if cfg.gated_mlp:
         extra += e * tokens * f / t
     if cfg.kv_heads < cfg.num_heads:
         extra += 2 * e * tokens * (cfg.num_heads - cfg.kv_heads) * head / t
@@ -233,8 +233,8 @@ def _extended_elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, n_h
     """``_elementwise_bytes`` with the layer's FFN activation width, MLA's rotary widths and routing."""
     e = _BYTES[cfg.dtype]
     n_f = moe_ops.mlp_activation_elements(cfg, tokens, t, layer_index)
-    fwd = 2 * (2 * e * n_h) + 2 * ((3 * e + 1) * n_h) + (3 if cfg.mlp == "swiglu" else 2) * e * n_f
-    bwd = 2 * (3 * e * n_h) + 2 * ((2 * e + 1) * n_h) + (5 if cfg.mlp == "swiglu" else 3) * e * n_f
+    fwd = 2 * (2 * e * n_h) + 2 * ((3 * e + 1) * n_h) + (3 if cfg.gated_mlp else 2) * e * n_f
+    bwd = 2 * (3 * e * n_h) + 2 * ((2 * e + 1) * n_h) + (5 if cfg.gated_mlp else 3) * e * n_f
     if cfg.position_embedding == "rope":
         q_width, k_width = moe_ops.rope_widths(cfg)
         rope = 2 * e * tokens * (q_width / t + (k_width if cfg.is_mla else k_width / t))  # MLA's key is shared

@@ -147,8 +147,8 @@ def attention_core_forward_flops(cfg: TransformerConfig, *, microbatch_size: int
 
 
 def _ffn_params(cfg: TransformerConfig, width: int, *, with_bias: bool) -> int:
-    h, mats = cfg.hidden_size, (3 if cfg.mlp == "swiglu" else 2)
-    bias = ((2 if cfg.mlp == "swiglu" else 1) * width + h) if with_bias else 0
+    h, mats = cfg.hidden_size, (3 if cfg.gated_mlp else 2)
+    bias = ((2 if cfg.gated_mlp else 1) * width + h) if with_bias else 0
     return mats * h * width + bias
 
 
@@ -188,13 +188,13 @@ def decoder_layer_params(cfg: TransformerConfig, index: int, *, active: bool = F
 def decoder_matmul_params(cfg: TransformerConfig, index: int) -> int:
     """Matmul weights one token multiplies in decoder layer ``index`` (router and active experts only)."""
     if not is_moe_layer(cfg, index):
-        mlp = (3 if cfg.mlp == "swiglu" else 2) * cfg.hidden_size * cfg.ffn_size
+        mlp = (3 if cfg.gated_mlp else 2) * cfg.hidden_size * cfg.ffn_size
     else:
         width = cfg.moe_ffn_hidden_size or cfg.ffn_size
         experts = int(cfg.experts_per_token or 0) + cfg.num_shared_experts
         mlp = (
             cfg.hidden_size * int(cfg.num_experts or 0)
-            + experts * (3 if cfg.mlp == "swiglu" else 2) * cfg.hidden_size * width
+            + experts * (3 if cfg.gated_mlp else 2) * cfg.hidden_size * width
         )
     return attention_matmul_params(cfg) + mlp
 

@@ -57,7 +57,7 @@ def moe_mlp_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, te
     tokens = cfg.seq_length * microbatch_size
     experts = int(cfg.num_experts or 0)
     width = cfg.moe_ffn_hidden_size or cfg.ffn_size
-    acts = 3 if cfg.mlp == "swiglu" else 2
+    acts = 3 if cfg.gated_mlp else 2
     rows = routed_rows(cfg, tokens)
     block_input_and_mask = (e + 1) * tokens * h / t_sp
     router = (ROUTER_SCORE_BYTES + 1) * tokens * experts
@@ -74,7 +74,7 @@ def dense_mlp_activation_bytes(cfg: TransformerConfig, *, microbatch_size: int, 
     e, t = _BYTES[cfg.dtype], tensor_parallel
     t_sp = t if sequence_parallel else 1
     tokens = cfg.seq_length * microbatch_size
-    acts = 3 if cfg.mlp == "swiglu" else 2
+    acts = 3 if cfg.gated_mlp else 2
     return e * acts * tokens * cfg.ffn_size / t + (e + 1) * tokens * cfg.hidden_size / t_sp
 
 

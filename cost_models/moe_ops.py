@@ -32,7 +32,7 @@ def expert_ffn_width(cfg: TransformerConfig) -> int:
 
 
 def _ffn_gemms(cfg: TransformerConfig, rows: float, width: int, t: int, count: int) -> list[Gemm]:
-    up = (2 if cfg.mlp == "swiglu" else 1) * width // t
+    up = (2 if cfg.gated_mlp else 1) * width // t
     return [(rows, up, cfg.hidden_size, count), (rows, cfg.hidden_size, width // t, count)]
 
 

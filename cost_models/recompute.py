@@ -54,7 +54,7 @@ def applicable_modules(cfg: TransformerConfig) -> tuple[str, ...]:
 
 
 def _acts(cfg: TransformerConfig) -> int:
-    return 3 if cfg.mlp == "swiglu" else 2
+    return 3 if cfg.gated_mlp else 2
 
 
 def module_bytes(cfg: TransformerConfig, module: str, *, microbatch_size: int, tensor_parallel: int = 1,

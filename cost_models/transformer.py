@@ -69,7 +69,7 @@ def decoder_matmul_params(cfg: TransformerConfig) -> int:
         return moe.mean_decoder_matmul_params(cfg)  # type: ignore[return-value]
     h, f = cfg.hidden_size, cfg.ffn_size
     attention = 2 * h * h + 2 * h * _kv_dim(cfg)
-    mlp = (3 if cfg.mlp == "swiglu" else 2) * h * f
+    mlp = (3 if cfg.gated_mlp else 2) * h * f
     return attention + mlp
 
 
@@ -86,7 +86,7 @@ def decoder_layer_params(cfg: TransformerConfig) -> int:
     h, f = cfg.hidden_size, cfg.ffn_size
     biases = 0
     if cfg.bias:
-        biases = (h + 2 * _kv_dim(cfg)) + h + (2 if cfg.mlp == "swiglu" else 1) * f + h
+        biases = (h + 2 * _kv_dim(cfg)) + h + (2 if cfg.gated_mlp else 1) * f + h
     return decoder_matmul_params(cfg) + biases + 2 * _norm_params(cfg)
 
 
@@ -265,7 +265,7 @@ def decoder_activation_bytes(
         )
     attn_block = moe_memory.attention_block_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
                                                              sequence_parallel=sequence_parallel)
-    mlp = e * (3 if cfg.mlp == "swiglu" else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
+    mlp = e * (3 if cfg.gated_mlp else 2) * s * b * f / t + (e * sbh + sbh) / t_sp
     if cfg.is_moe and moe.is_moe_layer(cfg, layer_index):
         mlp = moe_memory.moe_mlp_activation_bytes(cfg, microbatch_size=b, tensor_parallel=t,
                                                   sequence_parallel=sequence_parallel)

@@ -474,11 +474,13 @@ def model_info(model: ModelSpec, *, global_batch_size: int = 1, seq_length: int 
 
 
 def _architecture_info(cfg: TransformerConfig) -> dict[str, Any]:
-    """The settings the exports carry beyond the shape (MoE, MLA, RoPE, norm epsilon, sliding windows)."""
+    """The layer layout (FFN, norm, positions, parallel block) and the settings the exports carry beyond
+    the shape (MoE, MLA, RoPE, norm epsilon, sliding windows)."""
     keys = ("num_kv_heads", "head_dim", "rope_theta", "norm_eps", "num_experts", "experts_per_token",
             "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "kv_lora_rank", "q_lora_rank",
             "sliding_window", "global_attention_every")
-    info: dict[str, Any] = {key: getattr(cfg, key) for key in keys if getattr(cfg, key) not in (None, 0)}
+    info: dict[str, Any] = {"mlp": cfg.mlp, "norm": cfg.norm, "position_embedding": cfg.position_embedding}
+    info.update({key: getattr(cfg, key) for key in (*keys, "parallel_block") if getattr(cfg, key) not in (None, 0)})
     if cfg.windowed_layers:
         info["windowed_layers"] = cfg.windowed_layers
     if cfg.is_mla or cfg.kv_heads != cfg.num_heads:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from planner.errors import InvalidProblemError
 from planner.schema import Plan, TransformerConfig
 
 
@@ -54,6 +55,7 @@ def parallel_flags(plan: Plan, export: _Export) -> None:
 def model_flags(cfg: TransformerConfig, export: _Export, dispatcher: str = "alltoall") -> None:
     """The model's shape and settings, nothing the config states left at Megatron's default;
     ``dispatcher``: the plan's expert token dispatcher (ptdp's ``moe_dispatcher``)."""
+    _check_expressible(cfg)
     export.add("--num-layers", cfg.num_layers)
     export.add("--hidden-size", cfg.hidden_size)
     export.add("--ffn-hidden-size", cfg.ffn_size)
@@ -93,6 +95,24 @@ def model_flags(cfg: TransformerConfig, export: _Export, dispatcher: str = "allt
     _mla_flags(cfg, export)
     if cfg.dtype in ("bf16", "fp16"):
         export.add(f"--{cfg.dtype}")
+
+
+def _check_expressible(cfg: TransformerConfig) -> None:
+    """Megatron-LM's arguments state a gelu or SwiGLU MLP, learned or rotary positions and the
+    sequential pre-norm block; a model outside them would train as another network."""
+    unsupported = []
+    if cfg.mlp in ("geglu", "relu"):
+        unsupported.append(f"mlp={cfg.mlp!r} (Megatron-LM's flags give gelu, --swiglu or --squared-relu)")
+    if cfg.position_embedding == "alibi":
+        unsupported.append("position_embedding='alibi' (Megatron-Core's position embeddings are "
+                           "learned_absolute, rope, mrope, yarn and none)")
+    if cfg.parallel_block:
+        unsupported.append("parallel_block=true (Megatron-LM runs attention and MLP one after the other)")
+    if unsupported:
+        raise InvalidProblemError(
+            f"model {cfg.name!r} cannot be exported as Megatron-LM arguments: {'; '.join(unsupported)}. "
+            "The plan itself stands; export it with --format torch-csv (the schedule) or configure the "
+            "model in a framework that has these layers (GPT-NeoX, Megatron-DeepSpeed, Hugging Face)")
 
 
 def _number(value: float) -> int | float:

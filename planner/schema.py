@@ -298,11 +298,20 @@ class TransformerConfig(_Frozen):
     """Defaults to 4 x hidden_size."""
     num_kv_heads: _WIDTH | None = None
     """Grouped-query attention; defaults to num_heads."""
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "geglu", "relu"] = "gelu"
+    """FFN: ``gelu`` / ``relu`` (OPT) two matrices, w2 act(w1 x); ``swiglu`` (Llama) and ``geglu``
+    (Gemma: tanh GELU as the gate) three, w2 (act(w1 x) * w3 x)."""
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     bias: bool = True
-    position_embedding: Literal["learned", "rope"] = "learned"
+    position_embedding: Literal["learned", "rope", "alibi"] = "learned"
+    """``learned`` adds a seq_length x hidden_size table; ``rope`` rotates Q and K (a kernel per
+    layer); ``alibi`` (BLOOM, MPT) adds a per-head linear bias to the attention scores: no
+    parameters, no kernel of its own (it rides in the attention kernel)."""
     tied_embeddings: bool = True
+    parallel_block: bool = False
+    """Attention and MLP read the same input and add to the residual together (GPT-J, GPT-NeoX /
+    Pythia, Falcon, Phi-2; Hugging Face ``use_parallel_residual``, ``parallel_attn``). Same
+    parameters and FLOPs as the sequential block; costed as one (docs/models-and-configs.md)."""
     dtype: Literal["fp16", "bf16", "fp32"] = "bf16"
     rope_theta: PositiveFloat | None = None
     """RoPE base frequency as the source config states it (Llama-3: 500000); None = tool default."""
@@ -409,6 +418,11 @@ class TransformerConfig(_Frozen):
     def head_size(self) -> int:
         """Per-head query/key width: head_dim, or hidden_size / num_heads."""
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def gated_mlp(self) -> bool:
+        """A gated FFN (``swiglu``, ``geglu``): three matrices instead of two."""
+        return self.mlp in ("swiglu", "geglu")
 
     @property
     def is_moe(self) -> bool:

@@ -37,6 +37,9 @@ is what the cost model charges).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -134,9 +137,19 @@ def _rope(x: torch.Tensor, theta: float, scaling: dict | None = None, positions:
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's per-head slopes (Press et al., "Train Short, Test Long", ICLR 2022, Sec. 3): the
+    geometric sequence 2^(-8 i / n) for the n = 2^k heads below ``num_heads``; the remaining heads
+    take every other term of the sequence for 2n heads (BLOOM's and MPT's rule)."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
+    slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
+    return torch.tensor(slopes)
+
+
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
                    ) -> torch.Tensor:
-    """softmax(QK^T / sqrt(d)) V with a causal mask (``mask``: an explicit boolean one, for queries
+    """softmax(QK^T / sqrt(d)) V with a causal mask (``mask``: an explicit boolean one, or ALiBi's additive bias, for queries
     that are a subset of the sequence under context parallelism, or a sliding window): what
     selective recompute recomputes."""
     if k.shape[1] != q.shape[1]:  # grouped-query attention: share each K/V head
@@ -163,6 +176,8 @@ class Attention(nn.Module):
         self.window = window
         """Sliding window (itself and the ``window - 1`` keys before it), or None: full causal."""
         self.rope_theta = (cfg.rope_theta or DEFAULT_ROPE_THETA) if cfg.position_embedding == "rope" else None
+        self.alibi = cfg.position_embedding == "alibi"
+        """ALiBi: the scores get -slope x distance per head (the bridge refuses it with tensor parallelism)."""
         self.rope_scaling = getattr(cfg, "rope_scaling", None)
         q_dim, kv_dim = cfg.num_heads * self.head_dim, cfg.kv_heads * self.head_dim
         qkv_bias = cfg.bias or bool(getattr(cfg, "qkv_bias", False))
@@ -192,10 +207,16 @@ class Attention(nn.Module):
         mask = None
         if cp is not None:
             k, v, mask = cp.gather(k), cp.gather(v), cp.mask
-        if self.window is not None:
+        if self.window is not None or self.alibi:
             rows = positions if positions is not None else torch.arange(seq, device=x.device)
             keys = torch.arange(k.shape[2], device=x.device)
-            mask = (rows[:, None] >= keys[None, :]) & (rows[:, None] - keys[None, :] < self.window)
+            if self.window is not None:
+                mask = (rows[:, None] >= keys[None, :]) & (rows[:, None] - keys[None, :] < self.window)
+            if self.alibi:
+                allowed = mask if mask is not None else rows[:, None] >= keys[None, :]
+                distance = (keys[None, :] - rows[:, None]).to(q.dtype)
+                bias = alibi_slopes(q.shape[1]).to(q.device, q.dtype)[:, None, None] * distance
+                mask = bias.masked_fill(~allowed, float("-inf"))
         if self.selective_recompute and torch.is_grad_enabled():
             out = checkpoint(attention_core, q, k, v, mask, use_reentrant=False)
         else:
@@ -203,14 +224,24 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+def _activation(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The FFN's activation: SiLU gates SwiGLU, tanh GELU gates GeGLU (Gemma), GELU and ReLU (OPT)."""
+    if kind == "swiglu":
+        return F.silu
+    if kind == "geglu":
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.relu if kind == "relu" else F.gelu
+
+
 class FeedForward(nn.Module):
-    """gelu: w2 gelu(w1 x); swiglu: w2 (silu(w1 x) * w3 x)."""
+    """gelu / relu: w2 act(w1 x); swiglu / geglu: w2 (act(w1 x) * w3 x)."""
 
     def __init__(self, cfg: TransformerConfig, ffn_size: int) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.hidden_size, ffn_size, bias=cfg.bias)
-        self.w3 = nn.Linear(cfg.hidden_size, ffn_size, bias=cfg.bias) if cfg.mlp == "swiglu" else None
+        self.w3 = nn.Linear(cfg.hidden_size, ffn_size, bias=cfg.bias) if cfg.gated_mlp else None
         self.w2 = nn.Linear(ffn_size, cfg.hidden_size, bias=cfg.bias)
+        self.act = _activation(cfg.mlp)
 
         self.discard_activation = False
         """Drop the activation output FC2 keeps and re-make it in the backward (``moe_act``)."""
@@ -220,7 +251,7 @@ class FeedForward(nn.Module):
         gate = self.w3(x) if self.w3 is not None else None
 
         def activation() -> torch.Tensor:
-            return F.silu(up) * gate if gate is not None else F.gelu(up)
+            return self.act(up) * gate if gate is not None else self.act(up)
 
         if self.discard_activation:
             return discard_output(activation, self.w2)
@@ -271,6 +302,8 @@ class Block(nn.Module):
         self.attention_norm, self.attention = _norm(cfg), Attention(cfg, window)
         self.ffn_norm = _norm(cfg)
         self.feed_forward = MoE(cfg) if moe else FeedForward(cfg, cfg.ffn_size)
+        self.parallel = bool(getattr(cfg, "parallel_block", False))
+        """GPT-J / GPT-NeoX block: x + attention(norm(x)) + feed_forward(norm'(x))."""
         self._modules_recomputed: frozenset[str] = frozenset()
 
     @property
@@ -303,7 +336,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if "layernorm" in self._modules_recomputed:  # the norms' outputs are re-made in the backward
             h = x + discard_output(lambda: self.attention_norm(x), self.attention)  # (x stays bound: no rebinding)
-            return h + discard_output(lambda: self.ffn_norm(h), self._ffn)
+            ffn_in = x if self.parallel else h
+            return h + discard_output(lambda: self.ffn_norm(ffn_in), self._ffn)
+        if self.parallel:
+            return x + self.attention(self.attention_norm(x)) + self._ffn(self.ffn_norm(x))
         x = x + self.attention(self.attention_norm(x))
         return x + self._ffn(self.ffn_norm(x))
 

@@ -98,6 +98,7 @@ _CONFIG_FIELDS = (
     "hidden_size", "num_layers", "num_heads", "kv_heads", "seq_length", "vocab_size", "ffn_size", "mlp", "norm",
     "bias", "position_embedding", "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
     "first_dense_layers", "head_dim", "qk_norm", "qkv_bias", "kv_lora_rank", "sliding_window", "global_attention_every",
+    "parallel_block",
 )
 """What makes two transformers the same network for a plan (names, dtype and numerics aside)."""
 
@@ -125,7 +126,7 @@ def layer_param_counts(cfg: TransformerConfig) -> list[int]:
     norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
 
     def ffn(size: int) -> int:
-        mats = 3 if cfg.mlp == "swiglu" else 2
+        mats = 3 if cfg.gated_mlp else 2
         return mats * h * size + bias * ((mats - 1) * size + h)
 
     attention = 2 * h * q + 2 * h * kv + qkv_bias * (q + 2 * kv) + bias * h
@@ -187,6 +188,12 @@ def _check_tensor(plan: Plan, cfg: TransformerConfig) -> None:
         raise InvalidProblemError(
             f"degrees.tensor={t} with qk_norm: the per-head query/key norms would see only each rank's heads; the "
             "bridge runs qk_norm models with pipeline and data parallelism only: plan with --tensor-parallel 1"
+        )
+    if getattr(cfg, "position_embedding", None) == "alibi":
+        raise InvalidProblemError(
+            f"degrees.tensor={t} with ALiBi: each head's bias slope depends on its index in the whole model, which "
+            "a rank's share of the heads does not carry; the bridge runs ALiBi models with pipeline and data "
+            "parallelism only: plan with --tensor-parallel 1"
         )
     sizes = {"num_heads": cfg.num_heads, "num_kv_heads": cfg.kv_heads, "ffn_hidden_size": cfg.ffn_size,
              "vocab_size": cfg.vocab_size}

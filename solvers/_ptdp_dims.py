@@ -385,7 +385,7 @@ def _expert_gemms_s(cfg: TransformerConfig, cluster: Cluster, rows: float, split
     from cost_models.compute import gemm_fwd_bwd_s  # noqa: PLC0415
 
     width, h = cfg.moe_ffn_hidden_size or cfg.ffn_size, cfg.hidden_size
-    up = (2 if cfg.mlp == "swiglu" else 1) * width // split
+    up = (2 if cfg.gated_mlp else 1) * width // split
     total = [0.0, 0.0, 0.0]
     for m, n, kk in ((rows, up, h), (rows, h, width // split)):
         for j, value in enumerate(gemm_fwd_bwd_s(m, n, kk, cluster.device)):  # type: ignore[arg-type]
@@ -407,7 +407,7 @@ def expert_params_delta(cfg: TransformerConfig, dims: Dims) -> float:
 def routed_share(cfg: TransformerConfig) -> float:
     """Share of an MoE layer's matmul FLOPs in its routed experts (what routing imbalance slows)."""
     index = cfg.first_dense_layers
-    routed = int(cfg.experts_per_token or 0) * (3 if cfg.mlp == "swiglu" else 2) * cfg.hidden_size * (
+    routed = int(cfg.experts_per_token or 0) * (3 if cfg.gated_mlp else 2) * cfg.hidden_size * (
         cfg.moe_ffn_hidden_size or cfg.ffn_size)
     return routed / moe.decoder_matmul_params(cfg, index)
 

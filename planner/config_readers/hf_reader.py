@@ -14,14 +14,26 @@ from pathlib import Path
 from typing import Any
 
 from planner.config_readers.common import build_config, training_seq_length
+from planner.config_readers.hf_families import GPT2_STYLE_TYPES, gpt2_style_fields
 from planner.errors import InvalidProblemError
 from planner.schema import TransformerConfig
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("deepseek_v3", "gpt_oss", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
+LLAMA_STYLE_TYPES = (
+    "cohere", "deepseek_v2", "deepseek_v3", "gemma", "gemma2", "gemma3_text", "gpt_oss", "granite", "llama",
+    "mistral", "mixtral", "olmo", "olmo2", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "stablelm",
+    "starcoder2",
+)
+"""Decoders with Llama's attribute names (``hidden_size``, ``intermediate_size``, ``num_key_value_heads``)."""
+SUPPORTED_MODEL_TYPES = tuple(sorted(LLAMA_STYLE_TYPES + GPT2_STYLE_TYPES))
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-_GATED_ACTIVATIONS = ("silu", "swish", "swiglu")
+_SILU = ("silu", "swish", "swiglu")
+_UNGATED = ("starcoder2",)
+"""Llama-style configs whose FFN is two matrices (c_fc, c_proj), not gate/up/down."""
+_LAYERNORM = ("cohere", "olmo", "stablelm", "starcoder2")
+_QK_NORM = ("gemma3_text", "olmo2", "qwen3", "qwen3_moe")
+_MLA = ("deepseek_v2", "deepseek_v3")
 
 
 def read_hf_config(path: str | Path, *, seq_length: int | None = None, name: str | None = None) -> TransformerConfig:
@@ -68,14 +80,15 @@ def read_hf_config(path: str | Path, *, seq_length: int | None = None, name: str
         hf = AutoConfig.from_pretrained(str(file))
     except (ValueError, TypeError, OSError) as e:
         raise InvalidProblemError(f"transformers rejected {str(file)!r}: {e}") from None
-    fields = _fields(hf, model_type)
+    if model_type in GPT2_STYLE_TYPES:
+        fields, stated, maximum = gpt2_style_fields(hf, model_type)
+        fields["dtype"] = _dtype(hf)
+    else:
+        fields, stated, maximum = _fields(hf, model_type), _pretraining_length(hf), getattr(
+            hf, "max_position_embeddings", None)
     fields["name"] = name or file.parent.name or model_type
     fields["seq_length"] = training_seq_length(
-        asked=seq_length,
-        stated=_pretraining_length(hf),
-        maximum=getattr(hf, "max_position_embeddings", None),
-        source=f"Hugging Face config {str(file)!r}",
-    )
+        asked=seq_length, stated=stated, maximum=maximum, source=f"Hugging Face config {str(file)!r}")
     _warn_unmodelled(hf, model_type)
     return build_config(fields)
 
@@ -105,11 +118,24 @@ def _experts(hf: Any) -> int | None:
     return None
 
 
+def _dtype(hf: Any) -> str:
+    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    return _DTYPES.get(str(dtype).removeprefix("torch."), "bf16")
+
+
+def _mlp(hf: Any, model_type: str) -> str:
+    """SwiGLU for SiLU-gated FFNs, GeGLU for GELU-gated ones (Gemma's ``hidden_activation``), a
+    two-matrix GELU FFN for StarCoder 2."""
+    act = str(getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", "silu"))
+    if model_type in _UNGATED:
+        return "relu" if act == "relu" else "gelu"
+    return "swiglu" if act in _SILU else "geglu"
+
+
 def _fields(hf: Any, model_type: str) -> dict[str, Any]:
     h, heads = hf.hidden_size, hf.num_attention_heads
     theta, scaling = _rope(hf)
-    act = str(getattr(hf, "hidden_act", "silu"))
-    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    attention_bias = bool(getattr(hf, "attention_bias", False))
     fields: dict[str, Any] = {
         "hidden_size": h,
         "num_layers": hf.num_hidden_layers,
@@ -117,26 +143,29 @@ def _fields(hf: Any, model_type: str) -> dict[str, Any]:
         "num_kv_heads": getattr(hf, "num_key_value_heads", None) or heads,
         "vocab_size": hf.vocab_size,
         "ffn_hidden_size": hf.intermediate_size,
-        "mlp": "swiglu" if act in _GATED_ACTIVATIONS else "gelu",
-        "norm": "rmsnorm",
-        "bias": bool(getattr(hf, "attention_bias", False)) and model_type == "gpt_oss",
-        "qkv_bias": model_type == "qwen2" or (bool(getattr(hf, "attention_bias", False)) and model_type != "gpt_oss"),
-        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
+        "mlp": _mlp(hf, model_type),
+        "norm": "layernorm" if model_type in _LAYERNORM else "rmsnorm",
+        "bias": (attention_bias and model_type == "gpt_oss") or bool(getattr(hf, "use_bias", False)),
+        "qkv_bias": model_type in ("qwen2", "qwen2_moe") or bool(getattr(hf, "use_qkv_bias", False))
+        or (attention_bias and model_type != "gpt_oss"),
+        "qk_norm": model_type in _QK_NORM or bool(getattr(hf, "use_qk_norm", False)),
         "position_embedding": "rope",
+        "parallel_block": model_type == "cohere" or bool(getattr(hf, "use_parallel_residual", False)),
         "tied_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
-        "dtype": _DTYPES.get(str(dtype).removeprefix("torch."), "bf16"),
+        "dtype": _dtype(hf),
         "rope_theta": theta,
         "rope_scaling": scaling,
-        "norm_eps": getattr(hf, "rms_norm_eps", None),
+        "norm_eps": getattr(hf, "rms_norm_eps", None) or getattr(hf, "layer_norm_eps", None)
+        or getattr(hf, "norm_epsilon", None),
     }
     head_dim = getattr(hf, "head_dim", None)
-    if model_type != "deepseek_v3" and head_dim and head_dim * heads != h:
+    if model_type not in _MLA and head_dim and head_dim * heads != h:
         fields["head_dim"] = head_dim
     fields.update(_window_fields(hf))
     experts = _experts(hf)
     if experts is not None:
         fields.update(_moe_fields(hf, model_type, experts))
-    if model_type == "deepseek_v3":
+    if model_type in _MLA:
         for key in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             fields[key] = getattr(hf, key, None)
         fields["num_kv_heads"] = None
@@ -174,7 +203,9 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
         "num_shared_experts": getattr(hf, "n_shared_experts", None) or 0,
         "first_dense_layers": getattr(hf, "first_k_dense_replace", None) or 0,
     }
-    if model_type == "deepseek_v3":
+    if model_type == "qwen2_moe":
+        fields["num_shared_experts"] = _shared_experts(hf, fields["moe_ffn_hidden_size"])
+    if model_type in _MLA:
         fields.update(
             {
                 "router_score_function": "sigmoid"
@@ -186,11 +217,11 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
                 "router_group_topk": getattr(hf, "topk_group", None),
             }
         )
-    if model_type == "qwen3_moe":
+    if model_type in ("qwen2_moe", "qwen3_moe"):
         dense = sorted(getattr(hf, "mlp_only_layers", None) or [])
         if getattr(hf, "decoder_sparse_step", 1) != 1 or dense != list(range(len(dense))):
             raise InvalidProblemError(
-                f"Qwen3-MoE decoder_sparse_step={getattr(hf, 'decoder_sparse_step', 1)} / mlp_only_layers={dense}: "
+                f"Qwen MoE decoder_sparse_step={getattr(hf, 'decoder_sparse_step', 1)} / mlp_only_layers={dense}: "
                 "paraplan models dense layers only as a prefix (first_dense_layers); use decoder_sparse_step 1 "
                 "and mlp_only_layers [0, ..., k-1]"
             )
@@ -198,7 +229,24 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
     return fields
 
 
+def _shared_experts(hf: Any, expert_width: int | None) -> int:
+    """Qwen2-MoE's one shared expert of ``shared_expert_intermediate_size`` as that many routed-expert
+    widths (5,632 = 4 x 1,408: the same parameters and FLOPs); its sigmoid gate (hidden_size
+    parameters) is not counted."""
+    width = getattr(hf, "shared_expert_intermediate_size", None) or 0
+    if not width or not expert_width:
+        return 0
+    if width % expert_width:
+        logger.warning("shared_expert_intermediate_size=%d is not a multiple of moe_intermediate_size=%d: costed as "
+                       "%d expert widths", width, expert_width, -(-width // expert_width))
+    return -(-width // expert_width)
+
+
 def _warn_unmodelled(hf: Any, model_type: str) -> None:
+    if model_type in ("gemma2", "gemma3_text"):
+        logger.warning("%s: the post-attention and post-FFN norms (2 x hidden_size parameters per layer) and the "
+                       "logit soft-capping are not modelled (memory-bound kernels of note only at small widths)",
+                       model_type)
     if model_type == "gpt_oss":
         logger.warning("gpt-oss attention sinks are not modelled (one learned logit per head: no FLOP or memory of note)")
     if model_type == "deepseek_v3" and getattr(hf, "num_nextn_predict_layers", 0):

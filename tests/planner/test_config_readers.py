@@ -115,9 +115,69 @@ def test_hf_config_json_without_prefix_is_recognised(hf_reader) -> None:
 
 
 def test_hf_unsupported_architecture_exits_2(hf_reader, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["model-info", f"hf:{HF / 'unsupported-gpt2' / 'config.json'}"]) == 2
+    assert main(["model-info", f"hf:{HF / 'unsupported-mamba' / 'config.json'}"]) == 2
     err = capsys.readouterr().err
-    assert "model_type='gpt2'" in err and "'llama'" in err and "'deepseek_v3'" in err and "Traceback" not in err
+    assert "model_type='mamba'" in err and "'llama'" in err and "'gpt_neox'" in err and "Traceback" not in err
+
+
+# (directory, paraplan's count minus transformers' count of the same config and why, mlp, position
+#  embedding, parallel block, K/V heads)
+HF_FAMILIES = [
+    ("gpt2", 0, "gelu", "learned", False, 12),
+    ("starcoder", 0, "gelu", "learned", False, 1),  # multi-query attention
+    ("opt-125m", -2 * 768, "relu", "learned", False, 12),  # OPT's 2 offset rows of positions
+    ("bloom-560m", -2 * 1024, "gelu", "alibi", False, 16),  # the LayerNorm after the word embedding
+    ("mpt-7b", 65 * 4096, "gelu", "alibi", False, 32),  # MPT's no_bias LayerNorms hold no weight either
+    ("pythia-160m", 0, "gelu", "rope", True, 12),
+    ("gptj-6b", 28 * (4 + 2) * 4096 - 50_400, "gelu", "rope", True, 16),  # no Q/K/V/O biases, one norm; head bias
+    ("falcon-7b", 32 * 2 * 4544, "gelu", "rope", True, 1),  # one LayerNorm per block
+    ("phi-2", 32 * 2 * 2560 - 51_200, "gelu", "rope", True, 32),  # one LayerNorm per block; head bias
+    ("gemma-2b", 0, "geglu", "rope", False, 1),
+    ("starcoder2-3b", 0, "gelu", "rope", False, 2),
+    ("qwen1.5-moe", -24 * 2048, "swiglu", "rope", False, 16),  # the shared expert's sigmoid gate
+]
+
+
+@pytest.mark.parametrize(("directory", "delta", "mlp", "positions", "parallel", "kv"), HF_FAMILIES)
+def test_hf_families_count_transformers_parameters(
+    hf_reader, directory: str, delta: int, mlp: str, positions: str, parallel: bool, kv: int
+) -> None:
+    """GPT-2, StarCoder, OPT, BLOOM, MPT, Pythia, GPT-J, Falcon, Phi-2, Gemma, StarCoder 2 and Qwen1.5-MoE:
+    the architecture read from the file, and the parameters of transformers' own model built from it
+    (on the meta device: no memory) up to the tensors paraplan does not model, each named next to its
+    case. Planned at the context the file states, the length of a learned position table."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(HF / directory / "config.json"))
+    cfg = hf_reader.read_hf_config(HF / directory / "config.json")
+    assert moe.num_parameters(cfg) == sum(p.numel() for p in reference.parameters()) + delta
+    assert (cfg.mlp, cfg.position_embedding, cfg.parallel_block, cfg.kv_heads) == (mlp, positions, parallel, kv)
+
+
+def test_hf_family_details(hf_reader) -> None:
+    """Qwen1.5-MoE's 5,632-wide shared expert is 4 routed-expert widths and its Q/K/V carry biases;
+    StarCoder 2's 4,096-token window in every layer; GPT-2 and BLOOM plan at their stated lengths."""
+    qwen = hf_reader.read_hf_config(HF / "qwen1.5-moe" / "config.json", seq_length=4096)
+    assert (qwen.num_experts, qwen.experts_per_token, qwen.num_shared_experts, qwen.qkv_bias) == (60, 4, 4, True)
+    coder = hf_reader.read_hf_config(HF / "starcoder2-3b" / "config.json", seq_length=4096)
+    assert (coder.sliding_window, coder.global_attention_every, coder.bias, coder.norm) == (4096, None, True, "layernorm")
+    assert hf_reader.read_hf_config(HF / "gpt2" / "config.json").seq_length == 1024
+    assert hf_reader.read_hf_config(HF / "bloom-560m" / "config.json").seq_length == 2048
+
+
+def test_hf_families_plan_and_refuse_megatron_export(hf_reader, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A Pythia plan comes out of the CLI; Megatron-LM has no parallel block, so its export exits 2
+    naming the field instead of writing flags for another network."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", f"hf:{HF / 'pythia-160m'}", "--cluster", "a100-80gb:8", "--solver", "ptdp",
+                 "--global-batch", "64", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert "parallel_block=true" in err and "Traceback" not in err
 
 
 def test_hf_config_plans_without_edits(hf_reader, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,6 @@
 """Plans of small models for the bridge tests: ``gpt-tiny`` (6 layers: embedding, 4 blocks, head),
-and Llama- and Mixtral-style configs of the same size (``LLAMA_TINY``, ``MIXTRAL_TINY``)."""
+and Llama-, Mixtral- and NeoX-style configs of the same size (``LLAMA_TINY``, ``MIXTRAL_TINY``,
+``NEOX_TINY``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ MIXTRAL_TINY = LLAMA_TINY.model_copy(update={
     "name": "mixtral-tiny", "num_experts": 4, "experts_per_token": 2, "moe_ffn_hidden_size": 32,
 })
 """Mixtral style: every block a top-2-of-4 MoE."""
+NEOX_TINY = TransformerConfig(
+    name="neox-tiny", hidden_size=32, num_layers=4, num_heads=4, seq_length=16, vocab_size=128, ffn_hidden_size=64,
+    mlp="relu", norm="layernorm", bias=True, position_embedding="alibi", parallel_block=True, tied_embeddings=False,
+    dtype="fp32",
+)
+"""GPT-NeoX / Falcon style at toy size: attention and MLP in parallel, ALiBi, LayerNorm with biases,
+and OPT's ReLU FFN."""
 
 # torchtitan tests/assets/custom_schedule.csv: 2 ranks, virtual stages {0, 2} and {1, 3}, m = 8,
 # every backward split into I and W, in an order no built-in schedule has.

@@ -23,7 +23,9 @@ from planner.schema import Plan  # noqa: E402
 from runtime_bridge.check import TOLERANCE  # noqa: E402
 from runtime_bridge.launch import RunJob, LaunchOptions, RunFailedError, launch, summarize  # noqa: E402
 from runtime_bridge.validate import resolve_config  # noqa: E402
-from tests.runtime_bridge.plans import LLAMA_TINY, MIXTRAL_TINY, tiny_plan, torchtitan_custom_plan  # noqa: E402
+from tests.runtime_bridge.plans import (  # noqa: E402
+    LLAMA_TINY, MIXTRAL_TINY, NEOX_TINY, tiny_plan, torchtitan_custom_plan,
+)
 
 MIXTRAL_SHARED = MIXTRAL_TINY.model_copy(update={"name": "mixtral-shared-tiny", "num_shared_experts": 1})
 # A hang guard only: every collective has a 30 s process-group timeout and each launch its own
@@ -52,6 +54,8 @@ _TWO_RANK_PLANS = {
         "1f1b", p=1, d=2, expert=2, zero_stage=1, model=MIXTRAL_TINY),
     "llama CP2 (load-balanced split, all-gathered K/V), selective recompute": tiny_plan(
         "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
+    "gemma-style GeGLU, 1f1b p=2": tiny_plan("1f1b", model=LLAMA_TINY.model_copy(
+        update={"name": "gemma-tiny", "mlp": "geglu"})),
 }
 # Megatron-Core recompute modules (runtime_bridge.recompute), launched apart so that each launch stays
 # within the per-test timeout on a loaded machine
@@ -62,6 +66,9 @@ _MODULE_PLANS = {
     "mixtral + shared expert, recompute modules layernorm+moe_act+shared_experts": tiny_plan(
         "1f1b", model=MIXTRAL_SHARED, module_strategy="moe_act+layernorm+shared_experts",
         recompute={0: {"moe_act+layernorm+shared_experts": [1, 2]}, 1: {"moe_act+layernorm+shared_experts": [3, 4]}}),
+    "neox-style parallel block + ALiBi + ReLU, recompute modules core_attn+layernorm+mlp": tiny_plan(
+        "1f1b", model=NEOX_TINY, module_strategy="core_attn+layernorm+mlp",
+        recompute={0: {"core_attn+layernorm+mlp": [1, 2]}, 1: {"core_attn+layernorm+mlp": [3]}}),
     "mixtral, recompute module moe": tiny_plan(
         "1f1b", model=MIXTRAL_TINY, module_strategy="moe", recompute={0: {"moe": [1, 2]}}),
 }
