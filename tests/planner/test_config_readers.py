@@ -127,7 +127,7 @@ HF_FAMILIES = [
     ("starcoder", 0, "gelu", "learned", False, 1),  # multi-query attention
     ("opt-125m", -2 * 768, "relu", "learned", False, 12),  # OPT's 2 offset rows of positions
     ("bloom-560m", -2 * 1024, "gelu", "alibi", False, 16),  # the LayerNorm after the word embedding
-    ("mpt-7b", 65 * 4096, "gelu", "alibi", False, 32),  # MPT's no_bias LayerNorms hold no weight either
+    ("mpt-7b", 65 * 4096, "gelu", "alibi", False, 32),  # no_bias LayerNorms (paraplan counts a LayerNorm's bias)
     ("pythia-160m", 0, "gelu", "rope", True, 12),
     ("gptj-6b", 28 * (4 + 2) * 4096 - 50_400, "gelu", "rope", True, 16),  # no Q/K/V/O biases, one norm; head bias
     ("falcon-7b", 32 * 2 * 4544, "gelu", "rope", True, 1),  # one LayerNorm per block
@@ -154,6 +154,43 @@ def test_hf_families_count_transformers_parameters(
     cfg = hf_reader.read_hf_config(HF / directory / "config.json")
     assert moe.num_parameters(cfg) == sum(p.numel() for p in reference.parameters()) + delta
     assert (cfg.mlp, cfg.position_embedding, cfg.parallel_block, cfg.kv_heads) == (mlp, positions, parallel, kv)
+
+
+H, L = 256, 4  # the small configs below: hidden 256, 4 layers, 8 heads of 32, 4 K/V heads
+# model_type -> paraplan's count minus transformers' and why
+HF_DEFAULT_FAMILIES = {
+    "gemma2": -2 * H * L,  # Gemma 2's post-attention and post-FFN norms
+    "gemma3_text": -2 * H * L,
+    "olmo": 2 * H * (2 * L + 1),  # OLMo's LayerNorms have no parameters
+    "olmo2": -(8 * 32 + 4 * 32 - 2 * 32) * L,  # OLMo 2 normalises whole Q and K projections, not per head
+    "cohere": 2 * H * (2 * L + 1) - H * (L + 1),  # one bias-free LayerNorm per block
+    "stablelm": 0,
+    "granite": 0,
+    "deepseek_v2": 0,
+}
+
+
+@pytest.mark.parametrize("model_type", list(HF_DEFAULT_FAMILIES))
+def test_hf_default_configs_of_more_families(hf_reader, tmp_path: Path, model_type: str) -> None:
+    """Gemma 2/3, OLMo 1/2, Cohere, StableLM, Granite and DeepSeek-V2 at a small size written by
+    transformers' own config classes: the parameters of transformers' model up to the named tensors."""
+    torch = pytest.importorskip("torch")
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    shape = {"hidden_size": H, "num_hidden_layers": L, "num_attention_heads": 8, "num_key_value_heads": 4,
+             "intermediate_size": 512, "vocab_size": 1000}
+    if model_type == "deepseek_v2":
+        shape.update(kv_lora_rank=64, q_lora_rank=96, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                     n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, n_shared_experts=1,
+                     first_k_dense_replace=1, n_group=2, topk_group=1)
+    config = CONFIG_MAPPING[model_type](**shape)
+    config.save_pretrained(tmp_path)
+    with torch.device("meta"):
+        reference = AutoModelForCausalLM.from_config(config)
+    cfg = hf_reader.read_hf_config(tmp_path, seq_length=512)
+    assert moe.num_parameters(cfg) == sum(p.numel() for p in reference.parameters()) + HF_DEFAULT_FAMILIES[model_type]
+    assert cfg.mlp == ("geglu" if model_type.startswith("gemma") else "swiglu")
+    assert cfg.parallel_block == (model_type == "cohere")
 
 
 def test_hf_family_details(hf_reader) -> None:
