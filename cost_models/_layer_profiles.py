@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from cost_models import compute, fp8, layer_ops, moe, recompute
+from cost_models.layer_ops import tp_collectives_per_layer
 from cost_models.transformer import (
     _TOKEN_ID_BYTES,
     _element_bytes,
@@ -78,7 +79,7 @@ def _decoder_layer(cfg: TransformerConfig, index: int, device: Device, b: int, t
         core = attention_core_forward_flops(cfg, **kw)
         f_flops, bi_flops, w_flops = matmul + core, matmul + 2 * core, matmul
         params = moe.decoder_layer_params(cfg, index) / t
-    comm_s = 2 * _tp_allreduce_s(cfg, b, t, bw)  # two all-reduces in each direction (L3709-3713)
+    comm_s = tp_collectives_per_layer(cfg) * _tp_allreduce_s(cfg, b, t, bw)  # two all-reduces each way (L3709-3713)
     forward_s = f_flops / rate + comm_s
     if selective_fraction is None:
         selective_s = attention_core_forward_flops(cfg, **kw) / rate

@@ -72,6 +72,14 @@ class OpTimes:
         return self.backward_input_s + self.backward_weight_s
 
 
+def tp_collectives_per_layer(cfg: TransformerConfig) -> int:
+    """Tensor-parallel collectives of a decoder layer in each direction: one after (before, in the
+    backward) the attention block and one after the MLP block, [ptdp] Sec. 2.3 / Fig. 5; a parallel
+    block (GPT-J, GPT-NeoX) sums the two branches' partial outputs (input gradients) first and
+    reduces them once, one all-reduce per layer in each direction ([gpt-neox] Sec. 2.1)."""
+    return 1 if cfg.parallel_block else 2
+
+
 def _tp_allreduce_s(device: Device, num_bytes: float, t: int, link_bytes_per_s: float | None,
                     latency_s: float) -> float:
     if t <= 1 or not link_bytes_per_s:
@@ -218,10 +226,10 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     q_fwd, q_bwd, q_kf, q_kb = fp8.quantize_bytes(gemms, device)  # type: ignore[arg-type]  # FP8 casts (0 in BF16)
     ew_fwd, ew_bwd, kernels = ew_fwd + q_fwd, ew_bwd + q_bwd, (kernels[0] + q_kf, kernels[1] + q_kb)
     mem_fwd = memory_op_s(ew_fwd, device, num_kernels=kernels[0])
-    comm = 2 * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size * fp8.tp_comm_scale(
+    comm = tp_collectives_per_layer(cfg) * _tp_allreduce_s(device, _BYTES[cfg.dtype] * tokens * cfg.hidden_size * fp8.tp_comm_scale(
         device, sequence_parallel), t, tp_link_bytes_per_s, tp_latency_s)
     forward = fwd_gemm + core_fwd + mem_fwd + comm
-    back_comm = 2 * max(0.0, comm / 2 - bwd_w / 2) if overlap_tp_backward else comm
+    back_comm = max(0.0, comm - bwd_w) if overlap_tp_backward else comm  # per block: its share of each
     backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=kernels[1]) + back_comm
     return OpTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=bwd_w, selective_s=core_fwd,
                    forward_comm_s=comm, backward_comm_s=back_comm, forward_gemm_s=fwd_gemm + core_fwd,

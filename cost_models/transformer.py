@@ -27,6 +27,7 @@ import logging
 
 from cost_models import compute, moe, moe_memory
 from cost_models import recompute as recompute_mod
+from cost_models.layer_ops import tp_collectives_per_layer
 from cost_models.windows import attention_span_factor
 from planner.errors import InvalidProblemError
 from planner.schema import RECOMPUTE_MODULES, Device, ModelProfile, TransformerConfig, recompute_modules_of
@@ -295,9 +296,10 @@ def allreduce_time_s(num_bytes: float, num_ranks: int, bytes_per_s: float, laten
 
 def tensor_parallel_volume_elements(cfg: TransformerConfig, *, microbatch_size: int, tensor_parallel: int) -> float:
     """Per layer, device and microbatch: 8bsh(t-1)/t elements, i.e. 4 ring all-reduces of bsh
-    (2 forward, 2 backward) (seed 001 L3778-3823; 2 + 2 all-reduces per layer, L3709-3713)."""
+    (2 forward, 2 backward) (seed 001 L3778-3823; 2 + 2 all-reduces per layer, L3709-3713); half
+    that for a parallel block."""
     t = tensor_parallel
-    return 8 * microbatch_size * cfg.seq_length * cfg.hidden_size * (t - 1) / t
+    return 4 * tp_collectives_per_layer(cfg) * microbatch_size * cfg.seq_length * cfg.hidden_size * (t - 1) / t
 
 
 def p2p_bytes(

@@ -11,7 +11,8 @@ from cost_models import hardware
 from planner.errors import InvalidProblemError
 from planner.schema import Cluster, Device
 
-REQUIRED_DEVICES = ("a100-40gb", "a100-80gb", "h100", "h200", "v100", "p100", "k80", "ascend-910", "cpu")
+REQUIRED_DEVICES = ("a100-40gb", "a100-80gb", "h100", "h200", "v100", "p100", "k80", "ascend-910", "cpu", "h800", "a800",
+                    "h100-pcie", "h100-nvl", "l40s")
 
 
 def _raw() -> dict:
@@ -90,6 +91,27 @@ def test_h100_and_h200_nvlink_450_per_direction_and_ndr_400_gbit() -> None:
         cluster = hardware.cluster_preset(f"{name}:16")
         assert cluster.intra_node_bytes_per_s == 450e9
         assert cluster.inter_node_bytes_per_s == pytest.approx(400e9 / 8)
+
+
+def test_export_and_pcie_variants_differ_from_their_sxm_parts_only_where_the_datasheets_do() -> None:
+    """H800 / A800: the H100 / A100 SXM die with NVLink cut to 400 GB/s bidirectional, so a GEMM costs
+    the same and a tensor-parallel all-reduce inside the node 2.25x / 1.5x longer; the PCIe parts
+    run their own peaks (756 and 835.5 TF/s) at Hopper's constants, and their GPUs talk over PCIe."""
+    from cost_models import compute
+    from cost_models.collectives import group_allreduce_s
+
+    h100, h800 = hardware.device_preset("h100"), hardware.device_preset("h800")
+    assert compute.gemm_time_s(8192, 8192, 8192, h800) == compute.gemm_time_s(8192, 8192, 8192, h100)
+    sxm, cut = hardware.cluster_preset("h100:8"), hardware.cluster_preset("h800:8")
+    assert group_allreduce_s(cut, 1e9, 8) / group_allreduce_s(sxm, 1e9, 8) == pytest.approx(2.25, rel=0.01)
+    a100, a800 = hardware.cluster_preset("a100-80gb:8"), hardware.cluster_preset("a800:8")
+    assert group_allreduce_s(a800, 1e9, 8) / group_allreduce_s(a100, 1e9, 8) == pytest.approx(1.5, rel=0.01)
+    pcie = hardware.device_preset("h100-pcie")
+    big = (16384, 16384, 16384)
+    assert compute.gemm_efficiency(*big, pcie) == pytest.approx(compute.gemm_efficiency(*big, h100), rel=0.02)
+    assert hardware.cluster_preset("h100-pcie:8").intra_node_bytes_per_s == 63e9
+    assert hardware.cluster_preset("l40s:16").num_nodes == 2
+    assert hardware.device_preset("H800-SXM").name == "h800"
 
 
 def test_a_device_count_that_is_not_whole_nodes_is_refused_with_the_nearest_fits() -> None:

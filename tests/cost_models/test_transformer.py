@@ -166,6 +166,25 @@ def test_gpt3_communication_volumes() -> None:
     assert tr.tensor_parallel_volume_elements(cfg, microbatch_size=1, tensor_parallel=8) == 176_160_768
 
 
+def test_parallel_block_reduces_once_per_layer() -> None:
+    """GPT-NeoX's parallel block sums the attention and MLP partial outputs before one all-reduce
+    ([gpt-neox] Sec. 2.1): half the tensor-parallel volume and collective time of the sequential
+    block, the same GEMMs; at t = 1 the two blocks cost the same."""
+    from cost_models.layer_ops import decoder_op_times
+
+    cfg = models.model_preset("gpt3-175b")
+    neox = cfg.model_copy(update={"parallel_block": True})
+    assert tr.tensor_parallel_volume_elements(neox, microbatch_size=1, tensor_parallel=8) == 176_160_768 / 2
+    a100 = hardware.device_preset("a100-80gb")
+    kw = {"microbatch_size": 1, "tensor_parallel": 8, "tp_link_bytes_per_s": 300e9}
+    seq, par = decoder_op_times(cfg, a100, **kw), decoder_op_times(neox, a100, **kw)
+    assert par.forward_comm_s == pytest.approx(seq.forward_comm_s / 2)
+    assert par.forward_gemm_s == seq.forward_gemm_s and par.backward_weight_s == seq.backward_weight_s
+    assert par.forward_s == pytest.approx(seq.forward_s - seq.forward_comm_s / 2)
+    one = {"microbatch_size": 1, "tensor_parallel": 1}
+    assert decoder_op_times(neox, a100, **one) == decoder_op_times(cfg, a100, **one)
+
+
 def test_ring_allreduce_closed_form() -> None:
     assert tr.allreduce_time_s(1e9, 1, 1e9) == 0.0
     assert tr.allreduce_time_s(1e9, 4, 1e9) == pytest.approx(1.5)
