@@ -166,19 +166,22 @@ HF_DEFAULT_FAMILIES = {
     "cohere": 2 * H * (2 * L + 1) - H * (L + 1),  # one bias-free LayerNorm per block
     "stablelm": 0,
     "granite": 0,
+    "phi3": 0,
     "deepseek_v2": 0,
 }
 
 
 @pytest.mark.parametrize("model_type", list(HF_DEFAULT_FAMILIES))
 def test_hf_default_configs_of_more_families(hf_reader, tmp_path: Path, model_type: str) -> None:
-    """Gemma 2/3, OLMo 1/2, Cohere, StableLM, Granite and DeepSeek-V2 at a small size written by
+    """Gemma 2/3, OLMo 1/2, Cohere, StableLM, Granite, Phi-3 and DeepSeek-V2 at a small size written by
     transformers' own config classes: the parameters of transformers' model up to the named tensors."""
     torch = pytest.importorskip("torch")
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
     shape = {"hidden_size": H, "num_hidden_layers": L, "num_attention_heads": 8, "num_key_value_heads": 4,
              "intermediate_size": 512, "vocab_size": 1000}
+    if model_type == "phi3":  # its default pad token id lies outside a 1,000-token vocabulary
+        shape.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if model_type == "deepseek_v2":
         shape.update(kv_lora_rank=64, q_lora_rank=96, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
                      n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, n_shared_experts=1,
