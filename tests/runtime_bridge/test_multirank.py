@@ -209,6 +209,9 @@ def test_four_ranks_meshes(tmp_path) -> None:
             "1f1b", context=2, zero_stage=3, model=LLAMA_TINY),
         "llama CP2 x DP2, ZeRO-1": tiny_plan("gpipe", p=1, d=2, context=2, zero_stage=1, model=LLAMA_TINY),
         "gpt TP2 x CP2, sequence parallel": tiny_plan("gpipe", p=1, t=2, context=2, sequence_parallel=True),
+        "neox parallel block (RoPE) TP2 x PP2, sequence parallel": tiny_plan(
+            "1f1b", t=2, sequence_parallel=True, model=NEOX_TINY.model_copy(update={"position_embedding": "rope"})),
+        "neox parallel block + ALiBi PP2 x CP2": tiny_plan("1f1b", context=2, model=NEOX_TINY),
     }
     jobs = _jobs(plans)
     results = launch(jobs, LaunchOptions(timeout_s=30))
