@@ -27,6 +27,7 @@ import logging
 
 from cost_models import compute, moe, moe_memory
 from cost_models import recompute as recompute_mod
+from cost_models.activation_offload import with_offload
 from cost_models.layer_ops import tp_collectives_per_layer
 from cost_models.windows import attention_span_factor
 from planner.errors import InvalidProblemError
@@ -344,6 +345,7 @@ def transformer_profile(
     overlap_tp_backward: bool = False,
     recompute_modules: bool | list[tuple[str, ...]] = False,
     grad_accum_bytes_per_param: float = 0.0,
+    activation_offload: bool = False,
 ) -> ModelProfile:
     """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
 
@@ -388,14 +390,17 @@ def transformer_profile(
             after every microbatch's backward outside the GEMMs (DeepSpeed's BF16 optimizer:
             ``compute.DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM``), added to each layer's backward;
             0 (Megatron-LM's accumulation fused into the weight-gradient GEMM).
+        activation_offload: also offer the ``offload`` strategy on every decoder layer: its saved
+            activations go to host memory and back over the device's host link
+            (``cost_models.activation_offload``).
 
     Returns:
         A ``ModelProfile`` with ``num_layers + 2`` layers, ``source="analytic"``.
 
     Raises:
         InvalidProblemError: microbatch size below 1, efficiency outside (0, 1], an unknown
-            attention kind, or a tensor-parallel degree that does not divide the heads, KV heads
-            and FFN size.
+            attention kind, a tensor-parallel degree that does not divide the heads, KV heads
+            and FFN size, or activation offloading on a device without a host link.
     """
     b, t = microbatch_size, tensor_parallel
     _check_profile_args(cfg, b, t, 0.5 if efficiency is None else efficiency)
@@ -431,6 +436,8 @@ def transformer_profile(
             moe_block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.first_dense_layers, cfg.num_layers)]
     layers = lp.with_grad_accum_pass((embedding, *decoders, head), device, grad_accum_bytes_per_param,
                                      _element_bytes(cfg))
+    if activation_offload:
+        layers = with_offload(layers, device)
     return ModelProfile(
         name=cfg.name, layers=layers, microbatch_size=b, tensor_parallel=t,
         tokens_per_sample=cfg.seq_length, device=device.name,

@@ -183,6 +183,7 @@ def make_problem(
     kernels: str | None = None,
     precision: str | None = None,
     attention_kernel: str | None = None,
+    activation_offload: bool = False,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -197,6 +198,8 @@ def make_problem(
     with delayed or current scaling) sets ``ComputeModel.linear_precision`` (``cost_models.fp8``).
     ``attention_kernel`` (``fa1``, ``fa2``, ``fa3``, ``cudnn``, ``fa4``: a family the device lists) sets the flash-attention
     kernel family whose rate the attention core runs at (``ComputeModel.attention_kernel``).
+    ``activation_offload`` adds the ``offload`` strategy to every decoder layer (its activations to
+    host memory and back, ``cost_models.activation_offload``) for the solvers that pick strategies.
 
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
@@ -230,6 +233,7 @@ def make_problem(
             microbatch_size=microbatch_size or 1,
             tensor_parallel=tensor_parallel or 1,
             intra_node_bytes_per_s=cluster_obj.intra_node_bytes_per_s,
+            activation_offload=activation_offload,
             **kwargs,
         )
     else:
@@ -246,6 +250,9 @@ def make_problem(
         if efficiency is not None or attention is not None:
             raise InvalidProblemError("efficiency and attention apply to transformer configs only, not to measured "
                                       "profiles")
+        if activation_offload:
+            offload = _cost_model("activation_offload")
+            profile = profile.model_copy(update={"layers": offload.with_offload(profile.layers, cluster_obj.device)})
     return PipelineProblem.from_dict(
         {
             "model": profile.model_dump(),

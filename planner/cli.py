@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "Triton port, fa2 FlashAttention-2 (PyTorch SDPA), fa3 FlashAttention-3 / cuDNN (the H100 "
                         "default), cudnn cuDNN fused attention (the Blackwell default), fa4 FlashAttention-4; "
                         "docs/cost-model.md, Attention core")
+    p.add_argument("--activation-offload", action="store_true",
+                   help="also offer the 'offload' strategy: a decoder layer's saved activations go to host memory "
+                        "over the device's host link and back for its backward, costed by what the copies do not "
+                        "hide (ptdp: searched next to its recompute settings; docs/cost-model.md, Activation "
+                        "offloading)")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=T.positive_float(), help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -236,6 +241,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         kernels=args.kernels,
         precision=args.precision,
         attention_kernel=args.attention_kernel,
+        activation_offload=args.activation_offload,
     )
     print(report.expansion_line(args.cluster, problem.cluster), file=sys.stderr)
     solver = args.solver or api.default_solver(problem)
@@ -244,6 +250,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     options = _parse_options(args.option)
     if solver == "ptdp" and args.attention:  # ptdp profiles every (t, b) itself, with its own option
         options.setdefault("attention", args.attention)
+    if solver == "ptdp" and args.activation_offload:  # searched next to the recompute settings asked for
+        listed = options.get("recompute", "none,selective,modules,full")
+        options["recompute"] = listed if "offload" in listed.split(",") else f"{listed},offload"
     began = time.perf_counter()
     from solvers.budget import listening
 

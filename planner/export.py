@@ -26,6 +26,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from cost_models import simulate
+from cost_models.activation_offload import OFFLOAD
 from cost_models.schedules import overlapped_blocks, validate_actions
 from planner.errors import InvalidProblemError
 from planner.export_megatron_flags import model_flags, parallel_flags
@@ -322,12 +323,13 @@ def _decoder_strategies(plan: Plan) -> list[list[str]]:
     for chunk in plan.virtual_stages():
         kinds = [plan.model.layers[i].kind for i in range(*chunk.layers)]
         strategies = chunk.layer_strategies()
-        unknown = sorted({s for s in strategies if s not in KNOWN_RECOMPUTE and recompute_modules_of(s) is None})
+        unknown = sorted({s for s in strategies
+                          if s not in (*KNOWN_RECOMPUTE, OFFLOAD) and recompute_modules_of(s) is None})
         if unknown:
             raise InvalidProblemError(
                 f"recompute strategies {unknown} (layers {list(range(*chunk.layers))}) have no Megatron-LM "
-                f"equivalent; Megatron knows {list(KNOWN_RECOMPUTE)} and module sets of {list(RECOMPUTE_MODULES)} "
-                "joined by '+'"
+                f"equivalent; Megatron knows {list(KNOWN_RECOMPUTE)}, module sets of {list(RECOMPUTE_MODULES)} "
+                f"joined by '+', and {OFFLOAD!r} (CPU offloading)"
             )
         out.append([s for s, kind in zip(strategies, kinds) if kind == "decoder"])
     return out
@@ -337,6 +339,9 @@ def _recompute_flags(plan: Plan, export: _MegatronExport) -> None:
     per_chunk = _decoder_strategies(plan)
     used = {s for chunk in per_chunk for s in chunk} - {"none"}
     if not used:
+        return
+    if OFFLOAD in used:
+        _offload_flags(plan, sum(chunk.count(OFFLOAD) for chunk in per_chunk), used, export)
         return
     total = sum(len(chunk) for chunk in per_chunk)
     if len(used) == 1 and "full" not in used:
@@ -360,6 +365,31 @@ def _recompute_flags(plan: Plan, export: _MegatronExport) -> None:
             export.add(flag, value)
         return
     _block_recompute(per_chunk, used, export)
+
+
+def _offload_flags(plan: Plan, offloaded: int, used: set[str], export: _MegatronExport) -> None:
+    """Megatron-Core's layer-level CPU offloading (``--cpu-offloading``, Transformer Engine's CPU-offload
+    context): the activations of the first N decoder layers, N below the layer count, without pipeline
+    parallelism and without activation recompute (``TransformerConfig`` refuses either)."""
+    layers = plan.transformer.num_layers if plan.transformer is not None else offloaded + 1
+    problems = []
+    if used != {OFFLOAD}:
+        problems.append(f"the plan also recomputes ({', '.join(sorted(used - {OFFLOAD}))}) and Megatron-Core's CPU "
+                        "offloading does not run with activation recompute")
+    if plan.degrees.pipeline > 1:
+        problems.append(f"degrees.pipeline={plan.degrees.pipeline} and Megatron-Core has no CPU offloading with "
+                        "pipeline parallelism")
+    if problems:
+        raise InvalidProblemError(
+            f"the plan offloads the activations of {offloaded} decoder layers, which Megatron-LM cannot run: "
+            f"{'; '.join(problems)}. Export the schedule with --format torch-csv (the runtime bridge runs the plan "
+            "as it is), or plan without offload (ptdp: --option recompute=none,selective,modules,full)")
+    if offloaded >= layers:
+        export.warnings.append(
+            f"the plan offloads all {layers} decoder layers; Megatron-Core offloads at most num_layers - 1 "
+            f"(the last layer's activations are used at once): exported {layers - 1}")
+    export.add("--cpu-offloading")
+    export.add("--cpu-offloading-num-layers", min(offloaded, layers - 1))
 
 
 def _block_recompute(per_chunk: list[list[str]], used: set[str], export: _MegatronExport) -> None:

@@ -40,7 +40,8 @@ class ChunkModule(nn.Module):
 
     Args:
         layers: model layer index -> module, in model order.
-        strategies: model layer index -> ``none``, ``selective``, ``full`` or a module set
+        strategies: model layer index -> ``none``, ``selective``, ``full``, ``offload`` (the layer's
+            saved tensors in host memory: ``torch.autograd.graph.save_on_cpu``) or a module set
             (``layernorm+moe_act``: ``runtime_bridge.recompute``).
     """
 
@@ -48,16 +49,17 @@ class ChunkModule(nn.Module):
         super().__init__()
         self.layers = nn.ModuleDict({str(i): layer for i, layer in sorted(layers.items())})
         self.full_recompute = frozenset(i for i, s in (strategies or {}).items() if s == "full")
+        self.offloaded = frozenset(i for i, s in (strategies or {}).items() if s == "offload")
         for i, strategy in (strategies or {}).items():
             modules = recompute_modules_of(strategy)
             if strategy == "selective":
                 _enable_selective(layers[i], i)
             elif modules:
                 set_block_modules(layers[i], modules, i)
-            elif strategy not in ("none", "full"):
+            elif strategy not in ("none", "full", "offload"):
                 raise InvalidProblemError(
                     f"layer {i} asks for recompute strategy {strategy!r}; the runtime bridge runs "
-                    "'none', 'selective', 'full' and Megatron-Core module sets joined by '+'"
+                    "'none', 'selective', 'full', 'offload' and Megatron-Core module sets joined by '+'"
                 )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +67,11 @@ class ChunkModule(nn.Module):
             if int(key) in self.full_recompute and torch.is_grad_enabled():
                 # Keep only the layer input; recompute the layer in the backward (Korthikanti Sec. 5).
                 x = checkpoint(layer, x, use_reentrant=False)
+            elif int(key) in self.offloaded and torch.is_grad_enabled():
+                # What the layer saves for its backward goes to host memory (pinned on CUDA) and comes
+                # back when the backward unpacks it (cost_models.activation_offload).
+                with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
+                    x = layer(x)
             else:
                 x = layer(x)
         return x

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models import moe, parallelism
+from cost_models.activation_offload import OFFLOAD, offload_bandwidth_bytes_per_s, offload_option
 from cost_models.collectives import group_allgather_s
 from cost_models.compute import collective_sm_share
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
@@ -278,6 +279,10 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         bwd += max(0.0, gather - bwd) + share * min(gather, bwd)
     if "full" in options:
         options["full"] = options["full"].model_copy(update={"extra_s": fwd})
+    if OFFLOAD in options and cluster.device is not None:  # the copies hide behind the layer at its degrees
+        options[OFFLOAD] = offload_option(layer.model_copy(update={"forward_s": fwd, "backward_s": bwd,
+                                                                   "recompute": options}),
+                                          offload_bandwidth_bytes_per_s(cluster.device))
     moe_again = (a2a_fwd + regroup[0] + imbalance * layer.forward_s) if moe_layer else 0.0
     _module_options_at_degrees(options, (c - 1) * core_fwd if c > 1 else 0.0, moe_again)
     return layer.model_copy(update={"forward_s": fwd, "backward_s": bwd, "backward_weight_s": weight, "flops": flops,

@@ -164,6 +164,8 @@ class ProfileSettings:
     """A gradient-accumulation pass after every microbatch's backward (DeepSpeed's BF16 optimizer)."""
     grad_bytes_per_param: float = GRAD_BYTES_PER_PARAM
     """Resident gradient bytes per parameter (6 under DeepSpeed's BF16 optimizer: its fp32 buffer)."""
+    activation_offload: bool = False
+    """Offer the ``offload`` strategy (activations to host memory, ``cost_models.activation_offload``)."""
 
 
 def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch_size: int,
@@ -205,7 +207,8 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
 def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
     """``transformer_profile`` keywords of the settings at a tensor-parallel degree."""
     kwargs: dict[str, Any] = {"scatter_gather": settings.scatter_gather and tensor > 1,
-                              "sequence_parallel": settings.sequence_parallel, "attention": settings.attention}
+                              "sequence_parallel": settings.sequence_parallel, "attention": settings.attention,
+                              "activation_offload": settings.activation_offload}
     if settings.efficiency is not None:
         kwargs["efficiency"] = settings.efficiency
     else:

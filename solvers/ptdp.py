@@ -48,9 +48,11 @@ from solvers.options import parse_options
 log = logging.getLogger(__name__)
 
 SCHEDULES = ("1f1b", model.INTERLEAVED, *V_SCHEDULES)
-RECOMPUTE = ("none", "selective", "modules", "full")
+RECOMPUTE = ("none", "selective", "modules", "full", "offload")
 """``modules``: Megatron-Core's per-module selective recompute, the set of modules with the least
-recompute time that fits memory for each configuration (``cost_models.recompute``)."""
+recompute time that fits memory for each configuration (``cost_models.recompute``); ``offload``:
+every decoder layer's activations to host memory and back (``cost_models.activation_offload``;
+searched only when listed)."""
 _GIB = 2.0**30
 CLOSED_FORM_MARGIN = 0.06
 """Configurations whose closed-form time exceeds the best simulated time by more than this are
@@ -67,7 +69,8 @@ class Options:
     """Comma-separated schedules to search; the problem's schedule 'interleaved-1f1b' restricts to it."""
     recompute: str = "none,selective,modules,full"
     """Comma-separated uniform recompute settings to search; ``modules`` picks, per configuration, the
-    cheapest set of Megatron-Core recompute modules that fits (per-operation model only)."""
+    cheapest set of Megatron-Core recompute modules that fits (per-operation model only); ``offload``
+    (not searched unless listed) moves every decoder layer's activations to host memory."""
     efficiency: float | None = None
     """A flat achieved fraction of peak FLOP/s instead of the per-operation model (default: the
     per-operation model, or the flat efficiency the problem's profile was derived at)."""
@@ -261,6 +264,7 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
                                      attention=attention, overlap_tp_comm=opts.overlap_tp_comm,
                                      recompute_modules="modules" in _csv(opts.recompute, RECOMPUTE, "recompute"),
+                                     activation_offload="offload" in _csv(opts.recompute, RECOMPUTE, "recompute"),
                                      grad_accum_bytes_per_param=DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
                                      if opts.optimizer == "deepspeed-bf16" else 0.0,
                                      grad_bytes_per_param=grad_bytes_per_param(opts.optimizer))

@@ -47,6 +47,7 @@ _INT = {
     "--v-head-dim",
     "--moe-router-num-groups",
     "--moe-router-group-topk",
+    "--cpu-offloading-num-layers",
 }
 # Flags that are GPT-model or training arguments, not core-config fields: checked by type here.
 _OTHER_INT = {
@@ -100,6 +101,7 @@ _BOOL = {
     "--bf16",
     "--fp16",
     "--moe-router-enable-expert-bias",
+    "--cpu-offloading",
 }
 
 
@@ -172,6 +174,7 @@ def transformer_kwargs(a: dict[str, Any]) -> dict[str, Any]:
     kw["moe_router_enable_expert_bias"] = a.get("--moe-router-enable-expert-bias", False)
     kw["sequence_parallel"] = a.get("--sequence-parallel", False)
     kw["moe_grouped_gemm"] = a.get("--moe-grouped-gemm", False)
+    kw["cpu_offloading"] = a.get("--cpu-offloading", False)
     for flag, field in _WINDOW.items():
         if flag in a:
             kw[field] = a[flag]

@@ -312,13 +312,13 @@ def test_megatron_rejects_what_it_cannot_say() -> None:
     plan = _plan([2, 2], p=2).model_copy(update={"model": odd})
     with pytest.raises(InvalidProblemError, match=r"must be 'embedding', then 'decoder' layers, then 'head'"):
         to_megatron_args(plan)
-    custom = {"none": RecomputeOption(activation_bytes=8.0), "offload": RecomputeOption(activation_bytes=0.0)}
+    custom = {"none": RecomputeOption(activation_bytes=8.0), "swap": RecomputeOption(activation_bytes=0.0)}
     off = _profile(4).model_copy(update={"layers": (layers[0], *(l.model_copy(update={"recompute": custom})
                                                                  for l in layers[1:5]), layers[5])})
     plan = _plan([2, 2], p=2).model_copy(
-        update={"model": off, "stages": (Stage(index=0, chunks=(Chunk(layers=(0, 3), recompute={"offload": 1}),)),
+        update={"model": off, "stages": (Stage(index=0, chunks=(Chunk(layers=(0, 3), recompute={"swap": 1}),)),
                                          Stage(index=1, chunks=(Chunk(layers=(3, 6)),)))})
-    with pytest.raises(InvalidProblemError, match=r"recompute strategies \['offload'\].*no Megatron-LM equivalent"):
+    with pytest.raises(InvalidProblemError, match=r"recompute strategies \['swap'\].*no Megatron-LM equivalent"):
         to_megatron_args(plan)
 
 

@@ -161,3 +161,21 @@ def test_megatron_core_rejects_module_sets_megatron_rejects() -> None:
     dense = preset_plan("llama3-8b", data=8, recompute="mla_up_proj")
     with pytest.raises(ValueError, match="multi_latent_attention"):
         validate(to_megatron_args(dense), world_size=8)
+
+
+def test_activation_offload_reaches_megatron_core_or_is_refused() -> None:
+    """Offloading every decoder layer of a one-stage plan exports as Megatron-Core's layer-level CPU
+    offloading of num_layers - 1 layers (its maximum; a warning says so), which megatron-core's own
+    TransformerConfig accepts; with a pipeline, or mixed with recompute, Megatron-Core refuses CPU
+    offloading, and so does the export, naming why."""
+    from planner.errors import InvalidProblemError
+    from planner.export import megatron_args_text
+
+    plan = preset_plan("llama3-8b", data=8, zero_stage=1, recompute="offload")
+    argv = to_megatron_args(plan)
+    cfg = validate(argv, world_size=8)["transformer"]
+    assert cfg.cpu_offloading and cfg.cpu_offloading_num_layers == 31
+    assert "--recompute-granularity" not in argv
+    assert "offloads at most num_layers - 1" in megatron_args_text(plan)
+    with pytest.raises(InvalidProblemError, match="degrees.pipeline=2 and Megatron-Core has no CPU offloading"):
+        to_megatron_args(preset_plan("llama3-8b", p=2, data=4, recompute="offload"))

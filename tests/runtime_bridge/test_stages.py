@@ -49,6 +49,31 @@ def test_chunks_with_recompute_equal_the_whole_model(cfg: TransformerConfig) -> 
     assert all(torch.equal(grads[k], ref[k]) for k in ref)
 
 
+@pytest.mark.parametrize("cfg", [model_preset("gpt-tiny"), LLAMA_LIKE], ids=["gpt", "llama-like"])
+def test_offloaded_layers_equal_the_whole_model_and_leave_nothing_on_the_graph(cfg: TransformerConfig) -> None:
+    """``offload``: the blocks' saved tensors go to host memory (save_on_cpu) and come back for the
+    backward: the same loss and gradients, bit for bit, and the blocks' tensors are packed by
+    save_on_cpu, not by the hooks around the chunk."""
+    n = gpt.num_model_layers(cfg)
+    ref_loss, ref = _grads(cfg, [LocalChunk(0, 0, n, ("none",) * n)])
+    strategies = ("none",) + ("offload",) * (n - 2) + ("none",)
+    loss, grads = _grads(cfg, [LocalChunk(0, 0, n, strategies)])
+    assert loss == ref_loss
+    assert all(torch.equal(grads[k], ref[k]) for k in ref)
+
+    def saved_outside_save_on_cpu(chosen: tuple[str, ...]) -> int:
+        """Tensors packed by an outer hook: save_on_cpu's own hooks take the offloaded blocks' tensors."""
+        packed: list[int] = []
+        mods = build_chunk_modules([LocalChunk(0, 0, n, chosen)], lambda i: gpt.build_layer(cfg, i), device=CPU,
+                                   init=lambda layer, i: gpt.init_layer(layer, i, seed=3))
+        x, _ = gpt.sample_batch(cfg, batch_size=2, step=0, seed=3)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.numel()) or t, lambda t: t):
+            mods[0](x)
+        return len(packed)
+
+    assert 0 < saved_outside_save_on_cpu(strategies) < saved_outside_save_on_cpu(("none",) * n)
+
+
 def test_meta_construction_materialises_only_the_ranks_layers() -> None:
     plan = tiny_plan("interleaved-1f1b", v=2, splits=[[(0, 1), (3, 5)], [(1, 3), (5, 6)]],
                      recompute={1: {"selective": 1}})

@@ -1,0 +1,67 @@
+"""Activation offloading to host memory: the ``offload`` strategy of a decoder layer.
+
+A layer whose strategy is ``offload`` keeps none of the tensors it saves for its backward in device
+memory: its forward copies them to pinned host memory while the next layer computes, and its
+backward's prefetch copies them back while the layer after it (in backward order: before it)
+computes (Megatron-Core's ``--cpu-offloading`` through Transformer Engine's CPU-offload context;
+PyTorch's ``torch.autograd.graph.save_on_cpu``; the GB200 NVL72 recipes of Megatron-Bridge, whose
+Grace memory sits behind NVLink-C2C). Per layer and microbatch, with A the bytes the layer would
+keep (its ``none`` activations) and B the device-host bandwidth (``Device.host_link_bytes_per_s``
+at the pinned-copy efficiency of ``cost_models.offload``):
+
+- time: only what the copies do not hide, ``max(0, A / B - forward) + max(0, A / B - backward)``,
+  charged as the strategy's extra time;
+- device memory: the layer input (what ``full`` recompute keeps) per microbatch in flight, standing
+  in for the staging buffers the copies pass through (an upper bound: the staging is per rank);
+- host memory: A per layer and microbatch in flight (not checked against the host's capacity).
+
+Formulas, sources and the limits: docs/cost-model.md, section 4, "Activation offloading".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cost_models.compute import host_link_bytes_per_s
+from cost_models.offload import DEFAULT_PINNED_EFFICIENCY
+from planner.errors import InvalidProblemError
+from planner.schema import Device, LayerProfile, RecomputeOption
+
+OFFLOAD = "offload"
+"""The strategy's name in a layer's ``recompute`` options and in plans."""
+
+
+def offload_bandwidth_bytes_per_s(device: Device) -> float:
+    """Bytes per second one device's activation copies reach over its host link, per direction.
+
+    Raises:
+        InvalidProblemError: the device (or its preset) states no host link.
+    """
+    link = host_link_bytes_per_s(device)
+    if link is None:
+        raise InvalidProblemError(
+            f"activation offloading needs the device-host bandwidth, but device {device.name!r} gives none: set "
+            f"device.host_link_bytes_per_s in the cluster JSON (e.g. 63e9 for PCIe 5.0 x16), or drop the offload")
+    return link * DEFAULT_PINNED_EFFICIENCY
+
+
+def offload_option(layer: LayerProfile, bandwidth_bytes_per_s: float) -> RecomputeOption:
+    """The ``offload`` strategy of a decoder layer at its current forward and backward times."""
+    options = layer.strategies()
+    saved = options["none"].activation_bytes
+    copy = saved / bandwidth_bytes_per_s
+    exposed = max(0.0, copy - layer.forward_s) + max(0.0, copy - layer.backward_s)
+    staging = options["full"].activation_bytes if "full" in options else saved
+    return RecomputeOption(activation_bytes=min(staging, saved), extra_s=exposed)
+
+
+def with_offload(layers: Sequence[LayerProfile], device: Device) -> tuple[LayerProfile, ...]:
+    """The layers with an ``offload`` strategy added to every decoder layer."""
+    bandwidth = offload_bandwidth_bytes_per_s(device)
+    out = []
+    for layer in layers:
+        if layer.kind == "decoder":
+            options = {**layer.strategies(), OFFLOAD: offload_option(layer, bandwidth)}
+            layer = layer.model_copy(update={"recompute": options})
+        out.append(layer)
+    return tuple(out)
