@@ -125,6 +125,16 @@ and 25.04 on DGX-GB200 (FP8 with current scaling, as those pages state). Left ou
 Nemotron (no preset), Mixtral 8x22B (its GBS/MBS columns are shifted on the page), GB200's Llama 3 70B
 (FSDP without its recipe's activation offload, as ``BLACKWELL_ROWS``)."""
 
+OFFLOAD_ROWS = [
+    # NeMo 25.07, DGX-GB200, FP8 current scaling, Megatron-FSDP (the tables' FSDP 1), GA 2 and 1
+    Fp8Row("25.07", "llama3-70b", 64, 128, 1, 1, 1, 1, True, 4066.0, "gb200", source="nemo-offload"),
+    Fp8Row("25.07", "llama3-405b", 128, 64, 2, 1, 1, 1, True, 706.0, "gb200", source="nemo-offload"),
+]
+"""Held out: the NeMo 25.07 DGX-GB200 rows [nemo-perf-summary] whose recipes keep activations in
+Grace memory (Megatron-FSDP with ``cpu_offloading_num_layers``), forced with activation offloading
+among the settings ptdp may take (``offload_rows``); until offloading was costed they could only be
+predicted with recompute in its place."""
+
 ASSUMED = ("FP8 with current scaling (fp8-cs) on every row; ZeRO-1 (distributed optimizer) with overlapped "
            "gradient reduce-scatter and parameter all-gather, or ZeRO-3 where FSDP is set (8B); sequence "
            "parallelism with t > 1 and overlapped TP communication; recompute: the cheapest Megatron-Core module "
@@ -282,6 +292,21 @@ def moe_rows() -> list[dict[str, object]]:
     return [bridge_row(r) for r in MOE_ROWS]
 
 
+def offload_rows() -> list[dict[str, object]]:
+    """``OFFLOAD_ROWS`` with ``offload`` searched next to the module sets and full recompute (the row's
+    ``recompute`` says what was taken); ``no_offload_error``: the same row without offloading."""
+    out = []
+    for row in OFFLOAD_ROWS:
+        cluster = fp8_cluster(row.system, row.gpus, None, row.precision)
+        problem = api.make_problem(row.model, cluster, global_batch_size=row.gbs, seq_length=row.seq)
+        result = bridge_row(row)  # the forced configuration without offloading
+        best = ptdp.solve(problem, options={**bridge_options(row), "recompute": "none,modules,full,offload"}).candidates[0]
+        tokens = row.gbs * row.seq / float(best["iteration_s"]) / row.gpus
+        out.append({**result, "predicted": tokens, "error": tokens / row.tokens - 1, "recompute": str(best["recompute"]),
+                    "peak_memory_gib": float(best["peak_memory_gib"]), "no_offload_error": result["error"]})
+    return out
+
+
 def blackwell_and_nemo_rows() -> list[dict[str, object]]:
     """The held-out Megatron-Bridge Blackwell rows and the NeMo performance-summary rows."""
     return [bridge_row(r) for r in BLACKWELL_ROWS + NEMO_ROWS]
@@ -321,7 +346,7 @@ def main() -> None:
     if "--fit" in sys.argv:
         print(f"fitted fp8_gemm_max_fraction on the Megatron-Bridge rows: {fit_fraction()}")
         return
-    rows, held = fp8_rows(), blackwell_and_nemo_rows() + moe_rows()
+    rows, held = fp8_rows(), blackwell_and_nemo_rows() + moe_rows() + offload_rows()
     print(f"assumed where the tables are silent: {ASSUMED}")
     for source, (mean, mean_abs, worst, n) in summary(rows).items():
         print(f"{source}: {n} rows, mean error {100 * mean:+.1f}%, mean |error| {100 * mean_abs:.1f}%, "
@@ -333,6 +358,8 @@ def main() -> None:
         extra = f"; recompute {r['recompute']}, peak {float(r['peak_memory_gib']):.1f} GiB" if "recompute" in r else ""
         if "error_high" in r:
             extra = f"; {100 * float(r['error_high']):+.1f}% at the SXM end"
+        if "no_offload_error" in r:
+            extra += f"; without offloading {100 * float(r['no_offload_error']):+.1f}%"
         if "speedup_error" in r:
             published_speedup, error = float(r["published"]) / float(r["bf16_published"]), float(r["speedup_error"])
             extra += (f"; FP8/BF16 speedup published {published_speedup:.3f}, predicted "
