@@ -19,12 +19,12 @@ def test_bloom_176b_on_384_a100() -> None:
     """BLOOM-176B as trained (t = 4, p = 12, d = 8, b = 2, full recompute, ZeRO-1, Omni-Path) with
     DeepSpeed's BF16 optimizer (ptdp option ``optimizer='deepspeed-bf16'``: the fp32 accumulation pass
     after every microbatch, the fp32 all-reduce and the weights' all-gather after the last one):
-    about 150 TFLOP/s per GPU published, 155.6 predicted (+3.8 %; GENCI's 156 sustained: -0.2 %).
-    With Megatron-LM's gradient handling it was 168 (+12.2 %). Memory fits: 42.2 GiB with the
+    about 150 TFLOP/s per GPU published, 155.7 predicted (+3.8 %; GENCI's 156 sustained: -0.2 %).
+    With Megatron-LM's gradient handling it was 168 (+12.2 %). Memory fits: 42.0 GiB with the
     optimizer's fp32 gradient buffers (4 B per parameter on every replica; 27 GiB without them)."""
     row = HELDOUT.bloom_row()
     assert float(row["error"]) == pytest.approx(0.038, abs=0.005)
-    assert float(row["peak_memory_gib"]) == pytest.approx(42.2, abs=0.1)
+    assert float(row["peak_memory_gib"]) == pytest.approx(42.0, abs=0.1)
 
 
 def test_llama3_405b_weak_scaling() -> None:

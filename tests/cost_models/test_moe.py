@@ -21,6 +21,10 @@ PUBLISHED = [
     ("qwen3-30b-a3b", 30.5e9, 3.3e9, 0.02),
     ("qwen3-235b-a22b", 235e9, 22e9, 0.01),
     ("deepseek-v3", 671e9, 37e9, 0.02),
+    ("opt-175b", 175e9, None, 0.003),
+    ("gpt-neox-20b", 20.55e9, None, 0.001),
+    ("mpt-30b", 30e9, None, 0.002),
+    ("gemma-7b", 8.54e9, None, 0.001),
 ]
 
 
@@ -38,6 +42,12 @@ def test_exact_counts_of_released_checkpoints() -> None:
     assert moe.num_parameters(model_preset("llama3-8b")) == 8_030_261_248
     assert moe.num_parameters(model_preset("llama3-70b")) == 70_553_706_496
     assert moe.num_parameters(model_preset("mixtral-8x7b")) == 46_702_792_704
+    # less the tensors paraplan does not model (docs/models-and-configs.md section 1): BLOOM's
+    # embedding LayerNorm; plus the ones it counts that the model lacks: Falcon-7B's second LayerNorm
+    # per block, MPT-7B's LayerNorm biases
+    assert moe.num_parameters(model_preset("bloom-176b")) == 176_247_271_424 - 2 * 14336
+    assert moe.num_parameters(model_preset("falcon-7b")) == 6_921_720_704 + 32 * 2 * 4544
+    assert moe.num_parameters(model_preset("mpt-7b")) == 6_649_286_656 + 65 * 4096
 
 
 def test_mixtral_by_hand() -> None:
