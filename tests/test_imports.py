@@ -57,7 +57,7 @@ def test_cli_help_and_solvers_list_load_no_pydantic_numpy_or_solver() -> None:
 
 # Every name planner.api exported before its types were made lazy (issue 16), modules included.
 API_NAMES = (
-    "Any", "Cluster", "ClusterSpec", "InfeasibleError", "InvalidProblemError", "Literal", "MAX_CSV_ACTIONS", "Mapping",
+    "Any", "Cluster", "ClusterSpec", "InfeasibleError", "InvalidProblemError", "MAX_CSV_ACTIONS", "Mapping",
     "ModelProfile", "ModelSpec", "OFFLOAD_SOLVERS", "Path", "PipelineProblem", "Plan", "PlannerError", "SimResult",
     "TENSOR_SEARCHING_SOLVERS", "TYPE_CHECKING", "TransformerConfig", "_Frozen", "cloud_export", "cloud_plan",
     "cloud_problem", "cloud_replay", "cluster_simulate", "config_readers", "default_solver", "export", "fill",
