@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from cost_models import compute
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
+from cost_models.offload import DEFAULT_PINNED_EFFICIENCY
 from planner.errors import InvalidProblemError
 from planner.schema import ComputeModel, Device
 
@@ -130,6 +131,17 @@ def fit_memory_fraction(samples: Sequence[CopySample], device: Device) -> Device
         device = device.model_copy(update={"memory_bandwidth_bytes_per_s": rate * share})
         share = 1.0
     return _with(device, constants.model_copy(update={"memory_bandwidth_fraction": share}))
+
+
+def fit_host_link(samples: Sequence[CopySample], device: Device) -> Device:
+    """The device with ``host_link_bytes_per_s`` set so that activation offloading's copies
+    (``cost_models.activation_offload``: the link at the pinned-copy efficiency) run at the median
+    rate of the timed pinned host-device copies (``num_bytes`` one way each). No samples (a CPU
+    device has no host link to time): the device unchanged."""
+    if not samples:
+        return device
+    rate = statistics.median(s.num_bytes / max(s.seconds, 1e-12) for s in samples)
+    return device.model_copy(update={"host_link_bytes_per_s": rate / DEFAULT_PINNED_EFFICIENCY})
 
 
 def fit_collective_fraction(samples: Sequence[AllReduceSample], device: Device) -> Device:

@@ -61,9 +61,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         attention = bench.measure_attention(bench.QUICK_ATTENTION_SHAPES if args.quick
                                             else bench.DEFAULT_ATTENTION_SHAPES,
                                             device=args.device, dtype=dtype, repeats=args.repeats)
+        host = bench.measure_host_copies((1 << 22,) if args.quick else (1 << 26, 1 << 28), device=args.device,
+                                         repeats=args.repeats)
     device, error = calibration.fit_gemm_constants(gemms, cluster.device)
     device = calibration.fit_memory_fraction(copies, device)
     device = calibration.fit_attention_fraction(attention, device)
+    device = calibration.fit_host_link(host, device)
     assert device.compute is not None
     print(f"GEMMs: {len(gemms)} shapes, fit RMS error {100 * error:.1f}% (log); gemm_max_fraction "
           f"{device.compute.gemm_max_fraction:.3f}, gemm_k_overhead {device.compute.gemm_k_overhead:g}, "
@@ -71,6 +74,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"{device.compute.memory_bandwidth_fraction:.3f}; attention (causal SDPA forward + backward, "
           f"{len(attention)} shapes) at {device.compute.attention_fractions[calibration.MEASURED_ATTENTION]:.3f} "
           f"of peak, kernel family {calibration.MEASURED_ATTENTION!r}", file=sys.stderr)
+    if host:
+        print(f"host link: pinned copies at {sum(s.num_bytes for s in host) / sum(s.seconds for s in host) / 1e9:.1f} "
+              f"GB/s, host_link_bytes_per_s {device.host_link_bytes_per_s / 1e9:.1f} GB/s (activation offloading "
+              f"copies at 0.8 of it)", file=sys.stderr)
     for s, err in zip(gemms, calibration.prediction_errors(gemms, device)):
         print(f"  {s.m}x{s.n}x{s.k}: measured {s.seconds * 1e3:.3f} ms, predicted {100 * err:+.1f}%", file=sys.stderr)
     T.write_or_print(cluster.model_copy(update={"device": device}).model_dump_json(indent=2), args.output,

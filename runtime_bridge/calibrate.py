@@ -94,6 +94,22 @@ def measure_copies(sizes_bytes: Sequence[int] = (1 << 24, 1 << 26, 1 << 28), *, 
     return out
 
 
+def measure_host_copies(sizes_bytes: Sequence[int] = (1 << 26, 1 << 28), *, device: str = "cpu",
+                        repeats: int = 5) -> list[CopySample]:
+    """Time pinned host-to-device and device-to-host copies (``num_bytes`` one way each), what activation
+    offloading moves; none on a CPU device, which has no host link."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return []
+    out = []
+    for size in sizes_bytes:
+        host = torch.empty(size // 4, dtype=torch.float32, pin_memory=True).fill_(1.0)
+        on_device = torch.empty(size // 4, device=dev, dtype=torch.float32)
+        for copy in (lambda: on_device.copy_(host, non_blocking=True), lambda: host.copy_(on_device, non_blocking=True)):
+            out.append(CopySample(num_bytes=float(size // 4 * 4), seconds=_time_s(copy, dev, repeats)))
+    return out
+
+
 def measure_attention(shapes: Sequence[tuple[int, int, int]] = DEFAULT_ATTENTION_SHAPES, *, device: str = "cpu",
                       dtype: str = "bf16", repeats: int = 5) -> list[AttentionSample]:
     """Time causal ``scaled_dot_product_attention`` forward + backward (the kernel torch picks on

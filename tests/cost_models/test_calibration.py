@@ -51,6 +51,17 @@ def test_memory_and_collective_fractions() -> None:
         cal.fit_gemm_constants(ar and [], A100)
 
 
+def test_host_link_fit_makes_offload_copies_run_at_the_measured_rate() -> None:
+    """Pinned copies timed at 25 GB/s (PCIe 4.0 under load): the fitted link, at activation offloading's
+    pinned efficiency, moves a layer's activations at exactly that rate; no samples (CPU): unchanged."""
+    from cost_models.activation_offload import offload_bandwidth_bytes_per_s
+
+    copies = [cal.CopySample(n, n / 25e9) for n in (6.7e7, 2.7e8)]
+    fitted = cal.fit_host_link(copies, A100)
+    assert offload_bandwidth_bytes_per_s(fitted) == pytest.approx(25e9)
+    assert cal.fit_host_link([], A100) is A100
+
+
 @pytest.mark.parametrize("share", [0.3, 0.55])
 def test_attention_fit_recovers_the_share_that_made_the_samples(share: float) -> None:
     """Samples timed as the layer model times a kernel at ``share`` of peak (forward + 2.5 forwards
