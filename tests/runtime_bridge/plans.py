@@ -73,8 +73,8 @@ def tiny_plan(
         expert: expert-parallel degree (carved out of the d replicas).
         context: context-parallel degree (c ranks per replica: the cluster and the stages' ranks
             grow c times, in Megatron order).
-        module_strategy: a Megatron-Core module set (``layernorm+moe_act``) every decoder layer's
-            profile offers (the ``none`` option's costs: these plans compare numbers, not costs).
+        module_strategy: a Megatron-Core module set (``layernorm+moe_act``) or ``offload`` every decoder
+            layer's profile offers (the ``none`` option's costs: these plans compare numbers, not costs).
     """
     base = "interleaved-1f1b" if v > 1 else ("1f1b" if schedule == "custom" else schedule)
     if schedule in V_SCHEDULES:  # two chunks per rank in a V (rank r: virtual stages r and 2p - 1 - r)

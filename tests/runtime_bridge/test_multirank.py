@@ -56,6 +56,8 @@ _TWO_RANK_PLANS = {
         "gpipe", p=1, context=2, model=LLAMA_TINY, recompute={0: {"selective": [1, 2]}}),
     "gemma-style GeGLU, 1f1b p=2": tiny_plan("1f1b", model=LLAMA_TINY.model_copy(
         update={"name": "gemma-tiny", "mlp": "geglu"})),
+    "activation offload (save_on_cpu) on both stages, 1f1b": tiny_plan(
+        "1f1b", module_strategy="offload", recompute={0: {"offload": [1, 2]}, 1: {"offload": [3, 4]}}),
 }
 # Megatron-Core recompute modules (runtime_bridge.recompute), launched apart so that each launch stays
 # within the per-test timeout on a loaded machine
