@@ -292,6 +292,37 @@ def moe_rows() -> list[dict[str, object]]:
     return [bridge_row(r) for r in MOE_ROWS]
 
 
+DEEPSEEK_H800 = {"gpus": 2048, "gbs": 15360, "seq": 4096, "pp": 16, "ep": 64,
+                 "gpu_hours_per_trillion_tokens": 180_000.0}
+"""DeepSeek-V3's pre-training [deepseek-v3]: 2,048 H800 (Sec. 3.1), 16-way pipeline (DualPipe), 64-way
+expert parallelism over 8 nodes, ZeRO-1 data parallelism, no tensor parallelism (Sec. 3.2), FP8 mixed
+precision (Sec. 3.3), 4,096-token sequences and a batch of 15,360 sequences after its ramp
+(Sec. 4.2), 180K H800 GPU hours per trillion tokens (Sec. 1): 1,543 tokens/s/GPU."""
+
+
+def deepseek_h800_row() -> dict[str, object]:
+    """DeepSeek-V3 on 2,048 H800 forced through ptdp: t 1, p 16, e 64, b 1, the expert all-to-all
+    node-deduplicated (``deepep``: node-limited routing, each token to at most 4 nodes, Sec. 2.1.2)
+    and overlapped with computation as DualPipe overlaps it (Sec. 3.2.1), recompute the cheapest
+    module set that fits (the paper recomputes RMSNorm and the MLA up-projections, Sec. 3.2.3). DualPipe
+    itself is not laid out (61 layers have no V layout over 32 virtual stages): 1F1B with uneven end
+    stages stands in, its bubble (p - 1) / m = 15 / 120 charged in full. Not modelled: the
+    multi-token-prediction module (one more layer and head on the last stage), DeepSeek's tile-wise
+    FP8 scaling (costed as Transformer Engine's current scaling)."""
+    row = DEEPSEEK_H800
+    published = 1e12 / (row["gpu_hours_per_trillion_tokens"] * 3600.0)
+    problem = api.make_problem("deepseek-v3", fp8_cluster("h800", int(row["gpus"])), global_batch_size=int(row["gbs"]),
+                               seq_length=int(row["seq"]))
+    options = {**forced_options("deepseek-v3", tp=1, pp=int(row["pp"]), vp=1, mbs=1, ep=int(row["ep"]), zero_stage=1,
+                                overlap_a2a=True), "moe_dispatcher": "deepep"}
+    best = ptdp.solve(problem, options=options).candidates[0]
+    tokens = row["gbs"] * row["seq"] / float(best["iteration_s"]) / row["gpus"]
+    return {"row": "deepseek-v3, 2,048 H800 (t1 p16 e64, GBS 15,360, s 4,096; FP8), tokens/s/GPU",
+            "source": "deepseek-v3", "system": "h800", "published": published, "predicted": tokens,
+            "error": tokens / published - 1, "recompute": str(best["recompute"]),
+            "peak_memory_gib": float(best["peak_memory_gib"])}
+
+
 def offload_rows() -> list[dict[str, object]]:
     """``OFFLOAD_ROWS`` with ``offload`` searched next to the module sets and full recompute (the row's
     ``recompute`` says what was taken); ``no_offload_error``: the same row without offloading."""
@@ -346,7 +377,7 @@ def main() -> None:
     if "--fit" in sys.argv:
         print(f"fitted fp8_gemm_max_fraction on the Megatron-Bridge rows: {fit_fraction()}")
         return
-    rows, held = fp8_rows(), blackwell_and_nemo_rows() + moe_rows() + offload_rows()
+    rows, held = fp8_rows(), blackwell_and_nemo_rows() + moe_rows() + offload_rows() + [deepseek_h800_row()]
     print(f"assumed where the tables are silent: {ASSUMED}")
     for source, (mean, mean_abs, worst, n) in summary(rows).items():
         print(f"{source}: {n} rows, mean error {100 * mean:+.1f}%, mean |error| {100 * mean_abs:.1f}%, "

@@ -11,7 +11,7 @@ from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_model as model
 from solvers._ptdp_enum import chunk_counts, fixed_chunks, searched_schedules, tensor_degrees
-from solvers._ptdp_enum import divisors as _divisors
+from planner.schema import V_SCHEDULES
 from solvers.common import format_bytes, memory_shortfall_message
 
 if TYPE_CHECKING:
@@ -61,9 +61,13 @@ def no_layout_message(search: Search, opts: Options) -> str:
         return conflict
     problem, cfg, n = search.problem, search.cfg, search.problem.cluster.num_devices
     b_batch = search.global_batch_size
-    degrees = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in _divisors(cfg.num_layers)
-                      if n % (t * p) == 0 and (not problem.num_stages or p == problem.num_stages)
-                      and (not problem.data_parallel or problem.data_parallel * t * p == n)})
+    pinned = opts.pipeline_parallel or problem.num_stages
+    # the pipeline degrees the search tries: the pinned one, else those whose stages take whole layers
+    # (any degree up to the layer count with uneven stages)
+    depths = [pinned] if pinned else [p for p in range(1, cfg.num_layers + 1)
+                                      if opts.uneven_stages or cfg.num_layers % p == 0]
+    degrees = sorted({n // (t * p) for t in tensor_degrees(search, opts) for p in depths
+                      if n % (t * p) == 0 and (not problem.data_parallel or problem.data_parallel * t * p == n)})
     if not degrees:
         return (f"no tensor x pipeline degree fits {n} devices with {cfg.num_layers} layers and "
                 f"{cfg.num_heads} heads under the fixed values (num_stages={problem.num_stages}, "
@@ -96,7 +100,8 @@ def _layout_conflict(layers: int, p: int, v: int, n: int, t: int, batch: int, b:
         return None
     d = n // (t * p)
     m = batch // (b * d) if batch % (b * d) == 0 else 0
-    if not m or (v > 1 and m % p):
+    interleaved_only = not any(s in V_SCHEDULES for s in schedules)  # V schedules need no m % p
+    if not m or (v > 1 and m % p and interleaved_only):
         return None
 
     def laid_out(k_v: int) -> bool:
