@@ -13,7 +13,8 @@ at the pinned-copy efficiency of ``cost_models.offload``):
   charged as the strategy's extra time;
 - device memory: the layer input (what ``full`` recompute keeps) per microbatch in flight, standing
   in for the staging buffers the copies pass through (an upper bound: the staging is per rank);
-- host memory: A per layer and microbatch in flight (not checked against the host's capacity).
+- host memory: A per layer and microbatch in flight, which must fit ``Device.host_memory_bytes`` (the
+  node's system memory over its devices: ``host_memory_bytes``; the ptdp search checks it).
 
 Formulas, sources and the limits: docs/cost-model.md, section 4, "Activation offloading".
 """
@@ -43,6 +44,23 @@ def offload_bandwidth_bytes_per_s(device: Device) -> float:
             f"activation offloading needs the device-host bandwidth, but device {device.name!r} gives none: set "
             f"device.host_link_bytes_per_s in the cluster JSON (e.g. 63e9 for PCIe 5.0 x16), or drop the offload")
     return link * DEFAULT_PINNED_EFFICIENCY
+
+
+def host_memory_bytes(device: Device) -> float | None:
+    """Host memory each device may fill with offloaded activations: its own ``host_memory_bytes``,
+    else its preset's (the node's system memory over its devices), else None (not checked)."""
+    own = device.host_memory_bytes
+    if own is None:
+        from cost_models.hardware import preset_device_field  # lazy: hardware imports the schema only
+
+        own = preset_device_field(device.name, "host_memory_bytes")
+    return float(own) if own else None
+
+
+def host_bytes(layer: LayerProfile) -> float:
+    """Host bytes one microbatch in flight of an offloaded layer holds: what it would keep on the
+    device without recompute."""
+    return layer.strategies()["none"].activation_bytes
 
 
 def offload_option(layer: LayerProfile, bandwidth_bytes_per_s: float) -> RecomputeOption:

@@ -502,6 +502,9 @@ class Device(_Frozen):
     constants on a device that is no preset)."""
     host_link_bytes_per_s: Rate | None = None
     """Device-host link (PCIe) bandwidth, for offloading; None = the preset's of the same name."""
+    host_memory_bytes: Annotated[float, Field(gt=0)] | None = None
+    """Host (CPU) memory available to this device for offloaded activations: the node's system
+    memory over its devices; None = the preset's of the same name (unchecked where no preset says)."""
     compute: ComputeModel | None = None
     """Per-operation compute constants; None = the preset's of the same name, else defaults."""
     memory_headroom_bytes: NonNegativeFloat | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from cost_models.activation_offload import OFFLOAD, host_memory_bytes
 from cost_models.memory import usable_memory_bytes
 from cost_models.parallelism import check_context_split
 from planner.errors import InvalidProblemError
@@ -140,6 +141,7 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
     schedules = searched_schedules(search, opts)
     recompute = tuple(s.strip() for s in opts.recompute.split(",") if s.strip())
     per_replica = search.global_batch_size // base.data
+    host = host_memory_bytes(problem.cluster.device) if OFFLOAD in recompute else None  # type: ignore[arg-type]
     for b in microbatch_sizes(search, opts, per_replica):
         m = per_replica // b
         if problem.num_microbatches is not None and m != problem.num_microbatches:
@@ -160,6 +162,8 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                         picked = cheapest_fitting_modules(u, cfg, c, capacity)
                         if picked is not None:
                             yield _replace(c, recompute=picked)
+                    elif r == OFFLOAD and host is not None and model.offload_host_bytes(u, cfg, c) > host:
+                        continue  # the offloaded activations overflow the host's memory
                     else:
                         yield _replace(c, recompute=r)
 

@@ -294,6 +294,13 @@ def chunk_activations(u: UnitCosts, c: Config, ranges: Sequence[tuple[int, int]]
     return _sized_activations(c, sizes, rank)
 
 
+def offload_host_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
+    """The largest host memory a rank's offloaded activations take: every decoder layer's ``none``
+    activations, times the microbatches the schedule holds in flight (``chunk_activations``)."""
+    keep = c.but(recompute="none")
+    return max(chunk_activations(u, keep, ranges, r) for r, ranges in enumerate(c.rank_ranges(cfg.num_layers)))
+
+
 def _sized_activations(c: Config, sizes: list[float], rank: int) -> float:
     if c.virtual == 1 or len(set(sizes)) == 1:
         return inflight_chunks(c, rank) * max(sizes)

@@ -42,6 +42,22 @@ def test_profile_offers_offload_on_decoders_only() -> None:
     assert decoder[ao.OFFLOAD].activation_bytes < decoder["none"].activation_bytes / 10
 
 
+def test_host_memory_bounds_what_is_offloaded() -> None:
+    """H100s with a C2C-class host link (900 GB/s), so that offloading hides its copies and wins over
+    full recompute: with 256 GiB of host memory per GPU ptdp offloads Llama 3 8B's 32 layers (about
+    1 GiB each at b = 1); with 8 GiB it cannot, and recomputes instead."""
+    cluster = api.load_cluster("h100:8")
+
+    def chosen(host_gib: float) -> str:
+        device = cluster.device.model_copy(update={"host_memory_bytes": host_gib * GIB, "host_link_bytes_per_s": 900e9})
+        problem = api.make_problem("llama3-8b", cluster.model_copy(update={"device": device}), global_batch_size=64)
+        return ptdp.solve(problem, options={"recompute": "offload,full", "tensor_parallel": 1, "pipeline_parallel": 1,
+                                            "microbatch_size": 1, "num_simulated": 1}).candidates[0]["recompute"]
+
+    assert chosen(256) == ao.OFFLOAD
+    assert chosen(8) == "full"
+
+
 def test_no_host_link_is_refused_naming_the_field() -> None:
     toy = Device(name="gpu", memory_bytes=80 * GIB, peak_flops=1e15, memory_bandwidth_bytes_per_s=3e12)
     with pytest.raises(InvalidProblemError, match="host_link_bytes_per_s"):
@@ -59,6 +75,10 @@ def test_ptdp_offloads_where_the_copies_hide() -> None:
     assert offloaded["recompute"] == ao.OFFLOAD
     assert float(offloaded["iteration_s"]) < float(kept["iteration_s"])
     assert float(offloaded["peak_memory_gib"]) < float(kept["peak_memory_gib"])
+    # what goes to host memory fits the Grace memory behind each GPU (240 GiB); at b = 8 without a
+    # pipeline (1.5 TB per GPU) it would not, and that configuration is not offered
+    assert ao.host_memory_bytes(problem.cluster.device) == 240 * GIB
+    assert not (offloaded["p"] == 1 and offloaded["b"] == 8)
     h100 = api.make_problem("llama3-8b", "h100:8", global_batch_size=64)
     options = {"microbatch_size": 4, "tensor_parallel": 1, "pipeline_parallel": 1, "num_simulated": 1}
     without = ptdp.solve(h100, options={**options, "recompute": "none,full"}).candidates[0]

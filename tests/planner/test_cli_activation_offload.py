@@ -1,5 +1,6 @@
 """``paraplan plan --activation-offload``: ptdp searches offload next to its recompute settings and
-the plan carries it to simulate and the exports; a device without a host link exits 2."""
+the plan carries it to simulate and the exports (one stage: Megatron-Core offloads without a
+pipeline only); a device without a host link exits 2."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from planner.cli import main
 def test_ptdp_plan_with_offload_simulates_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "llama3-70b", "--cluster", "gb200:64", "--global-batch", "512", "--solver", "ptdp",
-                 "--activation-offload", "--option", "num_simulated=1", "-o", str(out)]) == 0
+                 "--activation-offload", "--option", "pipeline_parallel=1", "--option", "num_simulated=1",
+                 "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
     assert plan["options"]["recompute"].endswith(",offload")
     used = {s for stage in plan["stages"] for chunk in stage["chunks"] for s in chunk["recompute"]}
