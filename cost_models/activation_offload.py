@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from cost_models.compute import host_link_bytes_per_s
 from cost_models.offload import DEFAULT_PINNED_EFFICIENCY
 from planner.errors import InvalidProblemError
-from planner.schema import Device, LayerProfile, RecomputeOption
+from planner.schema import Device, LayerProfile, Plan, RecomputeOption, SimResult
 
 OFFLOAD = "offload"
 """The strategy's name in a layer's ``recompute`` options and in plans."""
@@ -83,3 +83,32 @@ def with_offload(layers: Sequence[LayerProfile], device: Device) -> tuple[LayerP
             layer = layer.model_copy(update={"recompute": options})
         out.append(layer)
     return tuple(out)
+
+
+def without_offload(layer: LayerProfile) -> LayerProfile:
+    """The layer without its ``offload`` strategy (for planning again when the host cannot hold it)."""
+    options = layer.strategies()
+    if OFFLOAD not in options:
+        return layer
+    return layer.model_copy(update={"recompute": {k: v for k, v in options.items() if k != OFFLOAD}})
+
+
+def plan_host_overflow(plan: Plan, sim: SimResult) -> str | None:
+    """What a plan's offloaded activations need of host memory per device against what the host
+    holds, when some pipeline rank's exceed it: its offloaded layers' ``host_bytes`` times the
+    rank's peak microbatches in flight (simulated; an upper bound with interleaved chunks). None
+    when they fit, nothing is offloaded, or the device states no host memory."""
+    capacity = host_memory_bytes(plan.cluster.device) if plan.cluster.device is not None else None
+    if capacity is None:
+        return None
+    layers = plan.model.layers
+    for stage, result in zip(plan.stages, sim.stages):
+        offloaded = [i for chunk in stage.chunks for i, s in zip(range(*chunk.layers), chunk.layer_strategies())
+                     if s == OFFLOAD]
+        need = result.peak_inflight_microbatches * sum(host_bytes(layers[i]) for i in offloaded)
+        if need > capacity:
+            return (f"pipeline rank {stage.index} offloads the activations of {len(offloaded)} layers with "
+                    f"{result.peak_inflight_microbatches} microbatches in flight: {need / 2**30:.1f} GiB of host "
+                    f"memory per device, but the host holds {capacity / 2**30:.1f} GiB (device.host_memory_bytes)")
+    return None
+

@@ -333,7 +333,29 @@ def plan(
     found = _solve_or_offload(problem, solver=solver, options=options, offload_fallback=offload_fallback,
                               began=began)
     found = _tensor_note(problem, found, solver)
+    overflow = _host_overflow(found)
+    if overflow is not None:  # the per-layer solvers do not check host memory (ptdp does): plan without offload
+        offload = _cost_model("activation_offload")
+        layers = tuple(offload.without_offload(layer) for layer in problem.model.layers)
+        try:
+            found = _solve_or_offload(problem.model_copy(update={"model": problem.model.model_copy(
+                update={"layers": layers})}), solver=solver, options=options, offload_fallback=offload_fallback,
+                began=began)
+        except InfeasibleError as e:
+            raise InfeasibleError(f"{e}; with activation offload the {solver} plan did not fit host memory "
+                                  f"either: {overflow}") from None
+        found = _tensor_note(problem, found, solver)
+        found = found.model_copy(update={"notes": (*found.notes, f"activation offload dropped: {overflow}")})
     return found.model_copy(update={"solve_time_s": time.perf_counter() - began if timings else None})
+
+
+def _host_overflow(found: Plan) -> str | None:
+    """What a plan that offloads activations (``offload``) lacks of host memory, or None."""
+    if not any(s == "offload" for stage in found.stages for chunk in stage.chunks for s in chunk.layer_strategies()):
+        return None
+    from planner.api_outputs import simulate
+
+    return _cost_model("activation_offload").plan_host_overflow(found, simulate(found))
 
 
 def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool,

@@ -348,4 +348,5 @@ def infeasible_message(problem: PipelineProblem, model: StageModel, status: str,
     return (f"no stage-ilp plan of {problem.model.name} on {p} stages fits device memory: the smallest peak any plan "
             f"needs is {format_bytes(here)} per device but {device.name} has {format_bytes(usable_memory_bytes(device))} "
             f"usable of {format_bytes(device.memory_bytes)} (--memory-headroom). "
-            f"To make it feasible: " + "; ".join(fixes) + f"; or a device with at least {format_bytes(here)}")
+            f"To make it feasible: " + "".join(f"{fix}; " for fix in fixes)
+            + f"{'or ' if fixes else ''}a device with at least {format_bytes(here)}")

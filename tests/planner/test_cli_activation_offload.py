@@ -37,3 +37,26 @@ def test_offload_without_a_host_link_exits_2(tmp_path: Path, capsys: pytest.Capt
                  "--activation-offload"]) == 2
     err = capsys.readouterr().err
     assert "host_link_bytes_per_s" in err and "Traceback" not in err
+
+
+def test_per_layer_solver_plans_again_without_offload_when_the_host_cannot_hold_it() -> None:
+    """stage-ilp picks offload per layer but does not check host memory: with 256 GiB per GPU its plan
+    keeps the offloaded layers; with 4 GiB the plan (76.6 GiB of activations on rank 0) is refused
+    and planned again without offload (full recompute), and the note says why."""
+    from planner import api
+
+    cluster = api.load_cluster("h100:2")
+
+    def planned(host_gib: float):
+        device = cluster.device.model_copy(update={"host_memory_bytes": host_gib * 2**30, "host_link_bytes_per_s": 900e9})
+        problem = api.make_problem("llama3-8b", cluster.model_copy(update={"device": device}), num_stages=2,
+                                   global_batch_size=64, microbatch_size=2, activation_offload=True)
+        return api.plan(problem, solver="stage-ilp", options={"ilp_time_s": 20})
+
+    def used(plan) -> set[str]:
+        return {s for stage in plan.stages for chunk in stage.chunks for s in chunk.layer_strategies()} - {"none"}
+
+    assert used(planned(256)) == {"offload"}
+    small = planned(4)
+    assert used(small) == {"full"}
+    assert "activation offload dropped" in small.notes[-1] and "76.6 GiB of host memory" in small.notes[-1]
