@@ -108,7 +108,13 @@ def plan_host_overflow(plan: Plan, sim: SimResult) -> str | None:
         need = result.peak_inflight_microbatches * sum(host_bytes(layers[i]) for i in offloaded)
         if need > capacity:
             return (f"pipeline rank {stage.index} offloads the activations of {len(offloaded)} layers with "
-                    f"{result.peak_inflight_microbatches} microbatches in flight: {need / 2**30:.1f} GiB of host "
-                    f"memory per device, but the host holds {capacity / 2**30:.1f} GiB (device.host_memory_bytes)")
+                    f"{result.peak_inflight_microbatches} microbatches in flight: {_size(need)} of host "
+                    f"memory per device, but the host holds {_size(capacity)} (device.host_memory_bytes)")
     return None
 
+
+def _size(num_bytes: float) -> str:
+    """GiB to one decimal, or MiB / bytes below 0.1 GiB."""
+    if num_bytes >= 0.1 * 2**30:
+        return f"{num_bytes / 2**30:.1f} GiB"
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 0.1 * 2**20 else f"{num_bytes:.0f} B"

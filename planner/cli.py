@@ -308,6 +308,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
               f"{result.memory_capacity_bytes / 2**30:.1f} GiB; replan with more stages, recompute or "
               "a device with more memory", file=sys.stderr)
         return 3
+    from cost_models.activation_offload import plan_host_overflow
+
+    overflow = plan_host_overflow(plan, result)
+    if overflow is not None:
+        print(f"error: the plan does not fit host memory: {overflow}; replan with more stages or devices, or "
+              "without --activation-offload", file=sys.stderr)
+        return 3
     return 0
 
 

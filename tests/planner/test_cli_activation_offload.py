@@ -39,10 +39,12 @@ def test_offload_without_a_host_link_exits_2(tmp_path: Path, capsys: pytest.Capt
     assert "host_link_bytes_per_s" in err and "Traceback" not in err
 
 
-def test_per_layer_solver_plans_again_without_offload_when_the_host_cannot_hold_it() -> None:
+def test_per_layer_solver_plans_again_without_offload_when_the_host_cannot_hold_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """stage-ilp picks offload per layer but does not check host memory: with 256 GiB per GPU its plan
     keeps the offloaded layers; with 4 GiB the plan (76.6 GiB of activations on rank 0) is refused
-    and planned again without offload (full recompute), and the note says why."""
+    and planned again without offload (full recompute), and the note says why; ``simulate`` of the
+    kept plan on a host of 4 GiB exits 3."""
     from planner import api
 
     cluster = api.load_cluster("h100:2")
@@ -56,7 +58,15 @@ def test_per_layer_solver_plans_again_without_offload_when_the_host_cannot_hold_
     def used(plan) -> set[str]:
         return {s for stage in plan.stages for chunk in stage.chunks for s in chunk.layer_strategies()} - {"none"}
 
-    assert used(planned(256)) == {"offload"}
+    kept = planned(256)
+    assert used(kept) == {"offload"}
+    # simulate says it in its exit status when the host the plan names cannot hold it
+    path = tmp_path / "plan.json"
+    data = json.loads(kept.model_dump_json())
+    data["cluster"]["device"]["host_memory_bytes"] = 4 * 2**30
+    path.write_text(json.dumps(data))
+    assert main(["simulate", str(path)]) == 3
+    assert "does not fit host memory" in capsys.readouterr().err
     small = planned(4)
     assert used(small) == {"full"}
     assert "activation offload dropped" in small.notes[-1] and "76.6 GiB of host memory" in small.notes[-1]
