@@ -222,6 +222,13 @@ def _activation_checkpoint(plan: Plan, export: _Export) -> None:
     }
     if used == {"none"}:
         export.flags.append("activation-checkpoint:none")
+    elif "offload" in used:
+        export.flags.append("activation-checkpoint:full")
+        export.warnings.append(
+            "the plan keeps activations in host memory ('offload'); torchtitan has no activation offloading: "
+            "exported full activation checkpointing, which frees as much device memory and recomputes instead "
+            "(more time than planned where the copies were hidden)"
+        )
     elif used == {"full"}:
         export.flags.append("activation-checkpoint:full")
     elif used == {"selective"}:

@@ -130,6 +130,10 @@ def test_activation_checkpointing_and_schedules() -> None:
     text = torchtitan_args_text(zb, schedule_csv_path="/tmp/plan.csv")
     assert "--format torch-csv -o /tmp/plan.csv" in text
     assert to_torch_csv(zb).count("\n") == 2  # the CSV it names: one row per pipeline rank
+    # torchtitan has no activation offloading: full checkpointing, with a warning that says so
+    offload = preset_plan("llama3-8b", data=8, recompute="offload")
+    assert isinstance(_load(to_torchtitan_args(offload)).activation_checkpoint, FullAC.Config)
+    assert "torchtitan has no activation offloading" in torchtitan_args_text(offload)
 
 
 def test_models_torchtitan_does_not_ship_are_refused() -> None:
