@@ -78,19 +78,39 @@ def read_hf_config(path: str | Path, *, seq_length: int | None = None, name: str
 
     try:
         hf = AutoConfig.from_pretrained(str(file))
-    except (ValueError, TypeError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - any failure to read the file is the file's (e.g. huggingface_hub's
+        # StrictDataclassFieldValidationError for a field of the wrong type)
         raise InvalidProblemError(f"transformers rejected {str(file)!r}: {e}") from None
-    if model_type in GPT2_STYLE_TYPES:
-        fields, stated, maximum = gpt2_style_fields(hf, model_type)
-        fields["dtype"] = _dtype(hf)
-    else:
-        fields, stated, maximum = _fields(hf, model_type), _pretraining_length(hf), getattr(
-            hf, "max_position_embeddings", None)
+    _check_shape(hf, file)
+    try:
+        if model_type in GPT2_STYLE_TYPES:
+            fields, stated, maximum = gpt2_style_fields(hf, model_type)
+            fields["dtype"] = _dtype(hf)
+        else:
+            fields, stated, maximum = _fields(hf, model_type), _pretraining_length(hf), getattr(
+                hf, "max_position_embeddings", None)
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError, KeyError) as e:
+        raise InvalidProblemError(
+            f"Hugging Face config {str(file)!r}: a field has a value of the wrong type or range ({type(e).__name__}: "
+            f"{e}); fix the file, or write a paraplan.transformer/v1 JSON") from None
     fields["name"] = name or file.parent.name or model_type
     fields["seq_length"] = training_seq_length(
         asked=seq_length, stated=stated, maximum=maximum, source=f"Hugging Face config {str(file)!r}")
     _warn_unmodelled(hf, model_type)
     return build_config(fields)
+
+
+_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def _check_shape(hf: Any, file: Path) -> None:
+    """The shape every reader computes with: positive integers, named with the fix when not."""
+    for name in _SHAPE_FIELDS:
+        value = getattr(hf, name, None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidProblemError(
+                f"Hugging Face config {str(file)!r}: {name}={value!r} (or the family's own name for it, e.g. "
+                f"n_embd, n_layer, n_head, d_model) must be a positive integer")
 
 
 def _rope(hf: Any) -> tuple[float | None, dict[str, float | str] | None]:
