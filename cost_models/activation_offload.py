@@ -93,22 +93,31 @@ def without_offload(layer: LayerProfile) -> LayerProfile:
     return layer.model_copy(update={"recompute": {k: v for k, v in options.items() if k != OFFLOAD}})
 
 
-def plan_host_overflow(plan: Plan, sim: SimResult) -> str | None:
-    """What a plan's offloaded activations need of host memory per device against what the host
-    holds, when some pipeline rank's exceed it: its offloaded layers' ``host_bytes`` times the
-    rank's peak microbatches in flight (simulated; an upper bound with interleaved chunks). None
-    when they fit, nothing is offloaded, or the device states no host memory."""
-    capacity = host_memory_bytes(plan.cluster.device) if plan.cluster.device is not None else None
-    if capacity is None:
-        return None
+def plan_host_bytes(plan: Plan, sim: SimResult) -> list[tuple[int, int, float]]:
+    """Per pipeline rank: (offloaded layers, peak microbatches in flight, host bytes they need), the
+    bytes being the layers' ``host_bytes`` times the simulated peak in flight (an upper bound with
+    interleaved chunks)."""
     layers = plan.model.layers
+    out = []
     for stage, result in zip(plan.stages, sim.stages):
         offloaded = [i for chunk in stage.chunks for i, s in zip(range(*chunk.layers), chunk.layer_strategies())
                      if s == OFFLOAD]
-        need = result.peak_inflight_microbatches * sum(host_bytes(layers[i]) for i in offloaded)
+        inflight = result.peak_inflight_microbatches
+        out.append((len(offloaded), inflight, inflight * sum(host_bytes(layers[i]) for i in offloaded)))
+    return out
+
+
+def plan_host_overflow(plan: Plan, sim: SimResult) -> str | None:
+    """What a plan's offloaded activations need of host memory per device against what the host
+    holds, when some pipeline rank's exceed it (``plan_host_bytes``). None when they fit, nothing is
+    offloaded, or the device states no host memory."""
+    capacity = host_memory_bytes(plan.cluster.device) if plan.cluster.device is not None else None
+    if capacity is None:
+        return None
+    for stage, (count, inflight, need) in zip(plan.stages, plan_host_bytes(plan, sim)):
         if need > capacity:
-            return (f"pipeline rank {stage.index} offloads the activations of {len(offloaded)} layers with "
-                    f"{result.peak_inflight_microbatches} microbatches in flight: {_size(need)} of host "
+            return (f"pipeline rank {stage.index} offloads the activations of {count} layers with "
+                    f"{inflight} microbatches in flight: {_size(need)} of host "
                     f"memory per device, but the host holds {_size(capacity)} (device.host_memory_bytes)")
     return None
 

@@ -160,6 +160,20 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _host_memory_line(plan: Plan, result: SimResult) -> list[str]:
+    """The host memory offloaded activations take (``offload`` layers), when the plan offloads."""
+    from cost_models import activation_offload
+
+    needs = activation_offload.plan_host_bytes(plan, result)
+    if not any(count for count, _, _ in needs):
+        return []
+    peak = max(need for _, _, need in needs)
+    capacity = activation_offload.host_memory_bytes(plan.cluster.device) if plan.cluster.device else None
+    held = (f" of {capacity / _GIB:.2f} GiB, " + ("fits" if peak <= capacity else "DOES NOT FIT")
+            if capacity is not None else " (host memory not stated: unchecked)")
+    return [f"host memory (offloaded activations): up to {peak / _GIB:.2f} GiB per device{held}"]
+
+
 def sim_table(plan: Plan, result: SimResult) -> str:
     util = mfu(plan, result.iteration_time_s)
     lines = [
@@ -170,6 +184,7 @@ def sim_table(plan: Plan, result: SimResult) -> str:
         + (f", all-reduce {result.allreduce_s:.4g} s" if result.allreduce_s else ""),
         f"memory: capacity {result.memory_capacity_bytes / _GIB:.2f} GiB per device, "
         + ("fits" if result.fits_memory else "DOES NOT FIT"),
+        *_host_memory_line(plan, result),
         "",
         f"{'stage':>5}  {'busy s':>10}  {'idle s':>10}  {'peak GiB':>8}  {'in-flight':>9}  {'bubbles':>7}",
     ]

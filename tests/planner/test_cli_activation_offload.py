@@ -60,8 +60,13 @@ def test_per_layer_solver_plans_again_without_offload_when_the_host_cannot_hold_
 
     kept = planned(256)
     assert used(kept) == {"offload"}
-    # simulate says it in its exit status when the host the plan names cannot hold it
+    # simulate reports the host memory taken, and says it in its exit status when the host the plan
+    # names cannot hold it
     path = tmp_path / "plan.json"
+    path.write_text(kept.model_dump_json())
+    assert main(["simulate", str(path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("host memory (offloaded"))
+    assert line.endswith("of 256.00 GiB, fits")
     data = json.loads(kept.model_dump_json())
     data["cluster"]["device"]["host_memory_bytes"] = 4 * 2**30
     path.write_text(json.dumps(data))
