@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cost_models.compute import host_link_bytes_per_s
+from cost_models.compute import host_link_bytes_per_s, host_memory_bytes
 from cost_models.offload import DEFAULT_PINNED_EFFICIENCY
 from planner.errors import InvalidProblemError
 from planner.schema import Device, LayerProfile, Plan, RecomputeOption, SimResult
@@ -46,17 +46,6 @@ def offload_bandwidth_bytes_per_s(device: Device) -> float:
     return link * DEFAULT_PINNED_EFFICIENCY
 
 
-def host_memory_bytes(device: Device) -> float | None:
-    """Host memory each device may fill with offloaded activations: its own ``host_memory_bytes``,
-    else its preset's (the node's system memory over its devices), else None (not checked)."""
-    own = device.host_memory_bytes
-    if own is None:
-        from cost_models.hardware import preset_device_field  # lazy: hardware imports the schema only
-
-        own = preset_device_field(device.name, "host_memory_bytes")
-    return float(own) if own else None
-
-
 def host_bytes(layer: LayerProfile) -> float:
     """Host bytes one microbatch in flight of an offloaded layer holds: what it would keep on the
     device without recompute."""
@@ -66,7 +55,7 @@ def host_bytes(layer: LayerProfile) -> float:
 def offload_option(layer: LayerProfile, bandwidth_bytes_per_s: float) -> RecomputeOption:
     """The ``offload`` strategy of a decoder layer at its current forward and backward times."""
     options = layer.strategies()
-    saved = options["none"].activation_bytes
+    saved = host_bytes(layer)
     copy = saved / bandwidth_bytes_per_s
     exposed = max(0.0, copy - layer.forward_s) + max(0.0, copy - layer.backward_s)
     staging = options["full"].activation_bytes if "full" in options else saved
@@ -91,6 +80,11 @@ def without_offload(layer: LayerProfile) -> LayerProfile:
     if OFFLOAD not in options:
         return layer
     return layer.model_copy(update={"recompute": {k: v for k, v in options.items() if k != OFFLOAD}})
+
+
+def plan_offloads(plan: Plan) -> bool:
+    """Whether some layer of the plan runs the ``offload`` strategy."""
+    return any(s == OFFLOAD for stage in plan.stages for chunk in stage.chunks for s in chunk.layer_strategies())
 
 
 def plan_host_bytes(plan: Plan, sim: SimResult) -> list[tuple[int, int, float]]:

@@ -73,6 +73,13 @@ def host_link_bytes_per_s(device: Device) -> float | None:
     return float(own) if own else None
 
 
+def host_memory_bytes(device: Device) -> float | None:
+    """Host memory each device may fill with offloaded activations: its own, else its preset's (the
+    node's system memory over its devices), else None (not checked)."""
+    own = device.host_memory_bytes or _preset_field(device.name, "host_memory_bytes")
+    return float(own) if own else None
+
+
 def has_constants(device: Device) -> bool:
     """Whether the device (or its preset) carries compute constants. Devices without them (the
     nominal ``cpu`` preset, hand-written toy devices) get the flat-efficiency model."""

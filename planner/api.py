@@ -351,11 +351,12 @@ def plan(
 
 def _host_overflow(found: Plan) -> str | None:
     """What a plan that offloads activations (``offload``) lacks of host memory, or None."""
-    if not any(s == "offload" for stage in found.stages for chunk in stage.chunks for s in chunk.layer_strategies()):
+    offload = _cost_model("activation_offload")
+    if not offload.plan_offloads(found):
         return None
     from planner.api_outputs import simulate
 
-    return _cost_model("activation_offload").plan_host_overflow(found, simulate(found))
+    return offload.plan_host_overflow(found, simulate(found))
 
 
 def _solve_or_offload(problem: PipelineProblem, *, solver: str, options: Any, offload_fallback: bool,

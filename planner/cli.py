@@ -251,7 +251,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if solver == "ptdp" and args.attention:  # ptdp profiles every (t, b) itself, with its own option
         options.setdefault("attention", args.attention)
     if solver == "ptdp" and args.activation_offload:  # searched next to the recompute settings asked for
-        listed = options.get("recompute", "none,selective,modules,full")
+        from solvers.ptdp import Options as PtdpOptions
+
+        listed = options.get("recompute", PtdpOptions().recompute)
         options["recompute"] = listed if "offload" in listed.split(",") else f"{listed},offload"
     began = time.perf_counter()
     from solvers.budget import listening

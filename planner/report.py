@@ -162,13 +162,12 @@ def _cell(value: Any) -> str:
 
 def _host_memory_line(plan: Plan, result: SimResult) -> list[str]:
     """The host memory offloaded activations take (``offload`` layers), when the plan offloads."""
-    from cost_models import activation_offload
+    from cost_models import activation_offload, compute
 
-    needs = activation_offload.plan_host_bytes(plan, result)
-    if not any(count for count, _, _ in needs):
+    if not activation_offload.plan_offloads(plan):
         return []
-    peak = max(need for _, _, need in needs)
-    capacity = activation_offload.host_memory_bytes(plan.cluster.device) if plan.cluster.device else None
+    peak = max(need for _, _, need in activation_offload.plan_host_bytes(plan, result))
+    capacity = compute.host_memory_bytes(plan.cluster.device) if plan.cluster.device else None
     held = (f" of {capacity / _GIB:.2f} GiB, " + ("fits" if peak <= capacity else "DOES NOT FIT")
             if capacity is not None else " (host memory not stated: unchecked)")
     return [f"host memory (offloaded activations): up to {peak / _GIB:.2f} GiB per device{held}"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from cost_models.activation_offload import OFFLOAD, host_memory_bytes
+from cost_models.activation_offload import OFFLOAD
+from cost_models.compute import host_memory_bytes
 from cost_models.memory import usable_memory_bytes
 from cost_models.parallelism import check_context_split
 from planner.errors import InvalidProblemError

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from cost_models.memory import usable_memory_bytes
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, num_parameters
+from planner.schema import V_SCHEDULES
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_model as model
 from solvers._ptdp_enum import chunk_counts, fixed_chunks, searched_schedules, tensor_degrees
-from planner.schema import V_SCHEDULES
 from solvers.common import format_bytes, memory_shortfall_message
 
 if TYPE_CHECKING:
@@ -73,10 +73,9 @@ def no_layout_message(search: Search, opts: Options) -> str:
                 f"{cfg.num_heads} heads under the fixed values (num_stages={problem.num_stages}, "
                 f"data_parallel={problem.data_parallel}, tensor_parallel={opts.tensor_parallel}); use a cluster "
                 f"size that is a multiple of a divisor of the layer count, or drop the fixed values")
-    pinned_p = opts.pipeline_parallel or problem.num_stages
-    if pinned_p and (opts.tensor_parallel or problem.data_parallel):
-        t = opts.tensor_parallel or n // (pinned_p * problem.data_parallel)
-        layout = _layout_conflict(cfg.num_layers, pinned_p, fixed_chunks(search, opts), n, t, b_batch,
+    if pinned and (opts.tensor_parallel or problem.data_parallel):
+        t = opts.tensor_parallel or n // (pinned * problem.data_parallel)
+        layout = _layout_conflict(cfg.num_layers, pinned, fixed_chunks(search, opts), n, t, b_batch,
                                   opts.microbatch_size or 1, searched_schedules(search, opts),
                                   uneven=bool(opts.uneven_stages))
         if layout is not None:

@@ -261,10 +261,10 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
     attention = opts.attention or profile_attention(problem)
     if attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
+    recompute = _csv(opts.recompute, RECOMPUTE, "recompute")
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
                                      attention=attention, overlap_tp_comm=opts.overlap_tp_comm,
-                                     recompute_modules="modules" in _csv(opts.recompute, RECOMPUTE, "recompute"),
-                                     activation_offload="offload" in _csv(opts.recompute, RECOMPUTE, "recompute"),
+                                     recompute_modules="modules" in recompute, activation_offload="offload" in recompute,
                                      grad_accum_bytes_per_param=DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
                                      if opts.optimizer == "deepspeed-bf16" else 0.0,
                                      grad_bytes_per_param=grad_bytes_per_param(opts.optimizer))
