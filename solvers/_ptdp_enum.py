@@ -140,7 +140,9 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
     (at b = 1, full recompute aside) cannot fit."""
     problem, cfg = search.problem, search.cfg
     schedules = searched_schedules(search, opts)
-    recompute = tuple(s.strip() for s in opts.recompute.split(",") if s.strip())
+    from solvers.ptdp import recompute_settings
+
+    recompute = recompute_settings(opts.recompute)
     per_replica = search.global_batch_size // base.data
     host = host_memory_bytes(problem.cluster.device) if OFFLOAD in recompute else None  # type: ignore[arg-type]
     for b in microbatch_sizes(search, opts, per_replica):

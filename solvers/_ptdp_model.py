@@ -160,6 +160,8 @@ class ProfileSettings:
     overlap_tp_comm: bool = False
     recompute_modules: bool = False
     """Offer Megatron-Core's per-module recompute sets (per-operation model only)."""
+    module_sets: tuple[tuple[str, ...], ...] = ()
+    """Module sets pinned by the ``recompute`` option, offered as strategies of their own."""
     grad_accum_bytes_per_param: float = 0.0
     """A gradient-accumulation pass after every microbatch's backward (DeepSpeed's BF16 optimizer)."""
     grad_bytes_per_param: float = GRAD_BYTES_PER_PARAM
@@ -213,7 +215,7 @@ def profile_kwargs(settings: ProfileSettings, tensor: int) -> dict[str, Any]:
         kwargs["efficiency"] = settings.efficiency
     else:
         kwargs["overlap_tp_backward"] = settings.overlap_tp_comm
-        kwargs["recompute_modules"] = settings.recompute_modules
+        kwargs["recompute_modules"] = settings.recompute_modules or list(settings.module_sets)
         kwargs["grad_accum_bytes_per_param"] = settings.grad_accum_bytes_per_param
     return kwargs
 

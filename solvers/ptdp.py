@@ -30,10 +30,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cost_models.compute import DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
+from cost_models.compute import DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM, has_constants
 from cost_models.memory import grad_bytes_per_param
+from cost_models.recompute import applicable_modules
 from planner.errors import InfeasibleError, InvalidProblemError
-from planner.schema import V_SCHEDULES, ModelProfile, PipelineProblem, Plan, SimResult, TransformerConfig
+from planner.schema import (RECOMPUTE_MODULES, V_SCHEDULES, ModelProfile, PipelineProblem, Plan, SimResult,
+                            TransformerConfig, module_strategy, recompute_modules_of)
 from solvers import _ptdp_dims as dims_mod
 from solvers import _ptdp_messages as messages
 from solvers import _ptdp_model as model
@@ -52,7 +54,8 @@ RECOMPUTE = ("none", "selective", "modules", "full", "offload")
 """``modules``: Megatron-Core's per-module selective recompute, the set of modules with the least
 recompute time that fits memory for each configuration (``cost_models.recompute``); ``offload``:
 every decoder layer's activations to host memory and back (``cost_models.activation_offload``;
-searched only when listed)."""
+searched only when listed). Besides these keywords the option takes pinned module sets, Megatron-Core's
+``--recompute-modules`` joined with ``+`` (``layernorm+moe_act``; ``recompute_settings``)."""
 _GIB = 2.0**30
 CLOSED_FORM_MARGIN = 0.06
 """Configurations whose closed-form time exceeds the best simulated time by more than this are
@@ -69,8 +72,9 @@ class Options:
     """Comma-separated schedules to search; the problem's schedule 'interleaved-1f1b' restricts to it."""
     recompute: str = "none,selective,modules,full"
     """Comma-separated uniform recompute settings to search; ``modules`` picks, per configuration, the
-    cheapest set of Megatron-Core recompute modules that fits (per-operation model only); ``offload``
-    (not searched unless listed) moves every decoder layer's activations to host memory."""
+    cheapest set of Megatron-Core recompute modules that fits (per-operation model only); a set joined
+    with ``+`` (``layernorm+moe_act``, Megatron-Core's ``--recompute-modules``) is searched as given;
+    ``offload`` (not searched unless listed) moves every decoder layer's activations to host memory."""
     efficiency: float | None = None
     """A flat achieved fraction of peak FLOP/s instead of the per-operation model (default: the
     per-operation model, or the flat efficiency the problem's profile was derived at)."""
@@ -261,10 +265,13 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
     attention = opts.attention or profile_attention(problem)
     if attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
-    recompute = _csv(opts.recompute, RECOMPUTE, "recompute")
+    recompute = recompute_settings(opts.recompute)
+    pinned = tuple(recompute_modules_of(r) or () for r in recompute if r not in RECOMPUTE)
+    _check_pinned_modules(pinned, cfg, problem, opts)
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
                                      attention=attention, overlap_tp_comm=opts.overlap_tp_comm,
-                                     recompute_modules="modules" in recompute, activation_offload="offload" in recompute,
+                                     recompute_modules="modules" in recompute, module_sets=pinned,
+                                     activation_offload="offload" in recompute,
                                      grad_accum_bytes_per_param=DEEPSPEED_BF16_ACCUM_BYTES_PER_PARAM
                                      if opts.optimizer == "deepspeed-bf16" else 0.0,
                                      grad_bytes_per_param=grad_bytes_per_param(opts.optimizer))
@@ -283,6 +290,52 @@ def _csv(text: str, valid: tuple[str, ...], key: str) -> tuple[str, ...]:
     return items
 
 
+def recompute_settings(text: str) -> tuple[str, ...]:
+    """The ``recompute`` option's settings: its keywords (``RECOMPUTE``) and pinned module sets, each
+    set in Megatron-Core's canonical order (``moe_act+layernorm`` -> ``layernorm+moe_act``).
+
+    Raises:
+        InvalidProblemError: an empty list, or an item that is neither a keyword nor a set of
+            Megatron-Core's recompute modules.
+    """
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    out = []
+    for item in items:
+        modules = tuple(m.strip() for m in item.split("+")) if item not in RECOMPUTE else None
+        if modules is not None and not all(m in RECOMPUTE_MODULES for m in modules):
+            bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+            raise InvalidProblemError(
+                f"option recompute={text!r} of solver 'ptdp': {item!r} is neither one of {list(RECOMPUTE)} nor a "
+                f"'+'-joined set of Megatron-Core's recompute modules ({bad} are not among {list(RECOMPUTE_MODULES)}); "
+                "e.g. recompute=none,layernorm+moe_act")
+        out.append(item if modules is None else module_strategy(modules))
+    if not out:
+        raise InvalidProblemError(
+            f"option recompute={text!r} of solver 'ptdp' is empty; give a comma-separated subset of {list(RECOMPUTE)} "
+            "or module sets such as layernorm+moe_act")
+    return tuple(dict.fromkeys(out))
+
+
+def _check_pinned_modules(pinned: tuple[tuple[str, ...], ...], cfg: TransformerConfig, problem: PipelineProblem,
+                          opts: Options) -> None:
+    """Pinned module sets need the per-operation model and modules the model has."""
+    if not pinned:
+        return
+    have = applicable_modules(cfg)
+    for modules in pinned:
+        missing = [m for m in modules if m not in have]
+        if missing:
+            raise InvalidProblemError(
+                f"option recompute: modules {missing} of set {module_strategy(modules)!r} do not exist in "
+                f"{cfg.name!r}; its recompute modules are {list(have)}")
+    device = problem.cluster.device
+    if opts.efficiency is not None or _profile_efficiency(problem) is not None or not has_constants(device):
+        raise InvalidProblemError(
+            f"option recompute: module sets ({', '.join(module_strategy(m) for m in pinned)}) are costed by the "
+            "per-operation model only; drop option efficiency (or the profile's flat efficiency), or use a device "
+            "with compute constants, or recompute=none,selective,full")
+
+
 def _check_options(opts: Options, cfg: TransformerConfig) -> None:
     _csv(opts.schedules, SCHEDULES, "schedules")
     if opts.optimizer not in ("megatron", "deepspeed-bf16"):
@@ -291,7 +344,7 @@ def _check_options(opts: Options, cfg: TransformerConfig) -> None:
     if opts.optimizer == "deepspeed-bf16" and opts.zero_stage not in (0, 1):
         raise InvalidProblemError(f"option optimizer='deepspeed-bf16' needs zero_stage=0 or 1 (got "
                                   f"{opts.zero_stage!r}): DeepSpeed's pipeline engine runs BF16 only up to ZeRO-1")
-    _csv(opts.recompute, RECOMPUTE, "recompute")
+    recompute_settings(opts.recompute)
     if opts.moe_dispatcher not in dims_mod.MOE_DISPATCHERS:
         raise InvalidProblemError(
             f"option moe_dispatcher={opts.moe_dispatcher!r} of solver 'ptdp' must be one of "

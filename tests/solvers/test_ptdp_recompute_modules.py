@@ -64,3 +64,39 @@ def test_module_plan_carries_only_its_set_and_exports_it() -> None:
 def test_flat_efficiency_searches_no_module_sets() -> None:
     plan = ptdp.solve(_problem(), options={**OPTIONS, "efficiency": 0.5})
     assert plan.recompute_modules is None  # the flat model has no per-module times: full recompute instead
+
+
+def test_a_pinned_module_set_is_the_set_the_search_would_cost() -> None:
+    """``recompute=<set>`` (a recipe's ``--recompute-modules``) searches that set only: the plan carries
+    it, at the time and peak the ``modules`` search costs for the same set, and a set given out of
+    Megatron-Core's order is the same set."""
+    problem = _problem()
+    searched = ptdp.solve(problem, options=OPTIONS)
+    chosen = "+".join(searched.recompute_modules or ())
+    reordered = "+".join(reversed(searched.recompute_modules or ()))
+    pinned = ptdp.solve(problem, options={**OPTIONS, "recompute": reordered})
+    assert pinned.recompute_modules == searched.recompute_modules
+    assert {row["recompute"] for row in pinned.candidates} == {chosen}
+    assert pinned.predicted.iteration_time_s == searched.predicted.iteration_time_s  # type: ignore[union-attr]
+    # a set that frees more than the cheapest fitting one: slower, still that set
+    assert "core_attn" not in (searched.recompute_modules or ())
+    wider = ptdp.solve(problem, options={**OPTIONS, "recompute": f"core_attn+{chosen}"})
+    assert wider.recompute_modules == ("core_attn", *(searched.recompute_modules or ()))
+    assert wider.predicted.iteration_time_s > searched.predicted.iteration_time_s  # type: ignore[union-attr]
+
+
+def test_pinned_module_sets_that_cannot_apply_are_errors() -> None:
+    import pytest
+
+    from planner.errors import InvalidProblemError
+
+    assert ptdp.recompute_settings("none, layernorm+moe_act,full,none") == ("none", "moe_act+layernorm", "full")
+    with pytest.raises(InvalidProblemError, match="'attn' is neither"):
+        ptdp.recompute_settings("none,attn")
+    with pytest.raises(InvalidProblemError, match="empty"):
+        ptdp.recompute_settings(" , ")
+    dense = api.make_problem("llama3-8b", "h100:8", global_batch_size=64)
+    with pytest.raises(InvalidProblemError, match=r"\['moe_act'\] of set .* do not exist in 'llama3-8b'"):
+        ptdp.solve(dense, options={"recompute": "layernorm+moe_act"})
+    with pytest.raises(InvalidProblemError, match="per-operation model only"):
+        ptdp.solve(_problem(), options={**OPTIONS, "recompute": "moe_act", "efficiency": 0.5})
