@@ -21,9 +21,10 @@ from planner.schema import TransformerConfig
 logger = logging.getLogger(__name__)
 
 LLAMA_STYLE_TYPES = (
-    "cohere", "deepseek_v2", "deepseek_v3", "gemma", "gemma2", "gemma3_text", "gpt_oss", "granite", "llama",
-    "mistral", "mixtral", "olmo", "olmo2", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "stablelm",
-    "starcoder2",
+    "cohere", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "gemma", "gemma2", "gemma3_text",
+    "glm4", "glm4_moe", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "llama", "minimax_m2", "mistral",
+    "mixtral", "olmo", "olmo2", "olmo3", "olmoe", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+    "seed_oss", "smollm3", "stablelm", "starcoder2",
 )
 """Decoders with Llama's attribute names (``hidden_size``, ``intermediate_size``, ``num_key_value_heads``)."""
 SUPPORTED_MODEL_TYPES = tuple(sorted(LLAMA_STYLE_TYPES + GPT2_STYLE_TYPES))
@@ -31,8 +32,8 @@ _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _SILU = ("silu", "swish", "swiglu")
 _UNGATED = ("starcoder2",)
 """Llama-style configs whose FFN is two matrices (c_fc, c_proj), not gate/up/down."""
-_LAYERNORM = ("cohere", "olmo", "stablelm", "starcoder2")
-_QK_NORM = ("gemma3_text", "olmo2", "qwen3", "qwen3_moe")
+_LAYERNORM = ("cohere", "olmo", "phimoe", "stablelm", "starcoder2")
+_QK_NORM = ("dots1", "gemma3_text", "minimax_m2", "olmo2", "olmo3", "olmoe", "qwen3", "qwen3_moe")
 _MLA = ("deepseek_v2", "deepseek_v3")
 
 
@@ -178,7 +179,8 @@ def _fields(hf: Any, model_type: str) -> dict[str, Any]:
         "norm_eps": getattr(hf, "rms_norm_eps", None) or getattr(hf, "layer_norm_eps", None)
         or getattr(hf, "norm_epsilon", None),
     }
-    head_dim = getattr(hf, "head_dim", None)
+    # transformers' attention modules take head_dim, else hidden_size // heads (floor) when it does not divide
+    head_dim = getattr(hf, "head_dim", None) or h // heads
     if model_type not in _MLA and head_dim and head_dim * heads != h:
         fields["head_dim"] = head_dim
     fields.update(_window_fields(hf))
@@ -225,6 +227,15 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
     }
     if model_type == "qwen2_moe":
         fields["num_shared_experts"] = _shared_experts(hf, fields["moe_ffn_hidden_size"])
+    if model_type == "granitemoeshared":  # experts as wide as intermediate_size, one shared MLP of its own width
+        fields["num_shared_experts"] = _shared_experts(hf, hf.intermediate_size, "shared_intermediate_size")
+    if model_type == "ernie4_5_moe":
+        fields.update(_ernie_moe_fields(hf))
+    if model_type == "glm4_moe":  # GLM-4.5: sigmoid scores with a selection bias, DeepSeek-V3's router
+        fields.update({"router_score_function": "sigmoid", "router_expert_bias": True,
+                       "router_topk_scaling_factor": getattr(hf, "routed_scaling_factor", None),
+                       "router_num_groups": getattr(hf, "n_group", None),
+                       "router_group_topk": getattr(hf, "topk_group", None)})
     if model_type in _MLA:
         fields.update(
             {
@@ -249,16 +260,31 @@ def _moe_fields(hf: Any, model_type: str, experts: int) -> dict[str, Any]:
     return fields
 
 
-def _shared_experts(hf: Any, expert_width: int | None) -> int:
-    """Qwen2-MoE's one shared expert of ``shared_expert_intermediate_size`` as that many routed-expert
-    widths (5,632 = 4 x 1,408: the same parameters and FLOPs); its sigmoid gate (hidden_size
-    parameters) is not counted."""
-    width = getattr(hf, "shared_expert_intermediate_size", None) or 0
+def _ernie_moe_fields(hf: Any) -> dict[str, Any]:
+    """ERNIE 4.5's MoE names: ``moe_num_experts``, ``moe_k``, ``moe_num_shared_experts``, and MoE layers
+    from ``moe_layer_start_index`` to the last (dense layers only as a prefix, as paraplan models them)."""
+    start, end = getattr(hf, "moe_layer_start_index", 0) or 0, getattr(hf, "moe_layer_end_index", None)
+    interval = getattr(hf, "moe_layer_interval", 1) or 1
+    if isinstance(start, (list, tuple)) or isinstance(end, (list, tuple)) or interval != 1 or \
+            end not in (None, -1, hf.num_hidden_layers - 1):
+        raise InvalidProblemError(
+            f"ERNIE MoE moe_layer_start_index={start!r} / moe_layer_end_index={end!r} / moe_layer_interval={interval!r}: "
+            "paraplan models dense layers only as a prefix (first_dense_layers); use interval 1 and MoE layers up to "
+            f"the last ({hf.num_hidden_layers - 1})")
+    return {"num_experts": getattr(hf, "moe_num_experts", None), "experts_per_token": getattr(hf, "moe_k", None),
+            "num_shared_experts": getattr(hf, "moe_num_shared_experts", None) or 0, "first_dense_layers": int(start)}
+
+
+def _shared_experts(hf: Any, expert_width: int | None, key: str = "shared_expert_intermediate_size") -> int:
+    """A shared MLP of width ``key`` (Qwen2-MoE's ``shared_expert_intermediate_size``, Granite-MoE-shared's
+    ``shared_intermediate_size``) as that many routed-expert widths (5,632 = 4 x 1,408: the same
+    parameters and FLOPs); Qwen2-MoE's sigmoid gate on it (hidden_size parameters) is not counted."""
+    width = getattr(hf, key, None) or 0
     if not width or not expert_width:
         return 0
     if width % expert_width:
-        logger.warning("shared_expert_intermediate_size=%d is not a multiple of moe_intermediate_size=%d: costed as "
-                       "%d expert widths", width, expert_width, -(-width // expert_width))
+        logger.warning("%s=%d is not a multiple of the expert width %d: costed as %d expert widths", key, width,
+                       expert_width, -(-width // expert_width))
     return -(-width // expert_width)
 
 
@@ -269,9 +295,12 @@ def _warn_unmodelled(hf: Any, model_type: str) -> None:
                        model_type)
     if model_type == "gpt_oss":
         logger.warning("gpt-oss attention sinks are not modelled (one learned logit per head: no FLOP or memory of note)")
-    if model_type == "deepseek_v3" and getattr(hf, "num_nextn_predict_layers", 0):
+    if model_type == "glm4":
+        logger.warning("glm4: the post-attention and post-FFN norms (2 x hidden_size parameters per layer) are not "
+                       "modelled")
+    if model_type in ("deepseek_v3", "glm4_moe") and getattr(hf, "num_nextn_predict_layers", 0):
         logger.warning(
-            "DeepSeek-V3's %d multi-token-prediction module(s) are not modelled", hf.num_nextn_predict_layers
+            "%s: the %d multi-token-prediction module(s) are not modelled", model_type, hf.num_nextn_predict_layers
         )
     if model_type == "llama" and getattr(hf, "attention_bias", False):
         logger.warning("Llama attention_bias=true: the Q/K/V biases are counted, the output-projection bias is not")

@@ -168,24 +168,55 @@ HF_DEFAULT_FAMILIES = {
     "granite": 0,
     "phi3": 0,
     "deepseek_v2": 0,
+    "glm4": -2 * H * L,  # GLM-4's post-attention and post-FFN norms
+    "glm4_moe": 0,
+    "dots1": 0,
+    "olmo3": -(8 * 32 + 4 * 32 - 2 * 32) * L,  # as OLMo 2
+    "olmoe": -(8 * 32 + 4 * 32 - 2 * 32) * L,
+    "minimax_m2": -(8 * 32 + 4 * 32 - 2 * 32) * L,
+    "granitemoe": 0,
+    "granitemoeshared": 0,
+    "phimoe": 0,
+    "ernie4_5": 0,
+    "ernie4_5_moe": -8 * (L - 1),  # ERNIE's per-expert selection bias is a parameter (a buffer elsewhere)
+    "seed_oss": 0,
+    "smollm3": 0,
 }
+MOE_SHAPE = {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "n_shared_experts": 1,
+             "first_k_dense_replace": 1}
+HF_FAMILY_FIELDS: dict[str, dict[str, object]] = {
+    "deepseek_v2": {"kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+                    "v_head_dim": 32, **MOE_SHAPE, "n_group": 2, "topk_group": 1},
+    "glm4": {"head_dim": 32},
+    "glm4_moe": {**MOE_SHAPE, "n_group": 2, "topk_group": 1, "attention_bias": True},
+    "dots1": MOE_SHAPE,
+    "olmo3": {"sliding_window": 128},
+    "olmoe": {"num_experts": 8, "num_experts_per_tok": 2},
+    "minimax_m2": {"num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": 32},
+    "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "granitemoeshared": {"num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 1024},
+    "phimoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "ernie4_5": {"head_dim": 32},
+    "ernie4_5_moe": {"moe_num_experts": 8, "moe_k": 2, "moe_intermediate_size": 128, "moe_num_shared_experts": 1,
+                     "moe_layer_start_index": 1, "moe_layer_end_index": L - 1},
+    "seed_oss": {"head_dim": 32},
+}
+"""Each family's own fields at the small size (MoE, MLA, windows) beside the shape every test gives."""
 
 
 @pytest.mark.parametrize("model_type", list(HF_DEFAULT_FAMILIES))
 def test_hf_default_configs_of_more_families(hf_reader, tmp_path: Path, model_type: str) -> None:
-    """Gemma 2/3, OLMo 1/2, Cohere, StableLM, Granite, Phi-3 and DeepSeek-V2 at a small size written by
-    transformers' own config classes: the parameters of transformers' model up to the named tensors."""
+    """Gemma 2/3, OLMo 1/2/3, OLMoE, Cohere, StableLM, Granite (and its MoEs), Phi-3, PhiMoE, DeepSeek-V2,
+    GLM-4 and GLM-4.5 (glm4_moe), dots.llm1, MiniMax-M2, ERNIE 4.5 (dense and MoE), Seed-OSS and SmolLM3
+    at a small size written by transformers' own config classes: the parameters of transformers' model up
+    to the named tensors, and the MoE layout read from each family's own field names."""
     torch = pytest.importorskip("torch")
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
+    # pad/bos/eos: some families' default token ids lie outside a 1,000-token vocabulary
     shape = {"hidden_size": H, "num_hidden_layers": L, "num_attention_heads": 8, "num_key_value_heads": 4,
-             "intermediate_size": 512, "vocab_size": 1000}
-    if model_type == "phi3":  # its default pad token id lies outside a 1,000-token vocabulary
-        shape.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if model_type == "deepseek_v2":
-        shape.update(kv_lora_rank=64, q_lora_rank=96, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-                     n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, n_shared_experts=1,
-                     first_k_dense_replace=1, n_group=2, topk_group=1)
+             "intermediate_size": 512, "vocab_size": 1000, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+             **HF_FAMILY_FIELDS.get(model_type, {})}
     config = CONFIG_MAPPING[model_type](**shape)
     config.save_pretrained(tmp_path)
     with torch.device("meta"):
@@ -194,6 +225,15 @@ def test_hf_default_configs_of_more_families(hf_reader, tmp_path: Path, model_ty
     assert moe.num_parameters(cfg) == sum(p.numel() for p in reference.parameters()) + HF_DEFAULT_FAMILIES[model_type]
     assert cfg.mlp == ("geglu" if model_type.startswith("gemma") else "swiglu")
     assert cfg.parallel_block == (model_type == "cohere")
+    fields = HF_FAMILY_FIELDS.get(model_type, {})
+    if cfg.is_moe:  # 8 experts, 2 per token; the shared MLPs and the dense prefix each family states
+        shared = 2 if model_type == "granitemoeshared" else int(fields.get("n_shared_experts",  # type: ignore[call-overload]
+                                                                               fields.get("moe_num_shared_experts", 0)))
+        dense = int(fields.get("first_k_dense_replace", fields.get("moe_layer_start_index", 0)))  # type: ignore[call-overload]
+        assert (cfg.num_experts, cfg.experts_per_token, cfg.num_shared_experts, cfg.first_dense_layers) == \
+            (8, 2, shared, dense)
+    assert cfg.is_moe == any(k in fields for k in ("n_routed_experts", "num_experts", "num_local_experts",
+                                                    "moe_num_experts"))
 
 
 def test_hf_family_details(hf_reader) -> None:
@@ -392,3 +432,18 @@ def test_hf_fields_of_the_wrong_type_or_range_exit_2(hf_reader, tmp_path: Path, 
     assert main(["model-info", f"hf:{tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "config.json" in err and "Traceback" not in err and "internal error" not in err
+
+
+def test_ernie_moe_layers_other_than_a_dense_prefix_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ERNIE 4.5 states its MoE layers as a start, an end and an interval; paraplan models dense layers
+    only as a prefix, so every other layout is refused naming the three fields."""
+    pytest.importorskip("transformers")
+    from transformers import CONFIG_MAPPING
+
+    shape = {"hidden_size": H, "num_hidden_layers": L, "num_attention_heads": 8, "num_key_value_heads": 4,
+             "intermediate_size": 512, "vocab_size": 1000, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+             **HF_FAMILY_FIELDS["ernie4_5_moe"], "moe_layer_interval": 2}
+    CONFIG_MAPPING["ernie4_5_moe"](**shape).save_pretrained(tmp_path)
+    assert main(["model-info", f"hf:{tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "moe_layer_interval=2" in err and "first_dense_layers" in err and "Traceback" not in err
