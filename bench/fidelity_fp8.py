@@ -304,9 +304,10 @@ def deepseek_h800_row() -> dict[str, object]:
     """DeepSeek-V3 on 2,048 H800 forced through ptdp: t 1, p 16, e 64, b 1, the expert all-to-all
     node-deduplicated (``deepep``: node-limited routing, each token to at most 4 nodes, Sec. 2.1.2)
     and overlapped with computation as DualPipe overlaps it (Sec. 3.2.1), recompute the cheapest
-    module set that fits (the paper recomputes RMSNorm and the MLA up-projections, Sec. 3.2.3). DualPipe
-    itself is not laid out (61 layers have no V layout over 32 virtual stages): 1F1B with uneven end
-    stages stands in, its bubble (p - 1) / m = 15 / 120 charged in full. Not modelled: the
+    module set that fits (the paper recomputes RMSNorm and the MLA up-projections, Sec. 3.2.3). 1F1B with
+    uneven end stages stands in for DualPipe, its bubble (p - 1) / m = 15 / 120 charged in full: on
+    DualPipeV's near-even V layout our memory model fits the paper's set only without its FP8 activation
+    caching of MoE/MLA inputs, which it does not count (docs/cost-model.md, "FP8"). Not modelled: the
     multi-token-prediction module (one more layer and head on the last stage), DeepSeek's tile-wise
     FP8 scaling (costed as Transformer Engine's current scaling)."""
     row = DEEPSEEK_H800

@@ -153,7 +153,7 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
         u = units(probe)
         for v, vs in chunk_counts(cfg.num_layers, base.pipeline, m, schedules, fixed_chunks(search, opts),
                                    uneven=opts.uneven_stages):
-            for ends in [(0, 0)] if vs else _layouts(search, opts, u, base.pipeline, v):
+            for ends in [_v_layout(cfg.num_layers, base.pipeline)] if vs else _layouts(search, opts, u, base.pipeline, v):
                 c = _replace(probe, virtual=v, ends=ends, v_schedule=vs)
                 if _states_overflow(u, cfg, c, capacity):
                     continue
@@ -249,7 +249,8 @@ def chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fi
     """(v, V schedule or ''): v = 1 for 1F1B; v >= 2 for interleaved, which needs p >= 2 and m % p == 0: v
     dividing l / p (even chunks), or with ``uneven`` any v up to ``MAX_UNEVEN_CHUNKS`` (and l / p) whose p v
     does not divide l (lighter end chunks, Megatron's layout string); v = 2 for ZB-V and DualPipeV
-    (l % 2p == 0; DualPipeV m >= 2p; p >= 2 unless asked for)."""
+    (l % 2p == 0, or with ``uneven`` near-even chunks of any l >= 2p; DualPipeV m >= 2p; p >= 2 unless
+    asked for)."""
     out = [(1, "")] if "1f1b" in schedules and fixed == 1 else []
     if model.INTERLEAVED in schedules and p >= 2 and m % p == 0:
         even = [v for v in divisors(num_layers // p) if v >= 2] if num_layers % p == 0 else []
@@ -257,8 +258,14 @@ def chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fi
                if num_layers % (p * v)] if uneven else []
         out += [(v, "") for v in sorted(set(even + odd)) if fixed == 1 or v == fixed]
     out += [(2, vs) for vs in V_SCHEDULES if vs in schedules and (p >= 2 or schedules == (vs,))
-            and num_layers % (2 * p) == 0 and fixed in (1, 2) and (vs == "zb-v" or m >= 2 * p)]
+            and (num_layers % (2 * p) == 0 or (uneven and num_layers >= 2 * p)) and fixed in (1, 2)
+            and (vs == "zb-v" or m >= 2 * p)]
     return out
+
+
+def _v_layout(num_layers: int, p: int) -> tuple[int, int]:
+    """A V schedule's chunks: even where 2p divides the layers, else ``NEAR_EVEN`` (``solvers._ptdp_v``)."""
+    return (0, 0) if num_layers % (2 * p) == 0 else dims_mod.NEAR_EVEN
 
 
 def check_degree_options(opts: Options, search: Search) -> None:

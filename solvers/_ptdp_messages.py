@@ -104,7 +104,10 @@ def _layout_conflict(layers: int, p: int, v: int, n: int, t: int, batch: int, b:
         return None
 
     def laid_out(k_v: int) -> bool:
-        enumerated = (k_v, "") in chunk_counts(layers, p, m, schedules, k_v, uneven=uneven)
+        entries = chunk_counts(layers, p, m, schedules, k_v, uneven=uneven)
+        if any(k == k_v and vs for k, vs in entries):
+            return True  # a V schedule's even or near-even chunks (``chunk_counts`` enumerates only those)
+        enumerated = (k_v, "") in entries
         return enumerated and bool(dims_mod.stage_layouts(layers, p, k_v, embedding_layers=1.0, head_layers=1.0,
                                                           uneven=uneven, near_even=k_v > 1))
 

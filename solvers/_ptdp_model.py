@@ -431,13 +431,32 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int
 
 
 def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
-    """A V schedule's rank 0: the activations ``solvers._ptdp_v`` counts on the schedule's own order, with
-    its blocks', embedding's and head's model states sharded as the ZeRO stage says."""
-    activations = v_model.peak_memory_bytes(u, cfg, c) - v_model.rank0_static_bytes(u, cfg, c)
-    dims = c.dims
+    """A V schedule's fullest rank: the activations ``solvers._ptdp_v`` counts on the schedule's own order,
+    with its blocks' (rank 0: also the embedding's and head's) model states sharded as the ZeRO stage says."""
+    dims, all_ranges = c.dims, c.rank_ranges(cfg.num_layers)
     ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims, u.grad_bytes)
-    buffer = _fsdp_buffer_bytes(u, dims)
-    return rank_static_bytes(u, c.rank_ranges(cfg.num_layers)[0], dims) + ends + buffer + activations
+    ends_act = (u.embedding.activation_bytes or 0.0, u.head.activation_bytes or 0.0)
+    sizes, index = _chunk_sizes(u, c, all_ranges)
+    static = ranks_static_bytes(u, all_ranges, dims)
+    return _fsdp_buffer_bytes(u, dims) + max(
+        static[r] + (ends if r == 0 else 0.0) + v_model.activation_bytes(
+            c.schedule, c.pipeline, c.num_microbatches, r, sizes[index[r]], ends_act if r == 0 else (0.0, 0.0))
+        for r in range(c.pipeline))
+
+
+def _v_pipeline_s(u: UnitCosts, cfg: TransformerConfig, c: Config, send_s: float) -> float:
+    """``_ptdp_v.pipeline_s`` from the ranks' chunks: each rank's work (rank 0 with the embedding and the
+    head), and the heaviest chunk's F, B with recompute, W and communication."""
+    all_ranges = c.rank_ranges(cfg.num_layers)
+    work = rank_sums(u, all_ranges, lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
+    work[0] += u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+    distinct = {chunk for ranges in all_ranges for chunk in ranges}
+    values = (lambda lay: lay.forward_s, lambda lay: lay.backward_s + option(lay, c.recompute).extra_s,
+              lambda lay: lay.backward_weight_s or 0.0, lambda lay: lay.forward_comm_s or 0.0,
+              lambda lay: lay.backward_comm_s or 0.0)
+    chunks = [tuple(_block_sum(u, first, num, value) for value in values) for first, num in sorted(distinct)]
+    heaviest = max(chunks, key=lambda t: (t[0] + t[1], t))
+    return v_model.pipeline_s(c.schedule, c.pipeline, c.num_microbatches, work, heaviest, send_s)  # type: ignore[arg-type]
 
 
 def peak_memory_lower_bound(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:
@@ -508,7 +527,7 @@ def pipeline_time_s(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: C
         bandwidth, latency = p2p_link(cluster, c)
         send_s = latency + u.decoder.output_bytes / bandwidth
     if c.v_schedule:  # ZB-V / DualPipeV: their own bubble and in-flight counts
-        return v_model.pipeline_s(u, cfg, c, send_s)
+        return _v_pipeline_s(u, cfg, c, send_s)
     work = rank_work_s(u, cfg, c)
     t_max, t_avg = max(work), math.fsum(work) / p
     bubble = (p - 1) / v * t_avg

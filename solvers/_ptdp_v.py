@@ -1,68 +1,67 @@
 """Closed form of the V schedules (ZB-V, DualPipeV) in the ``ptdp`` search.
 
-A V configuration has two chunks per rank of l / (2p) decoder blocks each; rank r holds virtual
-stages r and 2p - 1 - r, so rank 0 holds the embedding (in chunk 0) and the output head (in
-chunk 1). With per-chunk times F, B (recompute included) and W:
+A V configuration has two chunks per rank; rank r holds virtual stages r and 2p - 1 - r, so rank 0
+holds the embedding (in chunk 0) and the output head (in chunk 1). The 2p chunks hold l / (2p)
+decoder blocks each, or, where 2p does not divide l, ``_ptdp_dims.NEAR_EVEN`` counts (one block
+more in the middle virtual stages first: the ranks next to rank 0's embedding and head carry them;
+DeepSeek-V3's 61 layers on 16 DualPipe ranks are 29 chunks of 2 and 3 of 1). ``solvers._ptdp_model``
+sums each chunk's times and bytes from its dense and MoE blocks and hands them here. With W, F
+and B with recompute per chunk:
 
-- the larger of m x the slowest rank's work (rank 0: two chunks plus embedding and head) and m x
-  the mean rank's work plus the bubble (the other ranks' slack absorbs the bubble up to rank
-  0's excess), plus the point-to-point transfers of 2 v boundaries per microbatch, as for
-  interleaved 1F1B;
+- the larger of m x the slowest rank's work (its chunks' F + B, rank 0 also the embedding and the
+  head) and m x the mean rank's work plus the bubble (the other ranks' slack absorbs the bubble up to
+  the slowest one's excess), plus the point-to-point transfers of 2 v boundaries per microbatch, as
+  for interleaved 1F1B;
 - bubble (p - 1) max(F, B - W) for ZB-V (the simulated makespan for I = B - W >= F; Qi et al.,
   *Zero Bubble Pipeline Parallelism*, arXiv:2401.10241, Sec. 6) and (p - 1)(F&B + B - 3W) for
   DualPipeV (DeepSeek-V3 Technical Report, Sec. 3.2.1, Table 2, with PP = 2p stages), F&B the
-  overlapped block of ``cost_models.sim.overlap.fused_block_s``;
-- memory of rank 0: its static bytes (blocks, embedding and head) plus the activation sets in
-  flight counted on the schedule's own order (``cost_models.vschedules.peak_inflight``: 2p
-  chunks for ZB-V, the 1F1B peak, and 2p + 1 for DualPipeV), each with the embedding's or
-  the head's share when the set is of that chunk.
+  overlapped block of ``cost_models.sim.overlap.fused_block_s``, all at the heaviest chunk's times
+  (the fill and drain run at the slowest chunk's pace);
+- memory of the fullest rank: its static bytes (blocks; rank 0 also the embedding and the head)
+  plus its activation sets in flight counted on the schedule's own order
+  (``cost_models.vschedules.peak_inflight``: 2p chunks for ZB-V, the 1F1B peak, and 2p + 1 for
+  DualPipeV on rank 0), each set at the rank's larger chunk, plus the embedding's or the head's
+  share on rank 0 when the set is of that chunk.
 
 The search simulates the best configurations anyway; this only ranks them.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from cost_models.sim.overlap import fused_block_s
 from cost_models.vschedules import peak_inflight
-from planner.schema import TransformerConfig
+
+ChunkTimes = tuple[float, float, float, float, float]
+"""(F, B with recompute, W, forward communication, backward communication) of one chunk."""
 
 
-def chunk_times_s(u: Any, cfg: TransformerConfig, c: Any) -> tuple[float, float, float, float, float]:
-    """(F, B with recompute, W, forward comm, backward comm) of one chunk of decoder blocks."""
-    dec = u.decoder
-    n = cfg.num_layers // (2 * c.pipeline)
-    extra = dec.strategies()[c.recompute].extra_s
-    return (n * dec.forward_s, n * (dec.backward_s + extra), n * (dec.backward_weight_s or 0.0),
-            n * (dec.forward_comm_s or 0.0), n * (dec.backward_comm_s or 0.0))
-
-
-def pipeline_s(u: Any, cfg: TransformerConfig, c: Any, send_s: float) -> float:
-    """Compute, bubble and point-to-point time of one iteration (module docstring)."""
-    p, m = c.pipeline, c.num_microbatches
-    f, b, w, fx, bx = chunk_times_s(u, cfg, c)
-    ends = u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
-    rank0, mean = 2 * (f + b) + ends, 2 * (f + b) + ends / p
-    if c.schedule == "zb-v":
+def pipeline_s(schedule: str, p: int, m: int, work: Sequence[float], heaviest: ChunkTimes, send_s: float) -> float:
+    """Compute, bubble and point-to-point time of one iteration (module docstring); ``work``: each rank's
+    compute per microbatch, ``heaviest``: the times of the chunk with the most F + B."""
+    f, b, w, fx, bx = heaviest
+    if schedule == "zb-v":
         bubble = (p - 1) * max(f, b - w)
     else:
         bubble = (p - 1) * (fused_block_s(f, b, fx, bx) + b - 3 * w)
-    # Rank 0 (embedding and head) is the slowest; the other ranks' slack absorbs the bubble up to it.
-    return max(m * rank0, m * mean + bubble) + 4 * m * send_s + 2 * (p - 1) * send_s
+    # The slowest rank (rank 0 with the embedding and head on even chunks) sets the pace; the other
+    # ranks' slack absorbs the bubble up to it. With fewer microbatches than the schedule's warm-up
+    # (m < 2p - 1) nothing fills the ramp: the forward and input-gradient waves through the 2p chunks
+    # take 2p + m - 1 chunk times each, the last weight gradient after them.
+    ramp = (2 * p + m - 1) * (f + b - w) + w
+    return max(m * max(work), m * math.fsum(work) / p + bubble, ramp) + 4 * m * send_s + 2 * (p - 1) * send_s
 
 
-def rank0_static_bytes(u: Any, cfg: TransformerConfig, c: Any) -> float:
-    return cfg.num_layers // c.pipeline * u.decoder.static_bytes + u.embedding.static_bytes + u.head.static_bytes
-
-
-def peak_memory_bytes(u: Any, cfg: TransformerConfig, c: Any) -> float:
-    """Rank 0's static bytes plus its activation sets in flight (module docstring)."""
-    total, first, last = peak_inflight(c.schedule, c.pipeline, c.num_microbatches)
-    blocks = cfg.num_layers // (2 * c.pipeline)
-    chunk_act = blocks * u.decoder.strategies()[c.recompute].activation_bytes
-    return (rank0_static_bytes(u, cfg, c) + total * chunk_act + first * (u.embedding.activation_bytes or 0.0)
-            + last * (u.head.activation_bytes or 0.0))
+def activation_bytes(schedule: str, p: int, m: int, rank: int, chunk_bytes: Sequence[float],
+                     ends_bytes: tuple[float, float] = (0.0, 0.0)) -> float:
+    """A rank's peak activation bytes: its sets in flight (module docstring) at its larger chunk
+    (``chunk_bytes``: its chunk 0 and chunk 1), plus the embedding's and the head's (``ends_bytes``,
+    rank 0) per set of their chunk."""
+    total, first, last = peak_inflight(schedule, p, m, rank)
+    return total * max(chunk_bytes) + first * ends_bytes[0] + last * ends_bytes[1]
 
 
 def megatron_notes(schedule: str, rows: list[dict[str, Any]]) -> tuple[str, ...]:

@@ -47,6 +47,9 @@ _TWO_RANK_PLANS = {
     "zb-v (ScheduleZBVZeroBubble, V placement)": tiny_plan("zb-v", m=4),
     "dualpipe-v (ScheduleDualPipeV, V placement)": tiny_plan("dualpipe-v", m=4),
     "dualpipe-v through the plan's action list": tiny_plan("dualpipe-v", m=6),
+    # 6 layers on 4 virtual stages: the unequal V chunks ptdp plans where 2p does not divide the layers
+    "zb-v, 6 layers in unequal V chunks (2, 2, 1, 1)": tiny_plan(
+        "zb-v", m=4, model=LLAMA_TINY.model_copy(update={"name": "llama-tiny-6", "num_layers": 6})),
     "mixtral EP2 (experts split over 2 replicas, all-to-all)": tiny_plan(
         "gpipe", p=1, d=2, expert=2, model=MIXTRAL_TINY),
     # one ZeroRedundancyOptimizer over both replicas broadcast one rank's experts over the other's (5e-3)

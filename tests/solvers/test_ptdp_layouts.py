@@ -149,11 +149,13 @@ def test_near_even_closed_form_against_the_simulator() -> None:
 
 def test_dualpipev_refusal_names_the_layout_not_the_batch() -> None:
     """DeepSeek-V3's 61 layers on DualPipeV at p = 16 (two chunks per rank: 32 virtual stages) have no
-    V layout; the batch (15,360 over d = 128, 120 microbatches: DualPipeV needs no m % p) splits. The
-    message says so, where it used to blame the batch with d from the layer count's divisors."""
+    even V layout; the batch (15,360 over d = 128, 120 microbatches: DualPipeV needs no m % p) splits.
+    With uneven stages off the message says so, where it used to blame the batch with d from the layer
+    count's divisors; with them on the near-even chunks lay it out and nothing is refused."""
     from solvers._ptdp_messages import _layout_conflict
 
-    text = _layout_conflict(61, 16, 2, 2048, 1, 15360, 1, ("dualpipe-v",), uneven=True)
+    text = _layout_conflict(61, 16, 2, 2048, 1, 15360, 1, ("dualpipe-v",), uneven=False)
     assert text is not None and "no layer layout of 61 decoder layers over pipeline_parallel=16" in text
-    assert "global_batch_size=15360 itself splits (b=1, d=128)" in text
+    assert "global_batch_size=15360 itself splits (b=1, d=128)" in text and "uneven_stages is off" in text
+    assert _layout_conflict(61, 16, 2, 2048, 1, 15360, 1, ("dualpipe-v",), uneven=True) is None
     assert _layout_conflict(61, 16, 2, 2048, 1, 15360, 1, ("interleaved-1f1b",), uneven=True) is None  # m % p != 0
