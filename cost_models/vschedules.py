@@ -194,6 +194,17 @@ def peak_inflight(schedule: str, p: int, m: int, rank: int = 0) -> tuple[int, in
     return count_inflight(schedule, p, min(m, 2 * p), rank)
 
 
+def inflight_total(schedule: str, p: int, m: int, rank: int) -> int:
+    """The first of ``peak_inflight`` (all sets a rank holds at its peak) in closed form: ZB-V
+    min(m + 1 + r, 2m, 2p) (rank r's warm-up holds 2(p - r) - 1 chunk-0 and r chunk-1 forwards before
+    its first backward, m bounding both), DualPipeV 2p + 1 on every rank (m >= 2p). Equal to the
+    counted value for every p up to 32 and m up to 4p + 2 (the tests compare them); O(1), where
+    counting one rank's order is O(min(m, 2p))."""
+    if schedule == "zb-v":
+        return min(m + 1 + rank, 2 * m, 2 * p)
+    return 2 * p + 1
+
+
 def count_inflight(schedule: str, p: int, m: int, rank: int = 0) -> tuple[int, int, int]:
     """``peak_inflight`` counted on the whole order of m microbatches (O(m))."""
     build = zb_v if schedule == "zb-v" else dualpipe_v

@@ -53,6 +53,16 @@ NEAR_EVEN = (-1, -1)
 """``ends`` of the near-even layout: every virtual stage ``l // (p v)`` layers and the remaining ones
 one each to the middle stages, in order (Megatron's ``--pipeline-model-parallel-layout``; e.g.
 DeepSeek-V3's 61 layers on 32 virtual stages: 1, 2 x 29, 1, 1)."""
+V_EVEN_RANKS = (-2, -2)
+"""``ends`` of a V schedule's layout where 2p does not divide the layers: every rank l // p layers or one
+more (the extra ones on the last ranks, rank 0 with the embedding and the head among the lighter),
+each rank's two chunks half and half (the odd layer in chunk 0; rank 0's in chunk 0, beside the
+embedding, the head being the heavier end)."""
+V_LIGHT_RANK0 = (-3, -3)
+"""``ends`` of a V layout that makes room for the embedding and the head: rank 0's two chunks
+l // (2p) layers each, the other ranks as even as ``V_EVEN_RANKS`` makes them (DeepSeek-V3's 61 layers
+on 16 ranks: 2 on rank 0, 3 on rank 1, 4 on the rest)."""
+V_LAYOUTS = (V_EVEN_RANKS, V_LIGHT_RANK0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +204,8 @@ def chunk_layer_counts(num_layers: int, pipeline: int, virtual: int, ends: tuple
     virtual stages and an even middle, or ``NEAR_EVEN``."""
     first, last = ends
     k = pipeline * virtual
+    if ends in V_LAYOUTS:
+        return _v_chunk_counts(num_layers, pipeline, light_rank0=ends == V_LIGHT_RANK0)
     if ends == NEAR_EVEN:
         base, extra = divmod(num_layers, k)
         counts = [base] * k
@@ -206,6 +218,34 @@ def chunk_layer_counts(num_layers: int, pipeline: int, virtual: int, ends: tuple
     if k == 2:
         return [first, last]
     return [first, *[(num_layers - first - last) // (k - 2)] * (k - 2), last]
+
+
+def _v_chunk_counts(num_layers: int, pipeline: int, *, light_rank0: bool) -> list[int]:
+    """Decoder layers of a V layout's 2p virtual stages in model order (rank r: stages r and 2p - 1 - r;
+    ``V_EVEN_RANKS``, ``V_LIGHT_RANK0``)."""
+    p = pipeline
+    first = 2 * (num_layers // (2 * p)) if light_rank0 else None
+    rest, ranks = (num_layers - first, p - 1) if first is not None else (num_layers, p)
+    base, extra = divmod(rest, ranks)
+    totals = [base + (1 if i >= ranks - extra else 0) for i in range(ranks)]  # the extra ones on the last ranks
+    if first is not None:
+        totals = [first, *totals]
+    counts = [0] * (2 * p)
+    for r, n in enumerate(totals):
+        counts[r], counts[2 * p - 1 - r] = n - n // 2, n // 2
+    return counts
+
+
+def v_layouts(num_layers: int, pipeline: int) -> list[tuple[int, int]]:
+    """A V schedule's layouts: even where 2p divides the layers; else ``V_EVEN_RANKS`` and, where it
+    differs and leaves every chunk a layer, ``V_LIGHT_RANK0``."""
+    if num_layers % (2 * pipeline) == 0:
+        return [(0, 0)]
+    out = [V_EVEN_RANKS] if num_layers >= 2 * pipeline else []
+    light = _v_chunk_counts(num_layers, pipeline, light_rank0=True)
+    if min(light) >= 1 and (not out or light != _v_chunk_counts(num_layers, pipeline, light_rank0=False)):
+        out.append(V_LIGHT_RANK0)
+    return out
 
 
 def _divisors(n: int) -> list[int]:

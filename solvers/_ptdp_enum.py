@@ -153,7 +153,8 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
         u = units(probe)
         for v, vs in chunk_counts(cfg.num_layers, base.pipeline, m, schedules, fixed_chunks(search, opts),
                                    uneven=opts.uneven_stages):
-            for ends in [_v_layout(cfg.num_layers, base.pipeline)] if vs else _layouts(search, opts, u, base.pipeline, v):
+            for ends in dims_mod.v_layouts(cfg.num_layers, base.pipeline) if vs else \
+                    _layouts(search, opts, u, base.pipeline, v):
                 c = _replace(probe, virtual=v, ends=ends, v_schedule=vs)
                 if _states_overflow(u, cfg, c, capacity):
                     continue
@@ -262,10 +263,6 @@ def chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fi
             and (vs == "zb-v" or m >= 2 * p)]
     return out
 
-
-def _v_layout(num_layers: int, p: int) -> tuple[int, int]:
-    """A V schedule's chunks: even where 2p divides the layers, else ``NEAR_EVEN`` (``solvers._ptdp_v``)."""
-    return (0, 0) if num_layers % (2 * p) == 0 else dims_mod.NEAR_EVEN
 
 
 def check_degree_options(opts: Options, search: Search) -> None:

@@ -113,8 +113,7 @@ class Config:
 
     def stage_layers(self, num_layers: int) -> list[int]:
         """Decoder layers of each pipeline rank (all its chunks)."""
-        chunks = self.chunk_layers(num_layers)
-        return [sum(chunks[x::self.pipeline]) for x in range(self.pipeline)]
+        return [sum(n for _, n in ranges) for ranges in self.rank_ranges(num_layers)]
 
     def but(self, **changes: Any) -> Config:
         """``dataclasses.replace(self, **changes)`` without its per-call field checks (the search
@@ -434,14 +433,17 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     """A V schedule's fullest rank: the activations ``solvers._ptdp_v`` counts on the schedule's own order,
     with its blocks' (rank 0: also the embedding's and head's) model states sharded as the ZeRO stage says."""
     dims, all_ranges = c.dims, c.rank_ranges(cfg.num_layers)
+    p, m = c.pipeline, c.num_microbatches
     ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims, u.grad_bytes)
     ends_act = (u.embedding.activation_bytes or 0.0, u.head.activation_bytes or 0.0)
     sizes, index = _chunk_sizes(u, c, all_ranges)
     static = ranks_static_bytes(u, all_ranges, dims)
-    return _fsdp_buffer_bytes(u, dims) + max(
-        static[r] + (ends if r == 0 else 0.0) + v_model.activation_bytes(
-            c.schedule, c.pipeline, c.num_microbatches, r, sizes[index[r]], ends_act if r == 0 else (0.0, 0.0))
-        for r in range(c.pipeline))
+    peak = static[0] + ends + v_model.activation_bytes(c.schedule, p, m, 0, sizes[index[0]], ends_act)
+    # ranks holding the same chunks hold the same states; the count in flight grows with the rank
+    last = {i: r for r, i in enumerate(index) if r > 0}
+    for i, r in last.items():
+        peak = max(peak, static[r] + v_model.activation_bytes(c.schedule, p, m, r, sizes[i]))
+    return _fsdp_buffer_bytes(u, dims) + peak
 
 
 def _v_pipeline_s(u: UnitCosts, cfg: TransformerConfig, c: Config, send_s: float) -> float:
@@ -450,11 +452,12 @@ def _v_pipeline_s(u: UnitCosts, cfg: TransformerConfig, c: Config, send_s: float
     all_ranges = c.rank_ranges(cfg.num_layers)
     work = rank_sums(u, all_ranges, lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
     work[0] += u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
-    distinct = {chunk for ranges in all_ranges for chunk in ranges}
-    values = (lambda lay: lay.forward_s, lambda lay: lay.backward_s + option(lay, c.recompute).extra_s,
-              lambda lay: lay.backward_weight_s or 0.0, lambda lay: lay.forward_comm_s or 0.0,
-              lambda lay: lay.backward_comm_s or 0.0)
-    chunks = [tuple(_block_sum(u, first, num, value) for value in values) for first, num in sorted(distinct)]
+    blocks = {block for chunks in _blocks(u, all_ranges)[0] for block in chunks}  # (dense, MoE) layers per chunk
+    values = [_layer_values(u, value) for value in (
+        lambda lay: lay.forward_s, lambda lay: lay.backward_s + option(lay, c.recompute).extra_s,
+        lambda lay: lay.backward_weight_s or 0.0, lambda lay: lay.forward_comm_s or 0.0,
+        lambda lay: lay.backward_comm_s or 0.0)]
+    chunks = [tuple(block_value(block, vd, vm) for vd, vm in values) for block in sorted(blocks)]
     heaviest = max(chunks, key=lambda t: (t[0] + t[1], t))
     return v_model.pipeline_s(c.schedule, c.pipeline, c.num_microbatches, work, heaviest, send_s)  # type: ignore[arg-type]
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cost_models.sim.overlap import fused_block_s
-from cost_models.vschedules import peak_inflight
+from cost_models.vschedules import inflight_total, peak_inflight
 
 ChunkTimes = tuple[float, float, float, float, float]
 """(F, B with recompute, W, forward communication, backward communication) of one chunk."""
@@ -51,15 +51,24 @@ def pipeline_s(schedule: str, p: int, m: int, work: Sequence[float], heaviest: C
     # ranks' slack absorbs the bubble up to it. With fewer microbatches than the schedule's warm-up
     # (m < 2p - 1) nothing fills the ramp: the forward and input-gradient waves through the 2p chunks
     # take 2p + m - 1 chunk times each, the last weight gradient after them.
+    # The slowest ranks pay the fill and drain; the others' slack absorbs it up to the slowest one's pace:
+    # with one slowest rank (rank 0 with the embedding and the head, even chunks) nearly all of it, with
+    # many (unequal chunks: the ranks holding one layer more) only their share of the ranks.
+    slowest = max(work)
+    mean = math.fsum(work) / p
+    heavy = sum(1 for x in work if x >= slowest * (1 - 1e-9)) / p
+    paced = mean + (slowest - mean) * heavy
     ramp = (2 * p + m - 1) * (f + b - w) + w
-    return max(m * max(work), m * math.fsum(work) / p + bubble, ramp) + 4 * m * send_s + 2 * (p - 1) * send_s
+    return max(m * slowest, m * paced + bubble, ramp) + 4 * m * send_s + 2 * (p - 1) * send_s
 
 
 def activation_bytes(schedule: str, p: int, m: int, rank: int, chunk_bytes: Sequence[float],
-                     ends_bytes: tuple[float, float] = (0.0, 0.0)) -> float:
+                     ends_bytes: tuple[float, float] | None = None) -> float:
     """A rank's peak activation bytes: its sets in flight (module docstring) at its larger chunk
     (``chunk_bytes``: its chunk 0 and chunk 1), plus the embedding's and the head's (``ends_bytes``,
     rank 0) per set of their chunk."""
+    if ends_bytes is None:
+        return inflight_total(schedule, p, m, rank) * max(chunk_bytes)
     total, first, last = peak_inflight(schedule, p, m, rank)
     return total * max(chunk_bytes) + first * ends_bytes[0] + last * ends_bytes[1]
 

@@ -260,3 +260,15 @@ def test_peak_inflight_from_2p_microbatches_equals_the_whole_count(schedule: str
         for rank in range(p):
             for m in range(2 * p if schedule == "dualpipe-v" else 1, 5 * p + 7):
                 assert peak_inflight(schedule, p, m, rank) == count_inflight(schedule, p, m, rank), (p, rank, m)
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipe-v"])
+def test_inflight_total_closed_form_equals_the_count(schedule: str) -> None:
+    """``inflight_total`` (ZB-V min(m + 1 + r, 2m, 2p), DualPipeV 2p + 1) is the counted peak of every
+    rank, every m from the schedule's least up to past its steady state."""
+    from cost_models.vschedules import count_inflight, inflight_total
+
+    for p in range(1, 13):
+        for rank in range(p):
+            for m in range(2 * p if schedule == "dualpipe-v" else 1, 4 * p + 3):
+                assert inflight_total(schedule, p, m, rank) == count_inflight(schedule, p, m, rank)[0], (p, rank, m)

@@ -495,11 +495,11 @@ def test_a_prime_layer_count_gets_the_near_even_layout() -> None:
 
 @pytest.mark.parametrize("schedule", ["zb-v", "dualpipe-v"])
 def test_v_schedules_lay_out_layer_counts_2p_does_not_divide(schedule: str) -> None:
-    """Llama 3 8B's 32 layers on 3 V ranks (6 chunks, near-even: 5, 6, 6, 5, 5, 5) and a 13-layer MoE with
-    two dense layers first on 2 ranks: the search plans the V schedule with the chunks of
-    ``_ptdp_dims.NEAR_EVEN`` (rank 0, which also holds the embedding and the head, the fewest layers;
-    every rank within a layer of the others) and its closed form agrees with the simulator: time within
-    3 %, the fullest rank's peak memory to 1 % (the MoE layers' own costs, not the dense ones')."""
+    """Llama 3 8B's 32 layers on 3 V ranks (10, 11, 11 layers) and a 13-layer MoE with two dense layers
+    first on 2 ranks: the search plans the V schedule with the layouts of ``_ptdp_dims.v_layouts`` (rank 0,
+    which also holds the embedding and the head, the fewest layers; the other ranks within a layer of
+    each other) and its closed form agrees with the simulator: time within 3 %, the fullest rank's peak
+    memory to 1 % (the MoE layers' own costs, not the dense ones')."""
     moe_cfg = TransformerConfig(name="moe13", hidden_size=512, num_layers=13, num_heads=8, seq_length=1024,
                                 vocab_size=4096, num_experts=8, experts_per_token=2, moe_ffn_hidden_size=512,
                                 first_dense_layers=2)
@@ -510,7 +510,7 @@ def test_v_schedules_lay_out_layer_counts_2p_does_not_divide(schedule: str) -> N
         assert plan.schedule == schedule and plan.degrees.virtual == 2 and layers % (2 * p)
         decoders = [sum(1 for ch in st.chunks for i in range(*ch.layers) if plan.model.layers[i].kind == "decoder")
                     for st in plan.stages]
-        assert sum(decoders) == layers and max(decoders) - min(decoders) <= 1 and decoders[0] == min(decoders)
+        assert sum(decoders) == layers and max(decoders[1:]) - min(decoders[1:]) <= 1 and decoders[0] == min(decoders)
         rows = [r for r in plan.candidates if r["simulated"]]
         assert rows and all(r["closed_form_s"] == pytest.approx(r["iteration_s"], rel=0.03) for r in rows)
         result = sim.simulate(plan, include_events=False)

@@ -159,3 +159,24 @@ def test_dualpipev_refusal_names_the_layout_not_the_batch() -> None:
     assert "global_batch_size=15360 itself splits (b=1, d=128)" in text and "uneven_stages is off" in text
     assert _layout_conflict(61, 16, 2, 2048, 1, 15360, 1, ("dualpipe-v",), uneven=True) is None
     assert _layout_conflict(61, 16, 2, 2048, 1, 15360, 1, ("interleaved-1f1b",), uneven=True) is None  # m % p != 0
+
+
+def test_v_layouts_where_2p_does_not_divide_the_layers() -> None:
+    """A V schedule's chunks (rank r: virtual stages r and 2p - 1 - r) where 2p does not divide l:
+    per-rank totals as even as they go with rank 0 among the lightest, or rank 0 at two floor-sized
+    chunks with the rest even (room for its embedding and head); both sum to l, every chunk keeps a
+    layer, and the second is offered only where it differs."""
+    from solvers._ptdp_dims import V_EVEN_RANKS, V_LIGHT_RANK0, chunk_layer_counts, v_layouts
+
+    def totals(layers: int, p: int, ends: tuple[int, int]) -> list[int]:
+        counts = chunk_layer_counts(layers, p, 2, ends)
+        assert sum(counts) == layers and min(counts) >= 1
+        return [counts[r] + counts[2 * p - 1 - r] for r in range(p)]
+
+    assert v_layouts(64, 16) == [(0, 0)] and v_layouts(13, 2) == [V_EVEN_RANKS]
+    assert v_layouts(61, 16) == [V_EVEN_RANKS, V_LIGHT_RANK0]
+    assert totals(61, 16, V_EVEN_RANKS) == [3, 3, 3] + [4] * 13
+    assert totals(61, 16, V_LIGHT_RANK0) == [2, 3] + [4] * 14  # DeepSeek-V3: chunks 1, 2 x 29, 1, 1
+    assert chunk_layer_counts(61, 16, 2, V_LIGHT_RANK0) == [1] + [2] * 29 + [1, 1]
+    assert totals(48, 16, V_EVEN_RANKS) == [3] * 16 and chunk_layer_counts(48, 16, 2, V_EVEN_RANKS)[:2] == [2, 2]
+    assert totals(32, 3, V_EVEN_RANKS) == [10, 11, 11]
