@@ -242,6 +242,8 @@ def v_layouts(num_layers: int, pipeline: int) -> list[tuple[int, int]]:
     if num_layers % (2 * pipeline) == 0:
         return [(0, 0)]
     out = [V_EVEN_RANKS] if num_layers >= 2 * pipeline else []
+    if pipeline < 2:
+        return out
     light = _v_chunk_counts(num_layers, pipeline, light_rank0=True)
     if min(light) >= 1 and (not out or light != _v_chunk_counts(num_layers, pipeline, light_rank0=False)):
         out.append(V_LIGHT_RANK0)

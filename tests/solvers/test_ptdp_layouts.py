@@ -174,6 +174,12 @@ def test_v_layouts_where_2p_does_not_divide_the_layers() -> None:
         return [counts[r] + counts[2 * p - 1 - r] for r in range(p)]
 
     assert v_layouts(64, 16) == [(0, 0)] and v_layouts(13, 2) == [V_EVEN_RANKS]
+    assert v_layouts(5, 1) == [V_EVEN_RANKS] and chunk_layer_counts(5, 1, 2, V_EVEN_RANKS) == [3, 2]  # one rank
+    for layers in range(1, 40):  # every layout sums to the layers and keeps a layer in every chunk
+        for p in range(1, 12):
+            for ends in (e for e in v_layouts(layers, p) if e != (0, 0)):
+                counts = chunk_layer_counts(layers, p, 2, ends)
+                assert len(counts) == 2 * p and sum(counts) == layers and min(counts) >= 1, (layers, p, ends)
     assert v_layouts(61, 16) == [V_EVEN_RANKS, V_LIGHT_RANK0]
     assert totals(61, 16, V_EVEN_RANKS) == [3, 3, 3] + [4] * 13
     assert totals(61, 16, V_LIGHT_RANK0) == [2, 3] + [4] * 14  # DeepSeek-V3: chunks 1, 2 x 29, 1, 1
