@@ -147,14 +147,18 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
         extra = layer_ops.eager_extra_activation_bytes(cfg, b * cfg.seq_length, t, sp)
         options = {k: o if k == "full" else o.model_copy(update={"activation_bytes": o.activation_bytes + extra})
                    for k, o in options.items()}
+    kept_smaller = None
     if fp8.is_fp8(device):  # linear-layer inputs kept in FP8 (cost_models.fp8)
-        saving = fp8.activation_saving_bytes(cfg, b * cfg.seq_length, t, sp)
+        tokens = b * cfg.seq_length
+        saving = fp8.activation_saving_bytes(cfg, tokens, t, sp)
         options = {k: o if k == "full" else o.model_copy(update={"activation_bytes": o.activation_bytes - saving})
                    for k, o in options.items()}
+        kept_smaller = {m: fp8.module_saving_bytes(cfg, m, tokens, t, sp) for m in ("layernorm", "mlp")}
     if module_sets:
         options.update(recompute.module_set_options(cfg, device, dec, options["none"].activation_bytes, **mkw,
                                                     attention=attention,
-                                                    sets=None if module_sets is True else module_sets))
+                                                    sets=None if module_sets is True else module_sets,
+                                                    kept_smaller=kept_smaller))
     out = p2p_bytes(cfg, microbatch_size=b, tensor_parallel=t, scatter_gather=sg)
     decoder = LayerProfile(
         name=f"decoder{index}", kind="decoder", forward_s=dec.forward_s, backward_s=dec.backward_s,

@@ -88,6 +88,21 @@ def activation_saving_bytes(cfg: TransformerConfig, tokens: int, t: int, sequenc
     return (e - FP8_ELEMENT_BYTES) * (2 * n_h + tokens * cfg.ffn_size / t)
 
 
+def module_saving_bytes(cfg: TransformerConfig, module: str, tokens: int, t: int, sequence_parallel: bool) -> float:
+    """The part of ``activation_saving_bytes`` in the tensors a Megatron-Core recompute module frees:
+    ``layernorm`` the two norm outputs, ``mlp`` the MLP's second GEMM input; 0 for the other modules
+    and for MoE/MLA layers. What recomputing the module frees under FP8 is its BF16 bytes less this
+    (the tensors were kept at one byte, not two)."""
+    if moe.uses_extended_counts(cfg):
+        return 0.0
+    e = {"fp32": 4}.get(cfg.dtype, _BF16)
+    if module == "layernorm":
+        return (e - FP8_ELEMENT_BYTES) * 2 * tokens * cfg.hidden_size / (t if sequence_parallel else 1)
+    if module == "mlp":
+        return (e - FP8_ELEMENT_BYTES) * tokens * cfg.ffn_size / t
+    return 0.0
+
+
 def weight_copy_bytes(linear_params: float) -> float:
     """Resident FP8 weight copies (weight and transpose) of ``linear_params`` parameters on a rank."""
     return WEIGHT_COPY_BYTES_PER_PARAM * linear_params

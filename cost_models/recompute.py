@@ -164,12 +164,16 @@ def _named_sets(mods: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], str], ...
 def module_set_options(cfg: TransformerConfig, device: Device, dec: OpTimes, none_bytes: float, *,
                        microbatch_size: int, tensor_parallel: int = 1, sequence_parallel: bool = True,
                        layer_index: int = 0, attention: str = "flash",
-                       sets: list[tuple[str, ...]] | None = None) -> dict[str, RecomputeOption]:
+                       sets: list[tuple[str, ...]] | None = None,
+                       kept_smaller: dict[str, float] | None = None) -> dict[str, RecomputeOption]:
     """One ``RecomputeOption`` per module set (named ``module_strategy(set)``): the layer's
-    no-recompute bytes less what the set frees, and the forward time it re-spends."""
+    no-recompute bytes less what the set frees, and the forward time it re-spends. ``kept_smaller``:
+    per module, bytes its tensors already take less in ``none_bytes`` than in the layer's dtype (FP8
+    linear inputs, ``fp8.module_saving_bytes``), which recomputing it does not free again."""
     kw = {"microbatch_size": microbatch_size, "tensor_parallel": tensor_parallel,
           "sequence_parallel": sequence_parallel, "layer_index": layer_index}
-    freed = {m: module_bytes(cfg, m, **kw, attention=attention) for m in applicable_modules(cfg)}
+    smaller = kept_smaller or {}
+    freed = {m: module_bytes(cfg, m, **kw, attention=attention) - smaller.get(m, 0.0) for m in applicable_modules(cfg)}
     spent = {m: module_forward_s(cfg, device, m, dec, **kw) for m in applicable_modules(cfg)}
     out = {}
     named = _named_sets(applicable_modules(cfg)) if sets is None else [(m, module_strategy(m)) for m in sets]

@@ -62,6 +62,25 @@ def test_activation_saving_by_hand() -> None:
         bf.layers[1].recompute["full"].activation_bytes == f8.layers[1].recompute["full"].activation_bytes)
 
 
+def test_module_sets_free_the_fp8_bytes_not_the_bf16_ones() -> None:
+    """Under FP8 the norm outputs and the second MLP GEMM's input are kept at 1 B: recomputing
+    ``layernorm`` frees 2 T h / t bytes (not 4), ``mlp`` its BF16 bytes less T f / t, so a module set
+    keeps the FP8 layer's ``none`` bytes less exactly that (it used to free the BF16 bytes again, a peak
+    too low by 2 (T h + T f / 2) / t here)."""
+    tokens, t = 128, 2
+    h100 = device_preset("h100")
+    kw = {"microbatch_size": 1, "tensor_parallel": t, "sequence_parallel": True, "recompute_modules": True}
+    bf = transformer_profile(TOY, device=h100, **kw).layers[1].recompute
+    f8 = transformer_profile(TOY, device=with_linear_precision(h100, "fp8"), **kw).layers[1].recompute
+    none = f8["none"].activation_bytes
+    assert f8["layernorm"].activation_bytes == pytest.approx(none - 2 * 1 * tokens * 256 / t)
+    mlp_bf16 = bf["none"].activation_bytes - bf["mlp"].activation_bytes
+    assert f8["mlp"].activation_bytes == pytest.approx(none - (mlp_bf16 - (2 - 1) * tokens * 1024 / t))
+    both = bf["none"].activation_bytes - bf["layernorm+mlp"].activation_bytes
+    assert f8["layernorm+mlp"].activation_bytes == pytest.approx(
+        none - (both - (2 - 1) * (2 * tokens * 256 / t + tokens * 1024 / t)))
+
+
 def test_tp_all_gathers_in_fp8_with_sequence_parallelism() -> None:
     h100 = device_preset("h100")
     kw = {"microbatch_size": 1, "tensor_parallel": 4, "tp_link_bytes_per_s": 450e9}
