@@ -451,7 +451,8 @@ def _v_pipeline_s(u: UnitCosts, cfg: TransformerConfig, c: Config, send_s: float
     head), and the heaviest chunk's F, B with recompute, W and communication."""
     all_ranges = c.rank_ranges(cfg.num_layers)
     work = rank_sums(u, all_ranges, lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
-    work[0] += u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+    ends = u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+    work[0] += ends
     blocks = {block for chunks in _blocks(u, all_ranges)[0] for block in chunks}  # (dense, MoE) layers per chunk
     values = [_layer_values(u, value) for value in (
         lambda lay: lay.forward_s, lambda lay: lay.backward_s + option(lay, c.recompute).extra_s,
@@ -459,7 +460,8 @@ def _v_pipeline_s(u: UnitCosts, cfg: TransformerConfig, c: Config, send_s: float
         lambda lay: lay.backward_comm_s or 0.0)]
     chunks = [tuple(block_value(block, vd, vm) for vd, vm in values) for block in sorted(blocks)]
     heaviest = max(chunks, key=lambda t: (t[0] + t[1], t))
-    return v_model.pipeline_s(c.schedule, c.pipeline, c.num_microbatches, work, heaviest, send_s)  # type: ignore[arg-type]
+    return v_model.pipeline_s(c.schedule, c.pipeline, c.num_microbatches, work, heaviest, send_s,  # type: ignore[arg-type]
+                              ends_s=ends)
 
 
 def peak_memory_lower_bound(u: UnitCosts, cfg: TransformerConfig, c: Config) -> float:

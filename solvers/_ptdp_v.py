@@ -9,9 +9,11 @@ sums each chunk's times and bytes from its dense and MoE blocks and hands them h
 and B with recompute per chunk:
 
 - the larger of m x the slowest rank's work (its chunks' F + B, rank 0 also the embedding and the
-  head) and m x the mean rank's work plus the bubble (the other ranks' slack absorbs the bubble up to
-  the slowest one's excess), plus the point-to-point transfers of 2 v boundaries per microbatch, as
-  for interleaved 1F1B;
+  head) and m x the ranks' pace plus the bubble (the mean rank's work, raised toward the slowest by
+  the share of ranks at the slowest pace: the other ranks' slack absorbs the bubble), plus the
+  point-to-point transfers of 2 v boundaries per microbatch, as for interleaved 1F1B; with fewer
+  microbatches than the warm-up (m < 2p - 1) at least the ramp of one wave through the 2p chunks and
+  back (``pipeline_s``);
 - bubble (p - 1) max(F, B - W) for ZB-V (the simulated makespan for I = B - W >= F; Qi et al.,
   *Zero Bubble Pipeline Parallelism*, arXiv:2401.10241, Sec. 6) and (p - 1)(F&B + B - 3W) for
   DualPipeV (DeepSeek-V3 Technical Report, Sec. 3.2.1, Table 2, with PP = 2p stages), F&B the
@@ -39,9 +41,11 @@ ChunkTimes = tuple[float, float, float, float, float]
 """(F, B with recompute, W, forward communication, backward communication) of one chunk."""
 
 
-def pipeline_s(schedule: str, p: int, m: int, work: Sequence[float], heaviest: ChunkTimes, send_s: float) -> float:
+def pipeline_s(schedule: str, p: int, m: int, work: Sequence[float], heaviest: ChunkTimes, send_s: float,
+               ends_s: float = 0.0) -> float:
     """Compute, bubble and point-to-point time of one iteration (module docstring); ``work``: each rank's
-    compute per microbatch, ``heaviest``: the times of the chunk with the most F + B."""
+    compute per microbatch, ``heaviest``: the times of the chunk with the most F + B, ``ends_s``: the
+    embedding's and the head's forward and backward (rank 0's, inside ``work[0]``)."""
     f, b, w, fx, bx = heaviest
     if schedule == "zb-v":
         bubble = (p - 1) * max(f, b - w)
@@ -58,8 +62,16 @@ def pipeline_s(schedule: str, p: int, m: int, work: Sequence[float], heaviest: C
     mean = math.fsum(work) / p
     heavy = sum(1 for x in work if x >= slowest * (1 - 1e-9)) / p
     paced = mean + (slowest - mean) * heavy
-    ramp = (2 * p + m - 1) * (f + b - w) + w
-    return max(m * slowest, m * paced + bubble, ramp) + 4 * m * send_s + 2 * (p - 1) * send_s
+    steady = max(m * slowest, m * paced + bubble) + 4 * m * send_s + 2 * (p - 1) * send_s
+    if m >= 2 * p - 1:
+        return steady
+    # Fewer microbatches than the warm-up (m < 2p - 1): nothing fills the ramp. The forward wave runs
+    # through the 2p chunks, the turning rank (p - 1) taking both of its chunks for every microbatch
+    # (2p - 2 + 2m chunk forwards end to end), the input-gradient wave back the same way, the last
+    # weight gradient after it; the embedding, the head and the 2(2p - 1) boundary transfers lie on
+    # that path.
+    ramp = (2 * p - 2 + 2 * m) * (f + b - w) + w + ends_s + 2 * (2 * p - 1) * send_s
+    return max(steady, ramp)
 
 
 def activation_bytes(schedule: str, p: int, m: int, rank: int, chunk_bytes: Sequence[float],
