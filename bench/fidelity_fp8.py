@@ -301,24 +301,25 @@ precision (Sec. 3.3), 4,096-token sequences and a batch of 15,360 sequences afte
 
 
 def deepseek_h800_row() -> dict[str, object]:
-    """DeepSeek-V3 on 2,048 H800 forced through ptdp: t 1, p 16, e 64, b 1, the expert all-to-all
-    node-deduplicated (``deepep``: node-limited routing, each token to at most 4 nodes, Sec. 2.1.2)
-    and overlapped with computation as DualPipe overlaps it (Sec. 3.2.1), recompute the cheapest
-    module set that fits (the paper recomputes RMSNorm and the MLA up-projections, Sec. 3.2.3). 1F1B with
-    uneven end stages stands in for DualPipe, its bubble (p - 1) / m = 15 / 120 charged in full: on
-    DualPipeV's near-even V layout our memory model fits the paper's set only without its FP8 activation
-    caching of MoE/MLA inputs, which it does not count (docs/cost-model.md, "FP8"). Not modelled: the
-    multi-token-prediction module (one more layer and head on the last stage), DeepSeek's tile-wise
-    FP8 scaling (costed as Transformer Engine's current scaling)."""
+    """DeepSeek-V3 on 2,048 H800 forced through ptdp as the paper ran it: t 1, p 16, e 64, b 1, DualPipe
+    as its V variant DualPipeV (Sec. 3.2.1; the 61 layers in ptdp's V layouts), the expert all-to-all
+    node-deduplicated (``deepep``: node-limited routing, each token to at most 4 nodes, Sec. 2.1.2) and
+    overlapped with computation as DualPipe overlaps it, the paper's recompute set pinned: RMSNorm and
+    the MLA up-projections (Sec. 3.2.3; ``layernorm+mla_up_proj``), FP8 linear inputs kept at 1 B
+    (``cost_models.fp8.saving_parts``). Not modelled: the multi-token-prediction module (one more layer
+    and head on the last stage), DualPipe's second model copy (DualPipeV keeps one), DeepSeek's tile-wise
+    FP8 scaling and its own activation formats (costed as Transformer Engine's current scaling)."""
     row = DEEPSEEK_H800
     published = 1e12 / (row["gpu_hours_per_trillion_tokens"] * 3600.0)
     problem = api.make_problem("deepseek-v3", fp8_cluster("h800", int(row["gpus"])), global_batch_size=int(row["gbs"]),
                                seq_length=int(row["seq"]))
     options = {**forced_options("deepseek-v3", tp=1, pp=int(row["pp"]), vp=1, mbs=1, ep=int(row["ep"]), zero_stage=1,
-                                overlap_a2a=True), "moe_dispatcher": "deepep"}
+                                overlap_a2a=True), "moe_dispatcher": "deepep", "schedules": "dualpipe-v",
+               "recompute": "layernorm+mla_up_proj"}
+    options.pop("virtual_pipeline")
     best = ptdp.solve(problem, options=options).candidates[0]
     tokens = row["gbs"] * row["seq"] / float(best["iteration_s"]) / row["gpus"]
-    return {"row": "deepseek-v3, 2,048 H800 (t1 p16 e64, GBS 15,360, s 4,096; FP8), tokens/s/GPU",
+    return {"row": "deepseek-v3, 2,048 H800 (t1 p16 e64 DualPipeV, GBS 15,360, s 4,096; FP8), tokens/s/GPU",
             "source": "deepseek-v3", "system": "h800", "published": published, "predicted": tokens,
             "error": tokens / published - 1, "recompute": str(best["recompute"]),
             "peak_memory_gib": float(best["peak_memory_gib"])}

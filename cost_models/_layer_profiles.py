@@ -150,10 +150,11 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     kept_smaller = None
     if fp8.is_fp8(device):  # linear-layer inputs kept in FP8 (cost_models.fp8)
         tokens = b * cfg.seq_length
-        saving = fp8.activation_saving_bytes(cfg, tokens, t, sp)
+        saving = fp8.activation_saving_bytes(cfg, tokens, t, sp, index)
         options = {k: o if k == "full" else o.model_copy(update={"activation_bytes": o.activation_bytes - saving})
                    for k, o in options.items()}
-        kept_smaller = {m: fp8.module_saving_bytes(cfg, m, tokens, t, sp) for m in ("layernorm", "mlp")}
+        kept_smaller = {m: fp8.module_saving_bytes(cfg, m, tokens, t, sp, index)
+                        for m in ("layernorm", "mlp", "moe_act", "shared_experts", "moe")}
     if module_sets:
         options.update(recompute.module_set_options(cfg, device, dec, options["none"].activation_bytes, **mkw,
                                                     attention=attention,

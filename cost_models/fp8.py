@@ -16,7 +16,8 @@ attention core, norms, softmax, embedding and logits stay BF16. Formulas (docs/c
   first reads the tensor once more for its amax (``AMAX_PASS_BYTES``). One launch per cast, one per
   amax pass, one per linear layer for the amax/scale bookkeeping.
 - Activations: each linear layer saves its FP8 input (1 B instead of 2) for the weight gradient;
-  ``activation_saving_bytes`` counts the inputs only the GEMMs keep.
+  ``activation_saving_bytes`` counts the inputs only the GEMMs keep (``saving_parts``: dense, MoE and
+  MLA layers), ``module_saving_bytes`` what of it a recompute module set frees.
 - Communication: with sequence parallelism TE quantizes the local input before the column-parallel
   all-gather (FP8 all-gather, 1 B) while the row-parallel reduce-scatter carries the BF16 GEMM
   output; ``TP_COMM_SCALE`` is the resulting share of the BF16 volume.
@@ -24,7 +25,9 @@ attention core, norms, softmax, embedding and logits stay BF16. Formulas (docs/c
 
 from __future__ import annotations
 
-from cost_models import moe
+import math
+
+from cost_models import moe, moe_memory, moe_ops
 from cost_models.compute import compute_constants
 from planner.schema import Device, TransformerConfig
 
@@ -75,32 +78,64 @@ def tp_comm_scale(device: Device, sequence_parallel: bool) -> float:
     return TP_COMM_SCALE if is_fp8(device) and sequence_parallel else 1.0
 
 
-def activation_saving_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool) -> float:
-    """Bytes one dense decoder layer saves for its backward less than in BF16: the inputs that only
-    the linear layers keep are stored in FP8, i.e. the QKV and MLP inputs (the norm outputs,
-    sbh / t each with sequence parallelism) and the input of the MLP's second GEMM (the activation's
-    output, sbf / t). The projection input is flash attention's output O, which the attention core
-    keeps in BF16 itself. MoE/MLA layers: 0 (not costed)."""
-    if moe.uses_extended_counts(cfg):
-        return 0.0
+def saving_parts(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool,
+                 layer_index: int = 0) -> dict[str, float]:
+    """Bytes decoder layer ``layer_index`` keeps for its backward less than in its dtype, per tensor: the
+    inputs only Transformer Engine's FP8 linear layers keep, stored quantized (1 B):
+
+    - ``qkv_input``: the attention norm's output, ``T h / t_sp`` (``LayerNormLinear``); not for MLA,
+      whose query and key-value down-projections are two ``Linear`` layers each keeping its own FP8
+      copy of that input (two 1-B copies for one 2-B tensor: nothing saved);
+    - dense MLP: ``mlp_input`` (the second norm's output, ``LayerNormMLP``) and ``fc2_input`` (the
+      activation's output, ``T f / t``);
+    - MoE MLP (``GroupedLinear``): ``dispatched`` (FC1's input, the ``T k`` routed rows of width h) and
+      ``expert_fc2_input`` (``T k f_e / t``); with shared experts ``shared_fc2_input``
+      (``T n_s f_e / t``) and ``shared_fc1_copy``, negative: the router keeps the norm output in
+      BF16, so the shared FC1's FP8 copy of it is kept besides it.
+
+    The counts follow ``cost_models.moe_memory`` (which counts the BF16 tensors)."""
     e = {"fp32": 4}.get(cfg.dtype, _BF16)
+    d = e - FP8_ELEMENT_BYTES
     n_h = tokens * cfg.hidden_size / (t if sequence_parallel else 1)
-    return (e - FP8_ELEMENT_BYTES) * (2 * n_h + tokens * cfg.ffn_size / t)
+    parts: dict[str, float] = {}
+    if not cfg.is_mla:
+        parts["qkv_input"] = d * n_h
+    if cfg.is_moe and moe.is_moe_layer(cfg, layer_index):
+        rows = moe_memory.routed_rows(cfg, tokens)
+        width = moe_ops.expert_ffn_width(cfg)
+        parts["dispatched"] = d * rows * cfg.hidden_size
+        parts["expert_fc2_input"] = d * rows * width / t
+        if cfg.num_shared_experts:
+            parts["shared_fc2_input"] = d * tokens * cfg.num_shared_experts * width / t
+            parts["shared_fc1_copy"] = -FP8_ELEMENT_BYTES * n_h
+    else:
+        parts["mlp_input"] = d * n_h
+        parts["fc2_input"] = d * tokens * cfg.ffn_size / t
+    return parts
 
 
-def module_saving_bytes(cfg: TransformerConfig, module: str, tokens: int, t: int, sequence_parallel: bool) -> float:
-    """The part of ``activation_saving_bytes`` in the tensors a Megatron-Core recompute module frees:
-    ``layernorm`` the two norm outputs, ``mlp`` the MLP's second GEMM input; 0 for the other modules
-    and for MoE/MLA layers. What recomputing the module frees under FP8 is its BF16 bytes less this
-    (the tensors were kept at one byte, not two)."""
-    if moe.uses_extended_counts(cfg):
-        return 0.0
-    e = {"fp32": 4}.get(cfg.dtype, _BF16)
-    if module == "layernorm":
-        return (e - FP8_ELEMENT_BYTES) * 2 * tokens * cfg.hidden_size / (t if sequence_parallel else 1)
-    if module == "mlp":
-        return (e - FP8_ELEMENT_BYTES) * tokens * cfg.ffn_size / t
-    return 0.0
+def activation_saving_bytes(cfg: TransformerConfig, tokens: int, t: int, sequence_parallel: bool,
+                            layer_index: int = 0) -> float:
+    """Bytes decoder layer ``layer_index`` keeps for its backward less than in its dtype: the sum of
+    ``saving_parts`` (a dense layer: the QKV and MLP inputs, ``T h / t_sp`` each with sequence
+    parallelism, and the MLP's second GEMM input, ``T f / t``, at 1 B less)."""
+    return math.fsum(saving_parts(cfg, tokens, t, sequence_parallel, layer_index).values())
+
+
+_MODULE_PARTS = {"layernorm": ("qkv_input", "mlp_input"), "mlp": ("fc2_input",), "moe_act": ("expert_fc2_input",),
+                 "shared_experts": ("shared_fc2_input", "shared_fc1_copy"),
+                 "moe": ("dispatched", "expert_fc2_input", "shared_fc2_input", "shared_fc1_copy")}
+"""The ``saving_parts`` in the tensors each Megatron-Core recompute module frees (an MoE layer's second
+norm output stays BF16 for the router: ``layernorm`` there saves only the QKV side)."""
+
+
+def module_saving_bytes(cfg: TransformerConfig, module: str, tokens: int, t: int, sequence_parallel: bool,
+                        layer_index: int = 0) -> float:
+    """The part of ``activation_saving_bytes`` in the tensors a Megatron-Core recompute module frees
+    (``_MODULE_PARTS``; 0 for ``core_attn`` and ``mla_up_proj``). What recomputing the module frees
+    under FP8 is its BF16 bytes less this (the tensors were kept at one byte, not two)."""
+    parts = saving_parts(cfg, tokens, t, sequence_parallel, layer_index)
+    return math.fsum(parts.get(name, 0.0) for name in _MODULE_PARTS.get(module, ()))
 
 
 def weight_copy_bytes(linear_params: float) -> float:
