@@ -2,11 +2,11 @@
 
 A V configuration has two chunks per rank; rank r holds virtual stages r and 2p - 1 - r, so rank 0
 holds the embedding (in chunk 0) and the output head (in chunk 1). The 2p chunks hold l / (2p)
-decoder blocks each, or, where 2p does not divide l, ``_ptdp_dims.NEAR_EVEN`` counts (one block
-more in the middle virtual stages first: the ranks next to rank 0's embedding and head carry them;
-DeepSeek-V3's 61 layers on 16 DualPipe ranks are 29 chunks of 2 and 3 of 1). ``solvers._ptdp_model``
-sums each chunk's times and bytes from its dense and MoE blocks and hands them here. With W, F
-and B with recompute per chunk:
+decoder blocks each, or, where 2p does not divide l, one of ``_ptdp_dims.v_layouts`` (per-rank
+totals as even as they go with rank 0 among the lighter, or rank 0 at two floor-sized chunks;
+DeepSeek-V3's 61 layers on 16 DualPipe ranks: 2, 3 and 14 x 4). ``solvers._ptdp_model`` sums each
+chunk's times and bytes from its dense and MoE blocks and hands them here. With W, F and B with
+recompute per chunk:
 
 - the larger of m x the slowest rank's work (its chunks' F + B, rank 0 also the embedding and the
   head) and m x the ranks' pace plus the bubble (the mean rank's work, raised toward the slowest by
@@ -21,9 +21,9 @@ and B with recompute per chunk:
   (the fill and drain run at the slowest chunk's pace);
 - memory of the fullest rank: its static bytes (blocks; rank 0 also the embedding and the head)
   plus its activation sets in flight counted on the schedule's own order
-  (``cost_models.vschedules.peak_inflight``: 2p chunks for ZB-V, the 1F1B peak, and 2p + 1 for
-  DualPipeV on rank 0), each set at the rank's larger chunk, plus the embedding's or the head's
-  share on rank 0 when the set is of that chunk.
+  (``cost_models.vschedules.peak_inflight`` on rank 0, ``inflight_total`` on the others: 2p chunks
+  for ZB-V once m >= 2p - 1, the 1F1B peak, and 2p + 1 for DualPipeV), each set at the rank's larger
+  chunk, plus the embedding's or the head's share on rank 0 when the set is of that chunk.
 
 The search simulates the best configurations anyway; this only ranks them.
 """
@@ -51,10 +51,6 @@ def pipeline_s(schedule: str, p: int, m: int, work: Sequence[float], heaviest: C
         bubble = (p - 1) * max(f, b - w)
     else:
         bubble = (p - 1) * (fused_block_s(f, b, fx, bx) + b - 3 * w)
-    # The slowest rank (rank 0 with the embedding and head on even chunks) sets the pace; the other
-    # ranks' slack absorbs the bubble up to it. With fewer microbatches than the schedule's warm-up
-    # (m < 2p - 1) nothing fills the ramp: the forward and input-gradient waves through the 2p chunks
-    # take 2p + m - 1 chunk times each, the last weight gradient after them.
     # The slowest ranks pay the fill and drain; the others' slack absorbs it up to the slowest one's pace:
     # with one slowest rank (rank 0 with the embedding and the head, even chunks) nearly all of it, with
     # many (unequal chunks: the ranks holding one layer more) only their share of the ranks.
