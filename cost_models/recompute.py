@@ -34,7 +34,8 @@ from itertools import combinations
 from cost_models import moe, moe_memory, moe_ops
 from cost_models.compute import gemm_fwd_bwd_s, memory_op_s
 from cost_models.layer_ops import OpTimes
-from planner.schema import RECOMPUTE_MODULES, Device, RecomputeOption, TransformerConfig, module_strategy
+from planner.schema import (RECOMPUTE_MODULES, Device, RecomputeOption, TransformerConfig, module_strategy,
+                            recompute_modules_of)
 
 _BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 _OUTPUT_DISCARDING = ("moe_act", "layernorm", "mla_up_proj")
@@ -184,6 +185,34 @@ def module_set_options(cfg: TransformerConfig, device: Device, dec: OpTimes, non
             activation_bytes=max(0.0, none_bytes - sum(freed.get(m, 0.0) for m in mods)),
             extra_s=sum(spent.get(m, 0.0) for m in mods))
     return out
+
+
+def parse_module_sets(text: str, cfg: TransformerConfig) -> list[tuple[str, ...]]:
+    """Comma-separated module sets (``layernorm+moe_act,moe``) as Megatron-Core module tuples.
+
+    Raises:
+        InvalidProblemError: an empty list, a name that is not one of ``RECOMPUTE_MODULES``, or a
+            module ``cfg`` does not have.
+    """
+    from planner.errors import InvalidProblemError
+
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise InvalidProblemError(f"recompute_modules={text!r} is empty; give sets such as layernorm+mlp,core_attn")
+    have = applicable_modules(cfg)
+    out = []
+    for item in items:
+        modules = tuple(m.strip() for m in item.split("+"))
+        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise InvalidProblemError(f"recompute_modules: {bad} in {item!r} are not Megatron-Core's recompute modules; "
+                                      f"choose from {list(RECOMPUTE_MODULES)}")
+        missing = [m for m in modules if m not in have]
+        if missing:
+            raise InvalidProblemError(f"recompute_modules: {missing} in {item!r} do not exist in {cfg.name!r}; its "
+                                      f"recompute modules are {list(have)}")
+        out.append(recompute_modules_of(module_strategy(modules)) or ())
+    return list(dict.fromkeys(out))
 
 
 def frontier(options: dict[str, RecomputeOption]) -> list[str]:

@@ -187,6 +187,7 @@ def make_problem(
     precision: str | None = None,
     attention_kernel: str | None = None,
     activation_offload: bool = False,
+    recompute_modules: str | None = None,
 ) -> PipelineProblem:
     """Build a validated PipelineProblem.
 
@@ -203,6 +204,11 @@ def make_problem(
     kernel family whose rate the attention core runs at (``ComputeModel.attention_kernel``).
     ``activation_offload`` adds the ``offload`` strategy to every decoder layer (its activations to
     host memory and back, ``cost_models.activation_offload``) for the solvers that pick strategies.
+    ``recompute_modules`` adds one Megatron-Core per-module recompute set (``layernorm+mlp``) as a
+    strategy of every decoder layer, beside ``none``, ``selective`` and ``full``, for the solvers that
+    pick strategies per layer or stage (a plan carries one set: Megatron's ``--recompute-modules``
+    applies to every layer; ``ptdp`` searches sets itself, its option ``recompute``). Per-operation
+    model only.
 
     Raises:
         InvalidProblemError: inconsistent arguments; the message names the argument and the fix.
@@ -230,6 +236,8 @@ def make_problem(
             kwargs["efficiency"] = efficiency
         if attention is not None:
             kwargs["attention"] = attention
+        if recompute_modules:
+            kwargs["recompute_modules"] = _module_sets(recompute_modules, config, cluster_obj.device, efficiency)
         profile = _cost_model("transformer").transformer_profile(
             config,
             device=cluster_obj.device,
@@ -253,6 +261,9 @@ def make_problem(
         if efficiency is not None or attention is not None:
             raise InvalidProblemError("efficiency and attention apply to transformer configs only, not to measured "
                                       "profiles")
+        if recompute_modules:
+            raise InvalidProblemError("recompute_modules applies to transformer configs only (a measured profile "
+                                      "offers the strategies it was profiled with)")
         if activation_offload:
             offload = _cost_model("activation_offload")
             profile = profile.model_copy(update={"layers": offload.with_offload(profile.layers, cluster_obj.device)})
@@ -271,6 +282,30 @@ def make_problem(
             "time_limit_s": time_limit_s,
         }
     )
+
+
+def _module_sets(value: str, config: Any, device: Any, efficiency: float | None) -> list[tuple[str, ...]]:
+    """``make_problem``'s ``recompute_modules`` as ``transformer_profile`` takes it: one module set, checked
+    against the model and the compute model.
+
+    Raises:
+        InvalidProblemError: not exactly one set, a bad set (``cost_models.recompute.parse_module_sets``),
+            or the flat model (``efficiency``, or a device without compute constants), which has no
+            per-module times.
+    """
+    if efficiency is not None or not _cost_model("compute").has_constants(device):
+        raise InvalidProblemError(
+            "recompute_modules needs the per-operation cost model; drop efficiency (--efficiency) or use a device "
+            f"with compute constants (device {device.name!r})")
+    if not isinstance(value, str):
+        raise InvalidProblemError(f"recompute_modules={value!r} must be one module set such as 'layernorm+mlp'")
+    sets = _cost_model("recompute").parse_module_sets(value, config)
+    if len(sets) != 1:
+        raise InvalidProblemError(
+            f"recompute_modules={value!r} gives {len(sets)} sets; a plan carries one (Megatron's --recompute-modules "
+            "applies to every layer): give one set, or plan with solver ptdp, which searches sets (its option "
+            "recompute=modules or a list of sets)")
+    return sets
 
 
 # Solvers that search the tensor-parallel degree themselves (the others keep the problem's t).

@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "over the device's host link and back for its backward, costed by what the copies do not "
                         "hide (ptdp: searched next to its recompute settings; docs/cost-model.md, Activation "
                         "offloading)")
+    p.add_argument("--recompute-modules", nargs="?", const="modules", metavar="SETS",
+                   help="also offer Megatron-Core's per-module recompute: ptdp searches the sets given "
+                        "(comma-separated, layernorm+mlp,core_attn) or, alone, the cheapest set that fits, beside "
+                        "its recompute option; the other solvers offer one given set on every decoder layer beside "
+                        "none, selective and full (a plan carries one set, as Megatron's --recompute-modules; "
+                        "docs/cost-model.md, Per-module recompute)")
     p.add_argument("--bpipe", action="store_true", help="balance activation memory between paired stages")
     p.add_argument("--time-limit", type=T.positive_float(), help="solver time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -213,15 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _plan_problem(args: argparse.Namespace) -> Any:
+    """``make_problem`` from ``paraplan plan``'s arguments."""
     from planner import api
-    from planner.schema_io import check_output_path
 
-    check_output_path(args.output, flag="-o")
     schedule = args.schedule or ("interleaved-1f1b" if args.chunks > 1 else "1f1b")
-    if args.schedule is None and args.chunks > 1:
-        print(f"--chunks {args.chunks}: schedule interleaved-1f1b", file=sys.stderr)
-    problem = api.make_problem(
+    return api.make_problem(
         args.model,
         args.cluster,
         schedule=schedule,
@@ -242,19 +245,50 @@ def cmd_plan(args: argparse.Namespace) -> int:
         precision=args.precision,
         attention_kernel=args.attention_kernel,
         activation_offload=args.activation_offload,
+        recompute_modules=_profile_module_set(args),
     )
+
+
+def _profile_module_set(args: argparse.Namespace) -> str | None:
+    """The module set ``--recompute-modules`` adds to the profile: for the solvers that pick strategies per
+    stage (ptdp takes it as its own option instead; without --solver the default decides, see cmd_plan)."""
+    if not args.recompute_modules or args.solver in (None, "ptdp"):
+        return None
+    if args.recompute_modules == "modules":
+        raise InvalidProblemError(
+            f"--recompute-modules without sets lets ptdp pick the cheapest set that fits; solver {args.solver!r} "
+            "offers one given set on every layer: --recompute-modules layernorm+mlp (or --solver ptdp)")
+    return str(args.recompute_modules)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner import api
+    from planner.schema_io import check_output_path
+
+    check_output_path(args.output, flag="-o")
+    if args.schedule is None and args.chunks > 1:
+        print(f"--chunks {args.chunks}: schedule interleaved-1f1b", file=sys.stderr)
+    problem = _plan_problem(args)
     print(report.expansion_line(args.cluster, problem.cluster), file=sys.stderr)
     solver = args.solver or api.default_solver(problem)
     if args.solver is None:
         print(f"solver {solver} (the default for this problem; --solver to choose another)", file=sys.stderr)
+        if solver != "ptdp" and args.recompute_modules:  # the default solver picks per stage: build the set in
+            args.solver = solver
+            problem = _plan_problem(args)
     options = _parse_options(args.option)
     if solver == "ptdp" and args.attention:  # ptdp profiles every (t, b) itself, with its own option
         options.setdefault("attention", args.attention)
-    if solver == "ptdp" and args.activation_offload:  # searched next to the recompute settings asked for
+    if solver == "ptdp":  # offload and module sets searched next to the recompute settings asked for
         from solvers.ptdp import Options as PtdpOptions
 
-        listed = options.get("recompute", PtdpOptions().recompute)
-        options["recompute"] = listed if "offload" in listed.split(",") else f"{listed},offload"
+        listed = str(options.get("recompute", PtdpOptions().recompute))
+        extra = (["offload"] if args.activation_offload else []) + (
+            args.recompute_modules.split(",") if args.recompute_modules else [])
+        for item in extra:
+            if item.strip() and item.strip() not in listed.split(","):
+                listed = f"{listed},{item.strip()}"
+        options["recompute"] = listed
     began = time.perf_counter()
     from solvers.budget import listening
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
-from planner.schema import PipelineProblem, Plan
+from planner.schema import RECOMPUTE_MODULES, PipelineProblem, Plan
 from solvers import _stage_ilp_milp as milp
 from solvers._stage_ilp_model import (
     TERMS,
@@ -288,9 +288,15 @@ def _shape(model: StageModel, counts: Counts) -> dict[str, str]:
     """What tells candidates apart in the table: layers per virtual stage and recomputed layers."""
     bounds, strategies = plan_layers(model, counts)
     spans = list(zip(bounds, bounds[1:]))
-    recomputed = ["+".join(f"{strategies[a:b].count(s)}{s[0]}" for s in sorted(set(strategies[a:b]) - {"none"})) or "0"
-                  for a, b in spans]
+    recomputed = ["+".join(f"{strategies[a:b].count(s)}{_label(s)}" for s in sorted(set(strategies[a:b]) - {"none"}))
+                  or "0" for a, b in spans]
     return {"layers": "-".join(str(b - a) for a, b in spans), "recompute": "-".join(recomputed)}
+
+
+def _label(strategy: str) -> str:
+    """A strategy in the candidate table: its initial (s, f, o), a module set in brackets
+    (``[layernorm+mlp]``: initials would not tell ``layernorm`` from ``layernorm+mlp``)."""
+    return f"[{strategy}]" if "+" in strategy or strategy in RECOMPUTE_MODULES else strategy[0]
 
 
 def _plan_options(opts: Options) -> dict[str, Any]:
