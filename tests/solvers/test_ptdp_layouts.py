@@ -17,6 +17,7 @@ import pytest
 from planner import api
 from planner.errors import InfeasibleError, InvalidProblemError
 from planner.schema import Plan
+from solvers import _ptdp_model as model
 from solvers import ptdp
 
 OPTIONS = {"tensor_parallel": 2, "pipeline_parallel": 8, "virtual_pipeline": 4, "expert_parallel": 32,
@@ -186,3 +187,24 @@ def test_v_layouts_where_2p_does_not_divide_the_layers() -> None:
     assert chunk_layer_counts(61, 16, 2, V_LIGHT_RANK0) == [1] + [2] * 29 + [1, 1]
     assert totals(48, 16, V_EVEN_RANKS) == [3] * 16 and chunk_layer_counts(48, 16, 2, V_EVEN_RANKS)[:2] == [2, 2]
     assert totals(32, 3, V_EVEN_RANKS) == [10, 11, 11]
+
+
+def test_fp8_deepseek_search_skips_configurations_with_negative_times() -> None:
+    """DeepSeek-V3 on 2,048 H800 in FP8 with the all-to-all overlapped, every degree searched: at some
+    degrees (t = 8, e = 256; t = 4, e = 32) the expert GEMMs' change of shape, costed in BF16 against
+    FP8 layers, took more time out of a layer than it holds and the plan failed validation (exit 2 with
+    a page of profile errors). Those configurations are skipped; the plan comes out valid."""
+    from solvers._ptdp_enum import _physical
+
+    problem = api.make_problem("deepseek-v3", "h800:2048", global_batch_size=15360, seq_length=4096,
+                               precision="fp8-cs", schedule="dualpipe-v")
+    plan = ptdp.solve(problem, options={"recompute": "layernorm+mla_up_proj", "moe_dispatcher": "deepep",
+                                        "overlap_moe_alltoall": True, "num_simulated": 1})
+    assert plan.schedule == "dualpipe-v"
+    assert all(layer.backward_s >= (layer.backward_weight_s or 0.0) >= 0 for layer in plan.model.layers)
+    opts = ptdp.parse_options(ptdp.Options, {"recompute": "layernorm+mla_up_proj", "moe_dispatcher": "deepep",
+                                            "overlap_moe_alltoall": True}, solver="ptdp")
+    search = ptdp._prepare(problem, opts)
+    bad = model.Config(tensor=8, pipeline=1, data=256, virtual=2, microbatch_size=1, num_microbatches=60,
+                       recompute="layernorm+mla_up_proj", expert=256, zero_stage=1, v_schedule="dualpipe-v")
+    assert not _physical(ptdp.unit_cache(search, opts)(bad))
