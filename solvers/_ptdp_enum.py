@@ -140,9 +140,7 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
     (at b = 1, full recompute aside) cannot fit."""
     problem, cfg = search.problem, search.cfg
     schedules = searched_schedules(search, opts)
-    from solvers.ptdp import recompute_settings
-
-    recompute = recompute_settings(opts.recompute)
+    recompute = search.recompute
     per_replica = search.global_batch_size // base.data
     host = host_memory_bytes(problem.cluster.device) if OFFLOAD in recompute else None  # type: ignore[arg-type]
     for b in microbatch_sizes(search, opts, per_replica):
@@ -281,7 +279,6 @@ def chunk_counts(num_layers: int, p: int, m: int, schedules: tuple[str, ...], fi
             and (num_layers % (2 * p) == 0 or (uneven and num_layers >= 2 * p)) and fixed in (1, 2)
             and (vs == "zb-v" or m >= 2 * p)]
     return out
-
 
 
 def check_degree_options(opts: Options, search: Search) -> None:

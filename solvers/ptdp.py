@@ -155,6 +155,8 @@ class Search:
     efficiencies: dict[int, float] | None
     efficiency: float | None
     settings: model.ProfileSettings
+    recompute: tuple[str, ...]
+    """The ``recompute`` option's settings, module sets in Megatron-Core's order (``recompute_settings``)."""
 
 
 def solve(problem: PipelineProblem, *, options: Mapping[str, Any] | Options | None = None) -> Plan:
@@ -244,7 +246,7 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
         raise InvalidProblemError(
             f"solver 'ptdp' searches 1F1B, interleaved 1F1B, ZB-V and DualPipeV; schedule={problem.schedule!r} "
             f"is not supported. Use '1f1b' (searches all, see option schedules) or one of {list(SCHEDULES[1:])}")
-    _check_options(opts, cfg)
+    recompute = _check_options(opts, cfg)
     stages = opts.pipeline_parallel or problem.num_stages
     if stages is not None and stages > cfg.num_layers:
         raise InfeasibleError(
@@ -266,7 +268,6 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
     attention = opts.attention or profile_attention(problem)
     if attention not in ("flash", "unfused"):
         raise InvalidProblemError(f"option attention={opts.attention!r} of solver 'ptdp' must be 'flash' or 'unfused'")
-    recompute = recompute_settings(opts.recompute)
     pinned = tuple(recompute_modules_of(r) or () for r in recompute if r not in RECOMPUTE)
     _check_pinned_modules(pinned, cfg, problem, opts)
     settings = model.ProfileSettings(scatter_gather=opts.scatter_gather, sequence_parallel=opts.sequence_parallel,
@@ -277,7 +278,8 @@ def _prepare(problem: PipelineProblem, opts: Options) -> Search:
                                      if opts.optimizer == "deepspeed-bf16" else 0.0,
                                      grad_bytes_per_param=grad_bytes_per_param(opts.optimizer))
     search = Search(cfg=cfg, problem=problem, global_batch_size=problem.global_batch_size, efficiencies=efficiencies,
-                    efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings)
+                    efficiency=opts.efficiency or _profile_efficiency(problem), settings=settings,
+                    recompute=recompute)
     check_degree_options(opts, search)
     return search
 
@@ -337,7 +339,8 @@ def _check_pinned_modules(pinned: tuple[tuple[str, ...], ...], cfg: TransformerC
             "with compute constants, or recompute=none,selective,full")
 
 
-def _check_options(opts: Options, cfg: TransformerConfig) -> None:
+def _check_options(opts: Options, cfg: TransformerConfig) -> tuple[str, ...]:
+    """Options checked before the layout is: their errors come first. Returns the recompute settings."""
     _csv(opts.schedules, SCHEDULES, "schedules")
     if opts.optimizer not in ("megatron", "deepspeed-bf16"):
         raise InvalidProblemError(f"option optimizer={opts.optimizer!r} of solver 'ptdp' must be 'megatron' or "
@@ -345,7 +348,7 @@ def _check_options(opts: Options, cfg: TransformerConfig) -> None:
     if opts.optimizer == "deepspeed-bf16" and opts.zero_stage not in (0, 1):
         raise InvalidProblemError(f"option optimizer='deepspeed-bf16' needs zero_stage=0 or 1 (got "
                                   f"{opts.zero_stage!r}): DeepSpeed's pipeline engine runs BF16 only up to ZeRO-1")
-    recompute_settings(opts.recompute)
+    recompute = recompute_settings(opts.recompute)
     if opts.moe_dispatcher not in dims_mod.MOE_DISPATCHERS:
         raise InvalidProblemError(
             f"option moe_dispatcher={opts.moe_dispatcher!r} of solver 'ptdp' must be one of "
@@ -361,6 +364,7 @@ def _check_options(opts: Options, cfg: TransformerConfig) -> None:
         raise InvalidProblemError(
             f"option tensor_parallel={t} must divide num_heads={cfg.num_heads}, the KV heads ({cfg.kv_heads}) "
             f"and the FFN size ({cfg.ffn_size}) of {cfg.name!r}")
+    return recompute
 
 
 def _parse_efficiencies(text: str | None) -> dict[int, float] | None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from cost_models.memory import usable_memory_bytes
 from planner.errors import InfeasibleError, InvalidProblemError, PlannerError
-from planner.schema import RECOMPUTE_MODULES, PipelineProblem, Plan
+from planner.schema import KNOWN_RECOMPUTE, PipelineProblem, Plan, recompute_modules_of
 from solvers import _stage_ilp_milp as milp
 from solvers._stage_ilp_model import (
     TERMS,
@@ -296,7 +296,8 @@ def _shape(model: StageModel, counts: Counts) -> dict[str, str]:
 def _label(strategy: str) -> str:
     """A strategy in the candidate table: its initial (s, f, o), a module set in brackets
     (``[layernorm+mlp]``: initials would not tell ``layernorm`` from ``layernorm+mlp``)."""
-    return f"[{strategy}]" if "+" in strategy or strategy in RECOMPUTE_MODULES else strategy[0]
+    module_set = strategy not in KNOWN_RECOMPUTE and recompute_modules_of(strategy) is not None
+    return f"[{strategy}]" if module_set else strategy[0]
 
 
 def _plan_options(opts: Options) -> dict[str, Any]:
