@@ -11,10 +11,16 @@ attention core, norms, softmax, embedding and logits stay BF16. Formulas (docs/c
   in the roofline.
 - Quantization: before each FP8 GEMM its 16-bit operand is cast to FP8 and transposed (the weight
   gradient needs X^T and dY^T), TE's fused cast-transpose: read 2 B, write 1 B + 1 B
-  (``CAST_TRANSPOSE_BYTES``) per element of the input X (M x K) and the weight W (K x N) in the
-  forward and of the output gradient dY (M x N) in the backward. Current scaling (``fp8-cs``)
-  first reads the tensor once more for its amax (``AMAX_PASS_BYTES``). One launch per cast, one per
-  amax pass, one per linear layer for the amax/scale bookkeeping.
+  (``CAST_TRANSPOSE_BYTES``) per element of the input X (M x K) in the forward and of the output
+  gradient dY (M x N) in the backward, every microbatch. Current scaling (``fp8-cs``) first reads the
+  tensor once more for its amax (``AMAX_PASS_BYTES``). One launch per cast, one per amax pass, one per
+  linear layer for the amax/scale bookkeeping.
+- Weights: cast (and transposed) once per training step, not per microbatch: Megatron-Core marks the
+  first microbatch of every step (``set_is_first_microbatch``) and TE's linear layers quantize their
+  weights then and reuse the cached FP8 copies for the step's other microbatches ([transformer-engine]
+  ``is_first_microbatch``). ``weight_cast_s`` is that per-step pass; the copies (weight and transpose,
+  ``WEIGHT_COPY_BYTES_PER_PARAM``) stay resident (``weight_copy_bytes``). Under ZeRO-3/FSDP the weights
+  are gathered again for every microbatch, so there the cast runs per microbatch and nothing stays.
 - Activations: each linear layer saves its FP8 input (1 B instead of 2) for the weight gradient;
   ``activation_saving_bytes`` counts the inputs only the GEMMs keep (``saving_parts``: dense, MoE and
   MLA layers), ``module_saving_bytes`` what of it a recompute module set frees.
@@ -28,7 +34,7 @@ from __future__ import annotations
 import math
 
 from cost_models import moe, moe_memory, moe_ops
-from cost_models.compute import compute_constants
+from cost_models.compute import compute_constants, has_constants, memory_op_s
 from planner.schema import Device, TransformerConfig
 
 CAST_TRANSPOSE_BYTES = 4.0
@@ -47,7 +53,7 @@ _BF16 = 2
 
 
 def is_fp8(device: Device) -> bool:
-    return compute_constants(device).linear_precision != "bf16"
+    return has_constants(device) and compute_constants(device).linear_precision != "bf16"
 
 
 def gemm_dtype(device: Device) -> str:
@@ -55,21 +61,57 @@ def gemm_dtype(device: Device) -> str:
     return "fp8" if is_fp8(device) else "bf16"
 
 
-def quantize_bytes(gemms: list[tuple[float, float, float, float]], device: Device) -> tuple[float, float, int, int]:
-    """(forward bytes, backward bytes, forward launches, backward launches) of the FP8 casts of the
-    layer's linear GEMMs ``(M, N, K, count)`` (0 in BF16)."""
+def _cast_bytes_and_passes(device: Device) -> tuple[float, int]:
+    """(bytes per element, launches per cast) of one FP8 cast-transpose; (0, 0) in BF16."""
     precision = compute_constants(device).linear_precision
     if precision == "bf16":
-        return 0.0, 0.0, 0, 0
+        return 0.0, 0
     current = precision == "fp8-cs"  # an amax pass before each cast
-    per = CAST_TRANSPOSE_BYTES + (AMAX_PASS_BYTES if current else 0.0)
-    passes = 2 if current else 1
+    return CAST_TRANSPOSE_BYTES + (AMAX_PASS_BYTES if current else 0.0), 2 if current else 1
+
+
+def quantize_bytes(gemms: list[tuple[float, float, float, float]], device: Device) -> tuple[float, float, int, int]:
+    """(forward bytes, backward bytes, forward launches, backward launches) of the per-microbatch FP8
+    casts of the layer's linear GEMMs ``(M, N, K, count)``: input X forward, output gradient dY
+    backward (0 in BF16). The weights' casts are per step (``weight_cast_s``)."""
+    per, passes = _cast_bytes_and_passes(device)
+    if not passes:
+        return 0.0, 0.0, 0, 0
     fwd = bwd = 0.0
     for m, n, k, count in gemms:
-        fwd += count * per * (m * k + k * n)  # input X and weight W
+        fwd += count * per * m * k  # input X
         bwd += count * per * m * n  # output gradient dY
     layers = len(gemms)
-    return fwd, bwd, layers * (2 * passes + 1), layers * (passes + 1)
+    return fwd, bwd, layers * (passes + 1), layers * (passes + 1)
+
+
+LINEAR_MODULES_PER_LAYER = 4
+"""Weight casts per decoder layer and step, for their launches: QKV, projection, FC1, FC2 (an MoE
+layer's grouped experts quantize in one multi-tensor launch per grouped GEMM)."""
+
+
+def weight_cast_s(linear_params: float, device: Device, *, num_layers: int = 1) -> float:
+    """Casting (and transposing) ``linear_params`` 16-bit weights of ``num_layers`` decoder layers to
+    FP8: memory-bound, ``CAST_TRANSPOSE_BYTES`` (+ ``AMAX_PASS_BYTES`` under current scaling) per
+    parameter; 0 in BF16. Once per step per rank, or per microbatch under ZeRO-3 (module docstring)."""
+    per, passes = _cast_bytes_and_passes(device)
+    if not passes or linear_params <= 0:
+        return 0.0
+    return memory_op_s(per * linear_params, device, num_kernels=passes * LINEAR_MODULES_PER_LAYER * max(1, num_layers))
+
+
+def step_weight_terms(source: str, decoder_param_bytes: float, element_bytes: int, device: Device | None, *,
+                      zero_stage: int = 0, num_layers: int = 1) -> tuple[float, float]:
+    """(seconds, resident bytes) of a rank's FP8 weight copies: the per-step cast of its decoder layers'
+    weights (``decoder_param_bytes`` at ``element_bytes`` each; ``weight_cast_s``), charged beside the
+    optimizer step, and the cached copies (``weight_copy_bytes``), charged with the model states, by the
+    simulator and the solvers' closed forms alike. (0, 0) but for per-operation profiles (``source``
+    ``analytic``, the model that costs the per-microbatch casts; measured profiles hold theirs) in FP8,
+    and under ZeRO-3 (cast per microbatch there, in the layers, and nothing cached)."""
+    if device is None or zero_stage == 3 or source != "analytic" or not is_fp8(device) or decoder_param_bytes <= 0:
+        return 0.0, 0.0
+    params = decoder_param_bytes / element_bytes
+    return weight_cast_s(params, device, num_layers=num_layers), weight_copy_bytes(params)
 
 
 def tp_comm_scale(device: Device, sequence_parallel: bool) -> float:

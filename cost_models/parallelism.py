@@ -101,7 +101,15 @@ def fsdp_exposed_comm_s(allgather_s: list[float], compute_s: list[float], *, sm_
     if not allgather_s:
         return 0.0
     pairs = zip(allgather_s[1:], compute_s[:-1])
-    return allgather_s[0] + sum(max(ag - c, sm_share * min(ag, c / (1.0 - sm_share))) for ag, c in pairs)
+    return allgather_s[0] + sum(overlapped_exposed_s(ag, c, sm_share=sm_share) for ag, c in pairs)
+
+
+def overlapped_exposed_s(comm_s: float, cover_s: float, *, sm_share: float = 0.0) -> float:
+    """What a collective of ``comm_s`` started with ``cover_s`` of compute adds to that compute when
+    the collective holds ``sm_share`` of the SMs (the compute runs on the rest at 1 - s of its speed):
+    max(comm - cover, s min(comm, cover / (1 - s))); at s = 0 the part of the collective the compute
+    does not hide (docs/cost-model.md, "SM contention")."""
+    return max(comm_s - cover_s, sm_share * min(comm_s, cover_s / (1.0 - sm_share)))
 
 
 def _check_stage(zero_stage: int, data_parallel: int) -> None:

@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost_models import moe, parallelism
+from cost_models import fp8, moe, parallelism
 from cost_models.activation_offload import OFFLOAD, offload_bandwidth_bytes_per_s, offload_option
 from cost_models.collectives import group_allgather_s
-from cost_models.compute import collective_sm_share
+from cost_models.compute import collective_sm_share, compute_constants, has_constants
 from cost_models.layer_ops import FLASH_BACKWARD_FACTOR
 from cost_models.memory import GRAD_BYTES_PER_PARAM, zero_static_scale
 from cost_models.parallelism import (
@@ -35,6 +35,7 @@ from cost_models.parallelism import (
     expected_nodes_per_token,
     expert_alltoall_bytes_per_rank,
     expert_load_time_factor,
+    overlapped_exposed_s,
     ring_attention_exposed_s,
     ring_attention_kv_bytes_per_rank,
 )
@@ -306,12 +307,16 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         if dims.expert > 1:  # the busiest expert rank sets the pace; one rank holding all experts does not wait
             imbalance = (expert_load_time_factor(load_balance_factor=load_balance_factor) - 1) * routed_share(cfg)
         a2a_fwd = a2a_bwd = 2 * a2a
-        if overlap_moe_alltoall:  # one microbatch's all-to-alls under another's compute of the layer
-            a2a_fwd, a2a_bwd = max(0.0, 2 * a2a - layer.backward_s), max(0.0, 2 * a2a - layer.forward_s)
+        if overlap_moe_alltoall and a2a > 0:  # one microbatch's all-to-alls under another's compute of the layer,
+            share = alltoall_sm_share(cluster, moe_dispatcher)  # which runs on the SMs they leave it
+            a2a_fwd = overlapped_exposed_s(2 * a2a, layer.backward_s, sm_share=share)
+            a2a_bwd = overlapped_exposed_s(2 * a2a, layer.forward_s, sm_share=share)
         fwd += a2a_fwd + imbalance * layer.forward_s + regroup[0]
         bwd += a2a_bwd + imbalance * layer.backward_s + regroup[1] + regroup[2]
         weight = None if weight is None else weight + regroup[2]
     if dims.zero_stage == 3:  # dense weights over the d c ranks, experts over the expert-DP ranks
+        if per_operation and cluster.device is not None and fp8.is_fp8(cluster.device):
+            fwd += fp8.weight_cast_s(params / element_bytes(cfg), cluster.device)  # cast per gather: nothing cached
         experts = element_bytes(cfg) * expert_params_per_rank(cfg, dims) if moe_layer else 0.0
         gather = (group_allgather_s(cluster, params - experts, dims.dp_ranks, dims.tensor)
                   + group_allgather_s(cluster, experts, dims.expert_dp_ranks, dims.expert * dims.expert_tensor))
@@ -377,6 +382,23 @@ dispatcher); ``deepep`` sends a token once per distinct remote node and forwards
 (DeepEP's normal kernels; Megatron's flex dispatcher, deepep and hybridep backends)."""
 
 
+DEEPEP_SMS = 20
+"""SMs DeepEP's normal (high-throughput) dispatch and combine kernels occupy: DeepSeek-V3 dedicates 20
+of the H800's 132 SMs to its all-to-all and finds them enough to saturate IB and NVLink
+([deepseek-v3] Sec. 3.2.2); DeepEP's kernels default to that count."""
+
+
+def alltoall_sm_share(cluster: Cluster, dispatcher: str) -> float:
+    """Share of the SMs an all-to-all hidden under compute holds: ``DEEPEP_SMS`` for ``deepep``, NCCL's
+    CTAs (``compute.collective_sm_share``) for ``alltoall``; 0 without compute constants."""
+    device = cluster.device
+    if device is None or not has_constants(device):
+        return 0.0
+    if dispatcher == "deepep":
+        return min(0.5, DEEPEP_SMS / compute_constants(device).num_sms)
+    return collective_sm_share(device)
+
+
 def alltoall_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, microbatch_size: int,
                dispatcher: str = "alltoall") -> float:
     """One dispatch (or combine) all-to-all of an MoE layer: each rank sends its b s/(c t) tokens x k
@@ -428,14 +450,17 @@ def expert_gemm_delta_s(cfg: TransformerConfig, cluster: Cluster, dims: Dims, mi
 
 def _expert_gemms_s(cfg: TransformerConfig, cluster: Cluster, rows: float, split: int, count: int,
                     ) -> tuple[float, float, float]:
-    """Up (gate) and down projections of ``count`` experts of ``rows`` tokens each, width / split."""
+    """Up (gate) and down projections of ``count`` experts of ``rows`` tokens each, width / split, in the
+    linear layers' dtype (FP8 casts of inputs and output gradients are the same elements either way, and
+    the weights' casts are per step: ``cost_models.fp8``)."""
     from cost_models.compute import gemm_fwd_bwd_s  # noqa: PLC0415
 
     width, h = cfg.moe_ffn_hidden_size or cfg.ffn_size, cfg.hidden_size
     up = (2 if cfg.gated_mlp else 1) * width // split
     total = [0.0, 0.0, 0.0]
+    dtype = fp8.gemm_dtype(cluster.device)  # type: ignore[arg-type]
     for m, n, kk in ((rows, up, h), (rows, h, width // split)):
-        for j, value in enumerate(gemm_fwd_bwd_s(m, n, kk, cluster.device)):  # type: ignore[arg-type]
+        for j, value in enumerate(gemm_fwd_bwd_s(m, n, kk, cluster.device, dtype=dtype)):  # type: ignore[arg-type]
             total[j] += count * value
     return total[0], total[1], total[2]
 

@@ -149,8 +149,6 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
             continue
         probe = _replace(base, microbatch_size=b, num_microbatches=m)
         u = units(probe)
-        if not _physical(u):
-            continue  # a cost term went negative at these degrees (see ``_physical``): no plan can be built
         for v, vs in chunk_counts(cfg.num_layers, base.pipeline, m, schedules, fixed_chunks(search, opts),
                                    uneven=opts.uneven_stages):
             for ends in dims_mod.v_layouts(cfg.num_layers, base.pipeline) if vs else \
@@ -170,23 +168,6 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
                         continue  # the offloaded activations overflow the host's memory
                     else:
                         yield _replace(c, recompute=r)
-
-
-def _physical(u: model.UnitCosts) -> bool:
-    """Whether every decoder layer's times at the degrees are physical: none negative, the weight-gradient
-    part within the backward. The expert GEMMs' change of
-    shape under expert parallelism (``_ptdp_dims.expert_gemm_delta_s``) is costed in BF16 against a
-    layer whose GEMMs may be FP8 and whose FP8 casts it does not adjust; at extreme degrees (FP8, t = 8,
-    e = 256 or t = 4, e = 32 for DeepSeek-V3) it can take more time out than the layer holds. Such
-    configurations are skipped rather than planned with a negative time (docs/solver-ptdp.md, Limits)."""
-    for layer in (u.decoder, u.moe_decoder):
-        if layer is None:
-            continue
-        weight = layer.backward_weight_s or 0.0
-        if layer.forward_s < 0 or layer.backward_s < 0 or weight < 0 or weight > layer.backward_s or any(
-                o.extra_s < 0 for o in (layer.recompute or {}).values()):
-            return False
-    return True
 
 
 def cheapest_fitting_modules(u: model.UnitCosts, cfg: TransformerConfig, c: model.Config,

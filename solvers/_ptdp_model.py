@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cost_models import fp8
 from cost_models.collectives import deepspeed_bf16_sync_s, exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.recompute import frontier
@@ -65,6 +66,8 @@ class UnitCosts:
     """The per-module recompute strategies worth searching, cheapest first (``module_frontier``)."""
     grad_bytes: float = GRAD_BYTES_PER_PARAM
     """Resident gradient bytes per parameter (``ProfileSettings.grad_bytes_per_param``)."""
+    weight_copy_ratio: float = 0.0
+    """Resident FP8 weight-copy bytes per decoder parameter byte (``fp8.step_weight_terms``; 0 in BF16)."""
 
     def counts(self, first: int, num: int) -> tuple[int, int]:
         """(dense, MoE) decoder layers among layers [first, first + num)."""
@@ -196,12 +199,14 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
                                                                      moe_layer=True, **kw)
         experts = dims_mod.expert_params_per_rank(cfg, dims)
     gather = layers[1].param_bytes
+    _, copy_ratio = fp8.step_weight_terms(profile.source, 1.0, dims_mod.element_bytes(cfg), cluster.device,
+                                          zero_stage=dims.zero_stage)
     units = UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
                       decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
                       decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
                       expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
                       expert_param_bytes=dims_mod.element_bytes(cfg) * experts,
-                      grad_bytes=settings.grad_bytes_per_param)
+                      grad_bytes=settings.grad_bytes_per_param, weight_copy_ratio=copy_ratio)
     return replace(units, module_sets=tuple(module_frontier(units, cfg))) if settings.recompute_modules else units
 
 
@@ -342,12 +347,14 @@ def ranks_static_bytes(u: UnitCosts, all_ranges: tuple[tuple[tuple[int, int], ..
     each distinct chunk list costed once."""
     distinct, index = _blocks(u, all_ranges)
     vd, vm = _layer_values(u, lambda lay: lay.static_bytes)
+    pd, pm = _layer_values(u, lambda lay: lay.param_bytes)
     out = []
     for blocks in distinct:
         # a dense model has no expert bytes: skip counting its (zero) MoE layers, the same 0.0
         expert = sum(n_moe for _, n_moe in blocks) * u.expert_static_bytes if u.expert_static_bytes else 0.0
         dense = _exact_sum(multiset(blocks), vd, vm) - expert
-        out.append(dims_mod.sharded_static_bytes(dense, expert, dims, u.grad_bytes))
+        copies = u.weight_copy_ratio * _exact_sum(multiset(blocks), pd, pm) if u.weight_copy_ratio else 0.0
+        out.append(dims_mod.sharded_static_bytes(dense, expert, dims, u.grad_bytes) + copies)
     return [out[i] for i in index]
 
 
@@ -560,10 +567,13 @@ def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config
                                overlap_param_gather=overlap_param_gather, fp32_allreduce=fp32_allreduce)
     expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
     dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
-    if c.v_schedule:  # rank 0 also holds the head
+    if c.v_schedule or p == 1:  # rank 0 also holds the head
         dense_static += u.head.static_bytes
     shard = c.zero_stage >= 1
     optimizer = profile_optimizer_step_s(u.decoder_source, dense_static, cluster.device,
                                          shard=c.dims.dp_ranks if shard else 1) + profile_optimizer_step_s(
         u.decoder_source, expert_static, cluster.device, shard=c.dims.expert_dp_ranks if shard else 1)
-    return pipeline_s, allreduce, optimizer
+    cast_s, _ = fp8.step_weight_terms(u.decoder_source, _ranges_sum(u, rank0, lambda lay: lay.param_bytes),
+                                      dims_mod.element_bytes(cfg), cluster.device, zero_stage=c.zero_stage,
+                                      num_layers=sum(n for _, n in rank0))
+    return pipeline_s, allreduce, optimizer + cast_s

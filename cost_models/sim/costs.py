@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from cost_models.collectives import exposed_dp_allreduce_s, ranks_allreduce_s
 from cost_models.compute import profile_optimizer_step_s
+from cost_models.fp8 import step_weight_terms
 from cost_models.memory import grad_bytes_per_param, usable_memory_bytes, zero_static_scale
 from cost_models.sim import dims
 from cost_models.sim.layercomm import CommSpec, StageComm
@@ -282,8 +283,10 @@ def _per_rank(plan: Plan, share: Sequence[tuple[float, ...]]) -> tuple[list[floa
         extra = params if plan.schedule == "2bw" else 0.0  # the second weight version
         d = stage.replicas  # differs from degrees.data in PipeDream's 1F1B-RR (cost_models.sim.rr)
         zero = zero_static_scale(plan.zero_stage, d, grad_bytes=grad)  # ZeRO sharding over d
-        static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra)
-        optimizer = _optimizer_s(plan, own, d)
+        decoder = [layer for layer in own if layer.kind == "decoder"]
+        cast_s, copies = _fp8_weights(plan, math.fsum(layer.param_bytes for layer in decoder), len(decoder))
+        static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra + copies)
+        optimizer = _optimizer_s(plan, own, d) + cast_s
         reduce, nic = 0.0, None
         if d > 1 and params > 0:
             ranks = [_replica_rank(plan, x, j) for j in range(d)]
@@ -315,14 +318,21 @@ def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[
         terms = dims.rank_terms(plan, x, indices, forward_s=math.fsum(forward_s[k] for k in mine),
                                 backward_s=math.fsum(backward_s[k] for k in mine))
         extra = math.fsum(plan.model.layers[i].param_bytes for i in indices) if plan.schedule == "2bw" else 0.0
-        static.append(terms.static_bytes + extra)
+        cast_s, copies = _fp8_weights(plan, terms.decoder_param_bytes, terms.decoder_layers)
+        static.append(terms.static_bytes + extra + copies)
         device = plan.cluster.device
-        optimizer = 0.0 if device is None else profile_optimizer_step_s(plan.model.source, terms.optimizer_static_bytes,
-                                                                        device)
+        optimizer = cast_s + (0.0 if device is None else profile_optimizer_step_s(
+            plan.model.source, terms.optimizer_static_bytes, device))
         sync.append(terms.sync_s + optimizer)
         syncs.append(RankSync(reduce_s=terms.reduce_s, optimizer_s=optimizer, gather_s=terms.gather_s,
                               stage_share=share[x], overlap=terms.overlap_reduce, nic=terms.nic))
     return static, sync, syncs
+
+
+def _fp8_weights(plan: Plan, decoder_param_bytes: float, num_layers: int) -> tuple[float, float]:
+    """(per-step cast seconds, resident bytes) of the rank's FP8 weight copies (``fp8.step_weight_terms``)."""
+    return step_weight_terms(plan.model.source, decoder_param_bytes, dims.element_bytes(plan), plan.cluster.device,
+                             zero_stage=plan.zero_stage, num_layers=num_layers)
 
 
 def _optimizer_s(plan: Plan, own: Sequence[LayerProfile], num_replicas: int) -> float:

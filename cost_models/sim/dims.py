@@ -43,7 +43,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cost_models import moe
+from cost_models import fp8, moe
 from cost_models.collectives import (
     alltoall_s,
     allreduce_s,
@@ -255,7 +255,7 @@ def expert_share_per_rank(plan: Plan) -> float:
     return plan.degrees.tensor / (plan.degrees.expert * expert_tensor_parallel(plan))
 
 
-def _element_bytes(plan: Plan) -> int:
+def element_bytes(plan: Plan) -> int:
     return 4 if plan.transformer is not None and plan.transformer.dtype == "fp32" else 2
 
 
@@ -281,6 +281,8 @@ def stage_comm(plan: Plan, chunks: Sequence[Chunk], scale: float) -> list[StageC
     home, layers = plan.stage_ranks(), plan.model.layers
     fsdp = plan.zero_stage == 3 and not plan.model.degrees_included
     overlap = bool(plan.options.get("overlap_moe_alltoall"))
+    # the hidden all-to-alls hold NCCL's CTAs while the other microbatch computes (compute.collective_sm_share)
+    a2a_share = collective_sm_share(plan.cluster.device) if overlap and plan.cluster.device is not None else 0.0
     groups: dict[int, tuple[Group, Group, Group, Group]] = {}
     out = []
     for k, chunk in enumerate(chunks):
@@ -296,8 +298,9 @@ def stage_comm(plan: Plan, chunks: Sequence[Chunk], scale: float) -> list[StageC
             block, transfer = ring or (0.0, 0.0)
             common = {"gather_s": _layer_gather_s(plan, i, dense, experts) if fsdp else 0.0,
                       "ring_steps": plan.degrees.context - 1 if ring else 0,
-                      "alltoall_s": expert_alltoall_s(plan, i, ep)}
-            fwd.append(LayerComm(compute_s=layer.forward_s * scale, ring_block_s=block, ring_transfer_s=transfer,
+                      "alltoall_s": expert_alltoall_s(plan, i, ep), "alltoall_sm_share": a2a_share}
+            cast = _fsdp_weight_cast_s(plan, i) if fsdp else 0.0
+            fwd.append(LayerComm(compute_s=layer.forward_s * scale + cast, ring_block_s=block, ring_transfer_s=transfer,
                                  alltoall_cover_s=scale * layer.backward_s if overlap else None, **common))
             bwd.append(LayerComm(compute_s=layer.backward_s * scale, ring_block_s=FLASH_BACKWARD_FACTOR * block,
                                  ring_transfer_s=2 * transfer,
@@ -339,7 +342,7 @@ def _ring_parts(plan: Plan, layer: LayerProfile, group: Group, scale: float) -> 
     block_s = core / c**2 if scale < 1 else core  # whole-sequence core split over c x c blocks
     k_width, v_width = moe.attention_kv_widths(cfg)
     split = plan.degrees.tensor if cfg.is_mla else min(plan.degrees.tensor, cfg.kv_heads)
-    step_bytes = plan.microbatch_size * (cfg.seq_length // c) * (k_width + v_width) / split * _element_bytes(plan)
+    step_bytes = plan.microbatch_size * (cfg.seq_length // c) * (k_width + v_width) / split * element_bytes(plan)
     return block_s, group.p2p_s(step_bytes)
 
 
@@ -354,7 +357,18 @@ def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
         return 0.0
     split = d.context * (d.tensor if plan.sequence_parallel else 1)
     tokens = plan.microbatch_size * cfg.seq_length / split
-    return group.alltoall_s(tokens * int(cfg.experts_per_token or 1) * cfg.hidden_size * _element_bytes(plan))
+    return group.alltoall_s(tokens * int(cfg.experts_per_token or 1) * cfg.hidden_size * element_bytes(plan))
+
+
+def _fsdp_weight_cast_s(plan: Plan, i: int) -> float:
+    """FSDP under FP8: profile layer i's gathered weights cast for every microbatch (nothing cached
+    across microbatches, ``fp8.weight_cast_s``); 0 for other layers, BF16 and non-per-operation profiles."""
+    layer, device = plan.model.layers[i], plan.cluster.device
+    if layer.kind != "decoder" or device is None or plan.model.source != "analytic" or not fp8.is_fp8(device):
+        return 0.0
+    share = expert_fraction(plan, i)
+    return fp8.weight_cast_s(layer.param_bytes * (1 - share + share * expert_share_per_rank(plan)) / element_bytes(plan),
+                             device)
 
 
 def _layer_gather_s(plan: Plan, i: int, dense: Group, experts: Group) -> float:
@@ -385,6 +399,10 @@ class RankTerms:
     """The reduction runs bucket by bucket under the backward (``overlap_grad_reduce``, ZeRO-3)."""
     nic: int | None = None
     """The rank's node when its groups span nodes (``sim.sync``), else None."""
+    decoder_param_bytes: float = 0.0
+    """Weights of the rank's decoder layers (its experts only), what FP8 casts per step (``fp8.step_weight_terms``)."""
+    decoder_layers: int = 0
+    """How many of the rank's layers are decoder layers (the casts' launches)."""
 
 
 def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_s: float,
@@ -411,9 +429,12 @@ def rank_terms(plan: Plan, stage_index: int, indices: Sequence[int], *, forward_
     sync = (exposed_dp_allreduce_s(reduce, backward_s) if overlap else reduce) + gather
     optimizer = dense_static / (dc if z else 1) + expert_static / (edp if z else 1)
     crosses = dense.num_nodes > 1 or (experts.num_nodes > 1 and expert_params > 0)
+    decoder = [(i, f) for i, f in zip(indices, shares) if layers[i].kind == "decoder"]
     return RankTerms(static_bytes=static, sync_s=sync, optimizer_static_bytes=optimizer, reduce_s=reduce,
                      gather_s=gather, overlap_reduce=overlap,
-                     nic=plan.cluster.node_of(dense.ranks[0]) if crosses and reduce > 0 else None)
+                     nic=plan.cluster.node_of(dense.ranks[0]) if crosses and reduce > 0 else None,
+                     decoder_param_bytes=math.fsum(layers[i].param_bytes * (1 - f + f * held) for i, f in decoder),
+                     decoder_layers=len(decoder))
 
 
 def _sync_parts(plan: Plan, dense: Group, experts: Group, dense_bytes: float, expert_bytes: float,

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from cost_models.parallelism import fsdp_exposed_comm_s, ring_attention_exposed_s
+from cost_models.parallelism import fsdp_exposed_comm_s, overlapped_exposed_s, ring_attention_exposed_s
 from cost_models.sim import engine
 from cost_models.sim.pipeline import PipelineGraph
 
@@ -68,6 +68,8 @@ class LayerComm:
     """One dispatch (= one combine) all-to-all."""
     alltoall_cover_s: float | None = None
     """With ``overlap_moe_alltoall``: the other microbatch's compute of the layer that hides them."""
+    alltoall_sm_share: float = 0.0
+    """Share of the SMs the hidden all-to-alls hold while that compute runs (it slows by that much)."""
 
     def ring_exposed_s(self) -> float:
         if not self.ring_steps:
@@ -78,7 +80,9 @@ class LayerComm:
     def alltoall_exposed_s(self) -> float:
         if self.alltoall_cover_s is None:
             return 2 * self.alltoall_s
-        return max(0.0, 2 * self.alltoall_s - self.alltoall_cover_s)
+        if self.alltoall_s <= 0:
+            return 0.0
+        return overlapped_exposed_s(2 * self.alltoall_s, self.alltoall_cover_s, sm_share=self.alltoall_sm_share)
 
 
 @dataclass(frozen=True, slots=True)

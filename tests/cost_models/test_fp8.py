@@ -1,21 +1,25 @@
 """Transformer Engine FP8 linear layers (cost_models.fp8, docs/cost-model.md "FP8"): opt-in, hand-checked
 traffic, and the published FP8 rows (bench/fidelity_fp8.py) at the accuracy reached: the H100 FP8 GEMM
-fraction was fitted on the Megatron-Bridge rows; the llm-foundry rows are held out and disagree (+25 to
-+34 %), pinned with their sign so a change that moves them is seen."""
+fraction was fitted on the Megatron-Bridge rows; the llm-foundry rows are held out and disagree (+1 to
++16 %), pinned with their sign so a change that moves them is seen."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from cost_models import fp8, layer_ops
-from cost_models.compute import compute_constants, gemm_compute_s, with_linear_precision
+from cost_models.compute import (compute_constants, gemm_compute_s, memory_op_s, profile_optimizer_step_s,
+                                 with_linear_precision)
 from cost_models.hardware import device_preset
+from cost_models.simulate import simulate
 from cost_models.transformer import transformer_profile
 from planner import api
 from planner.errors import InvalidProblemError
 from planner.schema import TransformerConfig
+from solvers import ptdp
 from tests.bench_loader import load_bench
 
 TOY = TransformerConfig(name="toy", hidden_size=256, num_layers=2, num_heads=4, seq_length=128, vocab_size=1024,
@@ -32,20 +36,68 @@ def test_bf16_is_the_default_and_changes_nothing() -> None:
 
 
 def test_cast_transpose_bytes_by_hand() -> None:
-    """One GEMM (M, N, K) = (8, 4, 2): forward casts X (16 elements) and W (8) at 4 B, backward dY (32)
-    at 4 B; current scaling adds a 2-byte amax read of each and one launch per pass."""
+    """One GEMM (M, N, K) = (8, 4, 2): per microbatch the forward casts X (16 elements) and the backward
+    dY (32) at 4 B, with one launch per cast and one for the scale bookkeeping; current scaling adds a
+    2-byte amax read and a launch each. The weight W is not cast per microbatch (once per step)."""
     h100 = device_preset("h100")
     assert fp8.quantize_bytes([(8, 4, 2, 1)], h100) == (0.0, 0.0, 0, 0)
-    assert fp8.quantize_bytes([(8, 4, 2, 1)], with_linear_precision(h100, "fp8")) == (96.0, 128.0, 3, 2)
-    assert fp8.quantize_bytes([(8, 4, 2, 1)], with_linear_precision(h100, "fp8-cs")) == (144.0, 192.0, 5, 3)
+    assert fp8.quantize_bytes([(8, 4, 2, 1)], with_linear_precision(h100, "fp8")) == (64.0, 128.0, 2, 2)
+    assert fp8.quantize_bytes([(8, 4, 2, 1)], with_linear_precision(h100, "fp8-cs")) == (96.0, 192.0, 3, 3)
+
+
+def test_weights_cast_once_per_step_by_hand() -> None:
+    """The per-step weight pass: 4 B per parameter (6 with current scaling's amax read), four linear
+    modules per layer for the launches; the cached copies hold 2 B per parameter (FP8 weight and its
+    transpose). Nothing in BF16, nothing for measured or flat-efficiency profiles (their times hold
+    whatever casts they ran), nothing under ZeRO-3 (cast per microbatch there, nothing cached)."""
+    h100 = device_preset("h100")
+    f8, cs = with_linear_precision(h100, "fp8"), with_linear_precision(h100, "fp8-cs")
+    params = 1e9
+    assert fp8.weight_cast_s(params, f8, num_layers=3) == pytest.approx(memory_op_s(4 * params, f8, num_kernels=12))
+    assert fp8.weight_cast_s(params, cs, num_layers=3) == pytest.approx(memory_op_s(6 * params, cs, num_kernels=24))
+    assert fp8.weight_cast_s(params, h100) == 0.0
+    assert fp8.step_weight_terms("analytic", 2 * params, 2, cs, num_layers=3) == (
+        pytest.approx(fp8.weight_cast_s(params, cs, num_layers=3)), pytest.approx(2 * params))
+    assert fp8.step_weight_terms("analytic", 2 * params, 2, h100) == (0.0, 0.0)
+    assert fp8.step_weight_terms("analytic", 2 * params, 2, cs, zero_stage=3) == (0.0, 0.0)
+    assert fp8.step_weight_terms("measured", 2 * params, 2, cs) == (0.0, 0.0)
+    assert fp8.step_weight_terms("analytic:efficiency=0.5", 2 * params, 2, cs) == (0.0, 0.0)
+
+
+def test_step_cast_and_weight_copies_in_plan_and_simulator() -> None:
+    """A one-GPU FP8 plan (Llama-like toy, 8 microbatches): the simulated step is the microbatches'
+    forward and backward, the Adam step and the weight cast once (not once per microbatch); the
+    closed form agrees, and the rank's model states hold 2 B per decoder parameter more than in BF16."""
+    cfg = TOY.model_copy(update={"num_layers": 4, "hidden_size": 1024, "ffn_hidden_size": 4096, "num_heads": 8})
+    options = {"tensor_parallel": 1, "pipeline_parallel": 1, "microbatch_size": 1, "recompute": "none",
+               "zero_stage": 0, "num_simulated": 1}
+    plans = {}
+    for precision in ("bf16", "fp8-cs"):
+        problem = api.make_problem(cfg, "h100:1", global_batch_size=8, precision=precision)
+        plans[precision] = ptdp.solve(problem, options=options)
+    plan = plans["fp8-cs"]
+    layers, device = plan.model.layers, plan.cluster.device
+    decoder = [layer for layer in layers if layer.kind == "decoder"]
+    cast = fp8.weight_cast_s(math.fsum(layer.param_bytes for layer in decoder) / 2, device, num_layers=len(decoder))
+    adam = profile_optimizer_step_s(plan.model.source, math.fsum(layer.static_bytes for layer in layers), device)
+    expected = 8 * math.fsum(layer.forward_s + layer.backward_s for layer in layers) + adam + cast
+    assert cast > 0
+    assert simulate(plan).iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert float(plan.candidates[0]["closed_form_s"]) == pytest.approx(expected, rel=1e-9)
+    copies = 2 * math.fsum(layer.param_bytes for layer in decoder) / 2
+    states = [math.fsum(layer.static_bytes for layer in p.model.layers) for p in plans.values()]
+    assert states[0] == pytest.approx(states[1])  # the profiles' model states agree; the copies are the rank's
+    peak = {k: simulate(p).stages[0].peak_memory_bytes for k, p in plans.items()}
+    saving = math.fsum(fp8.activation_saving_bytes(cfg, cfg.seq_length, 1, False) for _ in decoder)
+    assert peak["fp8-cs"] - peak["bf16"] == pytest.approx(copies - saving, rel=1e-6)  # one microbatch in flight
 
 
 def test_fp8_gemm_runs_at_the_fitted_fraction_of_the_fp8_peak() -> None:
-    """A full-wave GEMM's compute time scales by (989.4 TF/s x 0.58) / (1,978.9 TF/s x 0.664)."""
+    """A full-wave GEMM's compute time scales by (989.4 TF/s x 0.58) / (1,978.9 TF/s x 0.62)."""
     h100 = device_preset("h100")
     m, n, k = 132 * 256, 128, 8192
     ratio = gemm_compute_s(m, n, k, h100, dtype="fp8") / gemm_compute_s(m, n, k, h100)
-    assert ratio == pytest.approx(989.4e12 * 0.58 / (1978.9e12 * 0.664), rel=1e-9)
+    assert ratio == pytest.approx(989.4e12 * 0.58 / (1978.9e12 * 0.62), rel=1e-9)
 
 
 def test_activation_saving_by_hand() -> None:
@@ -100,10 +152,10 @@ def test_bad_precisions_are_refused() -> None:
 
 
 PUBLISHED_ERRORS = [  # Megatron-Bridge (fit set), then llm-foundry, torchtitan H100 and H200 (held out)
-    0.026, -0.042, 0.008, -0.001, -0.032, 0.043, -0.031, 0.029,
-    0.025, 0.070, 0.160, 0.193, 0.015, 0.100, 0.162,
-    0.094, 0.109,
-    0.112, 0.128,
+    -0.008, -0.047, 0.036, -0.034, -0.037, 0.072, -0.037, 0.058,
+    0.019, 0.055, 0.132, 0.158, 0.011, 0.089, 0.131,
+    0.090, 0.105,
+    0.096, 0.112,
 ]
 
 
@@ -118,44 +170,44 @@ def test_published_fp8_rows(rows: list[dict[str, object]]) -> None:
 
 
 def test_fp8_summary(rows: list[dict[str, object]]) -> None:
-    """Fit set: mean |error| 2.6 %, max 4.3 %; held out (llm-foundry's 2023 stack with its Triton
-    FlashAttention): every row fast, +1.5 to +19.3 % (mean 10.4 %; +25 to +34 % while its attention
-    ran at FlashAttention-2's rate), and the predicted FP8/BF16 speedup +3 to +24 % above
-    llm-foundry's own (so not only the BF16 model's error)."""
+    """Fit set: mean |error| 4.1 %, max 7.2 % (2.6 and 4.3 % while the weights were cast per
+    microbatch: that term grew with t and flattered the t = 8 rows); held out (llm-foundry's 2023 stack
+    with its Triton FlashAttention): every row fast, +1.1 to +15.8 % (mean 8.5 %), and the predicted
+    FP8/BF16 speedup +3 to +20 % above llm-foundry's own (so not only the BF16 model's error)."""
     summary = load_bench("fidelity_fp8").summary(rows)
     mean, mean_abs, worst, n = summary["megatron-bridge"]
-    assert n == 8 and abs(mean) < 0.005 and mean_abs < 0.03 and worst < 0.045
+    assert n == 8 and abs(mean) < 0.005 and mean_abs < 0.045 and worst < 0.075
     mean, mean_abs, worst, n = summary["llm-foundry"]
-    assert n == 7 and 0.095 < mean < 0.11 and worst < 0.2
+    assert n == 7 and 0.08 < mean < 0.09 and worst < 0.16
     speedups = [float(r["speedup_error"]) for r in rows if r["source"] == "llm-foundry" and "speedup_error" in r]
-    assert len(speedups) == 5 and all(0.02 < s < 0.25 for s in speedups)
+    assert len(speedups) == 5 and all(0.02 < s < 0.21 for s in speedups)
 
 
 def test_torchtitan_float8_rows(rows: list[dict[str, object]]) -> None:
     """torchtitan's Llama 3.1 8B with torch.compile + Float8 on 8 and 128 Grand Teton H100 (held out,
-    current scaling): +9.4 and +10.9 % at the NVL end of the peak range (where its BF16 compiled rows
-    are -0.9 and +1.1 %), +23 and +25 % at the SXM end; the Float8/BF16 speedup, where the peak
+    current scaling): +9.0 and +10.5 % at the NVL end of the peak range (where its BF16 compiled rows
+    are -0.9 and +1.1 %), +24 and +25 % at the SXM end; the Float8/BF16 speedup, where the peak
     cancels, 1.41 predicted against 1.28 and 1.29 published (+10 %): as on llm-foundry's rows, the FP8
     constant fitted on Megatron-Bridge's 2025 stack over-predicts another stack's FP8 gain."""
     tt = [r for r in rows if r["source"] == "torchtitan"]
-    assert [float(r["error"]) for r in tt] == pytest.approx([0.094, 0.109], abs=0.005)
-    assert [float(r["error_high"]) for r in tt] == pytest.approx([0.234, 0.251], abs=0.005)
-    assert [float(r["speedup_error"]) for r in tt] == pytest.approx([0.104, 0.097], abs=0.005)
+    assert [float(r["error"]) for r in tt] == pytest.approx([0.090, 0.105], abs=0.005)
+    assert [float(r["error_high"]) for r in tt] == pytest.approx([0.236, 0.253], abs=0.005)
+    assert [float(r["speedup_error"]) for r in tt] == pytest.approx([0.100, 0.093], abs=0.005)
 
 
 def test_torchtitan_float8_on_h200(rows: list[dict[str, object]]) -> None:
-    """torchtitan's June 2025 Llama 3.1 8B Float8 runs on 32 and 64 H200 at 700 W (held out): +11.2 and
-    +12.8 %, the same +10-13 % the Grand Teton H100 Float8 rows show at their NVL end: torchao's Float8
+    """torchtitan's June 2025 Llama 3.1 8B Float8 runs on 32 and 64 H200 at 700 W (held out): +9.6 and
+    +11.2 %, the same +9-11 % the Grand Teton H100 Float8 rows show at their NVL end: torchao's Float8
     gains less than the Transformer Engine stack the FP8 constant is fitted on, on both parts."""
     h200 = [float(r["error"]) for r in rows if r["source"] == "torchtitan-h200"]
-    assert h200 == pytest.approx([0.112, 0.128], abs=0.005)
+    assert h200 == pytest.approx([0.096, 0.112], abs=0.005)
 
 
 HELD_OUT_ERRORS = [  # Megatron-Bridge DGX-B200/GB200 FP8-CS (25.09, 25.11), then NeMo 24.07 H100, 25.02 B200, 25.04 GB200
-    0.007, -0.004, -0.014, 0.000, 0.049, 0.044,
-    0.041, 0.067, 0.131, 0.127, 0.124, 0.224, 0.105,
-    -0.073, 0.161, 0.100, 0.058, 0.078,
-    -0.057, -0.006, 0.127, 0.111,
+    -0.016, 0.018, -0.036, 0.022, 0.028, 0.023,
+    0.100, 0.074, 0.133, 0.130, 0.128, 0.227, 0.110,
+    -0.080, 0.135, 0.117, 0.081, 0.060,
+    -0.035, -0.026, 0.156, 0.111,
 ]
 
 
@@ -172,61 +224,64 @@ def test_held_out_blackwell_and_nemo_rows(held_out: list[dict[str, object]]) -> 
 
 
 def test_held_out_summary_by_system(held_out: list[dict[str, object]]) -> None:
-    """Megatron-Bridge's 2025 Blackwell rows: B200 within 1.4 % (mean |error| 0.6 %), GB200 +4.4 and
-    +4.9 %. NeMo's older containers run the same configurations slower than we predict: 24.07 on H100
-    +4 to +22 % (mean +11.7 %), 25.02 on B200 mean +6.5 %, 25.04 on GB200 +4.4 %; B200 Llama 3 8B at
+    """Megatron-Bridge's 2025 Blackwell rows: B200 within 3.6 % (mean |error| 2.3 %), GB200 +2.8 and
+    +2.3 %. NeMo's older containers run the same configurations slower than we predict: 24.07 on H100
+    +7 to +23 % (mean +12.9 %), 25.02 on B200 mean +6.3 %, 25.04 on GB200 +5.2 %; B200 Llama 3 8B at
     the same configuration went from 26,006 (25.02) to 30,624 tokens/s/GPU (25.11), +18 % by software
-    alone, and our one prediction (30,197) sits at the later figure."""
+    alone, and our one prediction (29,526) sits near the later figure."""
     summary = load_bench("fidelity_fp8").system_summary(held_out)
     mean, mean_abs, worst, n = summary[("megatron-bridge-blackwell", "b200")]
-    assert n == 4 and mean_abs < 0.01 and worst < 0.015
+    assert n == 4 and mean_abs < 0.025 and worst < 0.04
     mean, mean_abs, worst, n = summary[("megatron-bridge-blackwell", "gb200")]
-    assert n == 2 and 0.04 < mean < 0.05
+    assert n == 2 and 0.02 < mean < 0.03
     mean, mean_abs, worst, n = summary[("nemo", "h100")]
-    assert n == 7 and 0.11 < mean < 0.125 and worst < 0.23
+    assert n == 7 and 0.12 < mean < 0.135 and worst < 0.23
     mean, mean_abs, worst, n = summary[("nemo", "b200")]
-    assert n == 5 and 0.06 < mean < 0.07 and mean_abs < 0.1
+    assert n == 5 and 0.055 < mean < 0.07 and mean_abs < 0.1
     mean, mean_abs, worst, n = summary[("nemo", "gb200")]
-    assert n == 4 and 0.04 < mean < 0.05 and mean_abs < 0.08
+    assert n == 4 and 0.045 < mean < 0.06 and mean_abs < 0.085
     b200_8b = [r for r in held_out if r["system"] == "b200" and str(r["row"]).startswith("llama3-8b")]
     assert len({float(r["predicted"]) for r in b200_8b}) == 1
 
 
 def test_deepseek_v3_on_h100_with_the_flex_dispatcher() -> None:
-    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 v 4 e 64, held out): -3.0 % with
+    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 v 4 e 64, held out): +2.5 % with
     the node-deduplicated dispatch the recipe runs (HybridEP) and the near-even layout of its 61 layers,
-    -31.0 % with one InfiniBand copy per (token, expert); recompute moe_act + layernorm, the cheapest set
-    that fits now that the MoE layers' FP8 linear inputs are counted at 1 B (-4.6 % under layernorm +
-    mla_up_proj before; the recipe's mla_up_proj + mlp pinned: -4.6 %). At v = 2 (before the near-even
-    layout) it was -7.4 % under a heavier recompute set."""
+    -28.2 % with one InfiniBand copy per (token, expert); recompute mla_up_proj, the cheapest set that
+    fits. Until the experts' regrouped GEMMs were costed in FP8 and the weights cast once per step it
+    was -3.0 % (moe_act + layernorm), two errors offsetting."""
     bench = load_bench("fidelity_fp8")
     (row,) = bench.moe_rows()
-    assert float(row["error"]) == pytest.approx(-0.030, abs=0.005)
-    assert row["recompute"] == "moe_act+layernorm"
+    assert float(row["error"]) == pytest.approx(0.025, abs=0.005)
+    assert row["recompute"] == "mla_up_proj"
     plain = bench.bridge_row(dataclasses.replace(bench.MOE_ROWS[0], dispatcher="alltoall"))
-    assert float(plain["error"]) == pytest.approx(-0.310, abs=0.005)
+    assert float(plain["error"]) == pytest.approx(-0.282, abs=0.005)
 
 
 def test_gb200_fsdp_rows_with_activation_offload() -> None:
     """NeMo 25.07's DGX-GB200 Llama 3 70B and 3.1 405B rows (Megatron-FSDP, activations in Grace memory
     in their recipes), held out: the 70B fits without offloading or recompute in our memory model
-    (+6.4 %); the 405B at t = 2 takes offloading, whose copies NVLink-C2C hides (+16.7 %), where the
-    cheapest module set without it is -20.1 %."""
+    (+2.0 %); the 405B at t = 2 takes offloading, whose copies NVLink-C2C hides (+11.3 %), where the
+    cheapest module set without it is -22.7 %. (Megatron-FSDP gathers the weights per microbatch, so
+    their FP8 casts are per microbatch too.)"""
     rows = load_bench("fidelity_fp8").offload_rows()
-    assert [float(r["error"]) for r in rows] == pytest.approx([0.064, 0.167], abs=0.005)
+    assert [float(r["error"]) for r in rows] == pytest.approx([0.020, 0.113], abs=0.005)
     assert [r["recompute"] for r in rows] == ["none", "offload"]
-    assert float(rows[1]["no_offload_error"]) == pytest.approx(-0.201, abs=0.005)
+    assert float(rows[1]["no_offload_error"]) == pytest.approx(-0.227, abs=0.005)
 
 
 def test_deepseek_v3_pretraining_on_h800() -> None:
     """DeepSeek-V3's own pre-training (2,048 H800, p 16, e 64, FP8; 180K GPU hours per trillion tokens
     = 1,543 tokens/s/GPU), held out: the h800 preset (H100 constants, NVLink at 400 GB/s), node-
-    deduplicated expert dispatch overlapped with compute, DualPipeV on the 61 layers with the paper's
-    recompute set (RMSNorm and MLA up-projections), which fits (71.2 GiB) once the MoE layers' FP8
-    linear inputs are counted at 1 B: -1.6 % (1F1B in place of DualPipe, the cheapest set: -2.2 % before)."""
+    deduplicated expert dispatch overlapped with compute on the SMs DeepEP's 20 leave, DualPipeV on the
+    61 layers with the paper's recompute set (RMSNorm and MLA up-projections), which fits (74.2 GiB with
+    the cached FP8 weight copies): +41.3 %, our fastest miss among the FP8 rows (docs/cost-model.md,
+    section 2, "FP8", says what is not modelled). It was -1.6 % while the experts' regrouped GEMMs were
+    costed in BF16 and every expert's weights cast per microbatch; +59.5 % once consistent but without
+    the SM share of the hidden all-to-alls."""
     row = load_bench("fidelity_fp8").deepseek_h800_row()
     assert float(row["published"]) == pytest.approx(1543.2, abs=0.1)
-    assert float(row["error"]) == pytest.approx(-0.016, abs=0.005)
+    assert float(row["error"]) == pytest.approx(0.413, abs=0.005)
     assert row["recompute"] == "layernorm+mla_up_proj" and float(row["peak_memory_gib"]) < 75.0
 
 

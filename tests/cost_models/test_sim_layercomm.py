@@ -109,3 +109,17 @@ def test_an_activation_send_on_the_nic_delays_the_next_forwards_first_gather() -
     rank1_first = next(e for e in sim.events if e.rank == 1 and e.kind == "F")
     assert rank1_first.start_s == pytest.approx(2.8)
     assert sim.iteration_time_s > closed.iteration_time_s
+
+
+def test_hidden_alltoalls_slow_the_compute_under_them_by_their_sm_share() -> None:
+    """With overlap_moe_alltoall a layer's dispatch and combine (2 x 3 ms) run under 10 ms of the other
+    microbatch's compute; holding a quarter of the SMs they leave that compute at 3/4 of its speed for
+    their 6 ms: 1.5 ms more (max(6 - 10, 0.25 min(6, 10 / 0.75))). Longer than the compute (2 x 8 ms under
+    10 ms), what shows is the part beyond it, 6 ms, as without the share; without a cover, both in full."""
+    hidden = LayerComm(compute_s=0.01, alltoall_s=0.003, alltoall_cover_s=0.01, alltoall_sm_share=0.25)
+    assert hidden.alltoall_exposed_s() == pytest.approx(0.0015)
+    longer = dataclasses.replace(hidden, alltoall_s=0.008)
+    assert longer.alltoall_exposed_s() == pytest.approx(0.006)
+    assert dataclasses.replace(hidden, alltoall_sm_share=0.0).alltoall_exposed_s() == 0.0
+    assert dataclasses.replace(hidden, alltoall_cover_s=None).alltoall_exposed_s() == pytest.approx(0.006)
+    assert closed_form_extra([hidden, hidden], False) == pytest.approx(0.003)

@@ -189,23 +189,22 @@ def test_v_layouts_where_2p_does_not_divide_the_layers() -> None:
     assert totals(32, 3, V_EVEN_RANKS) == [10, 11, 11]
 
 
-def test_fp8_deepseek_search_skips_configurations_with_negative_times() -> None:
-    """DeepSeek-V3 on 2,048 H800 in FP8 with the all-to-all overlapped, every degree searched: at some
-    degrees (t = 8, e = 256; t = 4, e = 32) the expert GEMMs' change of shape, costed in BF16 against
-    FP8 layers, took more time out of a layer than it holds and the plan failed validation (exit 2 with
-    a page of profile errors). Those configurations are skipped (the search enumerates only physical
-    ones); the paper's own degrees are physical."""
-    from solvers._ptdp_enum import _physical
-
+def test_fp8_expert_regrouping_keeps_layer_times_physical() -> None:
+    """DeepSeek-V3 on 2,048 H800 in FP8 with the all-to-all overlapped: at t = 8, e = 256 and t = 4,
+    e = 32 the expert GEMMs' change of shape used to be costed in BF16 against FP8 layers that also
+    cast every expert's weights per microbatch, and took more time out of a layer than it held (the plan
+    failed validation, exit 2). Costed in the layers' FP8, with the weights cast once per step, every
+    decoder time is positive, the weight gradient within the backward and every recompute time >= 0."""
     problem = api.make_problem("deepseek-v3", "h800:2048", global_batch_size=15360, seq_length=4096,
                                precision="fp8-cs", schedule="dualpipe-v")
     opts = ptdp.parse_options(ptdp.Options, {"recompute": "layernorm+mla_up_proj", "moe_dispatcher": "deepep",
                                             "overlap_moe_alltoall": True}, solver="ptdp")
-    search = ptdp._prepare(problem, opts)
-    bad = model.Config(tensor=8, pipeline=1, data=256, virtual=2, microbatch_size=1, num_microbatches=60,
-                       recompute="layernorm+mla_up_proj", expert=256, zero_stage=1, v_schedule="dualpipe-v")
-    units = ptdp.unit_cache(search, opts)
-    assert not _physical(units(bad))
-    good = model.Config(tensor=1, pipeline=16, data=128, virtual=2, microbatch_size=1, num_microbatches=120,
-                        recompute="layernorm+mla_up_proj", expert=64, zero_stage=1, v_schedule="dualpipe-v")
-    assert _physical(units(good))  # the paper's degrees (the held-out row's plan is built from these)
+    units = ptdp.unit_cache(ptdp._prepare(problem, opts), opts)
+    for t, e, p, d in ((8, 256, 1, 256), (4, 32, 2, 256), (1, 64, 16, 128)):
+        c = model.Config(tensor=t, pipeline=p, data=d, virtual=2, microbatch_size=1, num_microbatches=15360 // d,
+                         recompute="layernorm+mla_up_proj", expert=e, zero_stage=1, v_schedule="dualpipe-v")
+        u = units(c)
+        for layer in (u.decoder, u.moe_decoder):
+            assert layer is not None and layer.forward_s > 0 and layer.backward_s > 0
+            assert 0 < (layer.backward_weight_s or 0.0) < layer.backward_s
+            assert all(o.extra_s >= 0 for o in (layer.recompute or {}).values())
