@@ -31,7 +31,7 @@ from __future__ import annotations
 from functools import lru_cache
 from itertools import combinations
 
-from cost_models import moe, moe_memory, moe_ops
+from cost_models import fp8, moe, moe_memory, moe_ops
 from cost_models.compute import gemm_fwd_bwd_s, memory_op_s
 from cost_models.layer_ops import OpTimes
 from planner.schema import (RECOMPUTE_MODULES, Device, RecomputeOption, TransformerConfig, module_strategy,
@@ -93,7 +93,13 @@ def module_bytes(cfg: TransformerConfig, module: str, *, microbatch_size: int, t
 
 
 def _gemms_forward_s(gemms: list[moe_ops.Gemm], device: Device) -> float:
-    return sum(count * gemm_fwd_bwd_s(m, n, k, device)[0] for m, n, k, count in gemms)  # type: ignore[arg-type]
+    """The GEMMs' forward as the layer runs it (``layer_ops.decoder_op_times``): in the linear layers'
+    dtype, FP8 with ``--precision fp8|fp8-cs`` (Transformer Engine re-runs its FP8 forward), each input
+    cast again (the weights' cached copies are reused: ``cost_models.fp8``)."""
+    dtype = fp8.gemm_dtype(device)
+    time = sum(count * gemm_fwd_bwd_s(m, n, k, device, dtype=dtype)[0] for m, n, k, count in gemms)  # type: ignore[arg-type]
+    cast_bytes, _, launches, _ = fp8.quantize_bytes(gemms, device)  # type: ignore[arg-type]
+    return time + memory_op_s(cast_bytes, device, num_kernels=launches)
 
 
 def module_forward_s(cfg: TransformerConfig, device: Device, module: str, dec: OpTimes, *, microbatch_size: int,

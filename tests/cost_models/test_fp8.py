@@ -11,7 +11,8 @@ import math
 import pytest
 
 from cost_models import fp8, layer_ops
-from cost_models.compute import (compute_constants, gemm_compute_s, memory_op_s, profile_optimizer_step_s,
+from cost_models.compute import (compute_constants, gemm_compute_s, gemm_fwd_bwd_s, memory_op_s,
+                                 profile_optimizer_step_s,
                                  with_linear_precision)
 from cost_models.hardware import device_preset
 from cost_models.simulate import simulate
@@ -245,14 +246,14 @@ def test_held_out_summary_by_system(held_out: list[dict[str, object]]) -> None:
 
 
 def test_deepseek_v3_on_h100_with_the_flex_dispatcher() -> None:
-    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 v 4 e 64, held out): +2.5 % with
+    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 v 4 e 64, held out): +3.3 % with
     the node-deduplicated dispatch the recipe runs (HybridEP) and the near-even layout of its 61 layers,
     -28.2 % with one InfiniBand copy per (token, expert); recompute mla_up_proj, the cheapest set that
     fits. Until the experts' regrouped GEMMs were costed in FP8 and the weights cast once per step it
     was -3.0 % (moe_act + layernorm), two errors offsetting."""
     bench = load_bench("fidelity_fp8")
     (row,) = bench.moe_rows()
-    assert float(row["error"]) == pytest.approx(0.025, abs=0.005)
+    assert float(row["error"]) == pytest.approx(0.033, abs=0.005)
     assert row["recompute"] == "mla_up_proj"
     plain = bench.bridge_row(dataclasses.replace(bench.MOE_ROWS[0], dispatcher="alltoall"))
     assert float(plain["error"]) == pytest.approx(-0.282, abs=0.005)
@@ -262,12 +263,13 @@ def test_gb200_fsdp_rows_with_activation_offload() -> None:
     """NeMo 25.07's DGX-GB200 Llama 3 70B and 3.1 405B rows (Megatron-FSDP, activations in Grace memory
     in their recipes), held out: the 70B fits without offloading or recompute in our memory model
     (+2.0 %); the 405B at t = 2 takes offloading, whose copies NVLink-C2C hides (+11.3 %), where the
-    cheapest module set without it is -22.7 %. (Megatron-FSDP gathers the weights per microbatch, so
+    cheapest module set without it, now that module recompute re-runs FP8 GEMMs, is -8.8 % (-22.7 % with
+    them costed in BF16). (Megatron-FSDP gathers the weights per microbatch, so
     their FP8 casts are per microbatch too.)"""
     rows = load_bench("fidelity_fp8").offload_rows()
     assert [float(r["error"]) for r in rows] == pytest.approx([0.020, 0.113], abs=0.005)
     assert [r["recompute"] for r in rows] == ["none", "offload"]
-    assert float(rows[1]["no_offload_error"]) == pytest.approx(-0.227, abs=0.005)
+    assert float(rows[1]["no_offload_error"]) == pytest.approx(-0.088, abs=0.005)
 
 
 def test_deepseek_v3_pretraining_on_h800() -> None:
@@ -275,13 +277,13 @@ def test_deepseek_v3_pretraining_on_h800() -> None:
     = 1,543 tokens/s/GPU), held out: the h800 preset (H100 constants, NVLink at 400 GB/s), node-
     deduplicated expert dispatch overlapped with compute on the SMs DeepEP's 20 leave, DualPipeV on the
     61 layers with the paper's recompute set (RMSNorm and MLA up-projections), which fits (74.2 GiB with
-    the cached FP8 weight copies): +41.3 %, our fastest miss among the FP8 rows (docs/cost-model.md,
+    the cached FP8 weight copies): +43.7 %, our fastest miss among the FP8 rows (docs/cost-model.md,
     section 2, "FP8", says what is not modelled). It was -1.6 % while the experts' regrouped GEMMs were
     costed in BF16 and every expert's weights cast per microbatch; +59.5 % once consistent but without
-    the SM share of the hidden all-to-alls."""
+    the SM share of the hidden all-to-alls, +41.3 % with it while module recompute re-ran BF16 GEMMs."""
     row = load_bench("fidelity_fp8").deepseek_h800_row()
     assert float(row["published"]) == pytest.approx(1543.2, abs=0.1)
-    assert float(row["error"]) == pytest.approx(0.413, abs=0.005)
+    assert float(row["error"]) == pytest.approx(0.437, abs=0.005)
     assert row["recompute"] == "layernorm+mla_up_proj" and float(row["peak_memory_gib"]) < 75.0
 
 
@@ -302,3 +304,20 @@ def test_moe_layer_fp8_saving_by_hand() -> None:
     mla = api.load_model("deepseek-v3")
     assert "qkv_input" not in fp8.saving_parts(mla, tokens, t, True, layer_index=5)
     assert set(fp8.saving_parts(mla, tokens, t, True, layer_index=0)) == {"mlp_input", "fc2_input"}  # dense prefix
+
+
+def test_module_recompute_reruns_the_fp8_forward() -> None:
+    """Recomputing ``mlp`` under FP8 re-runs the two MLP GEMMs at the FP8 rate and casts their inputs
+    again (the weights' cached copies serve), plus the activation's traffic: not the BF16 GEMMs (until
+    29 Nov 2026 the recompute was costed in BF16 under FP8, making module sets look dearer than they are)."""
+    from cost_models import moe_ops, recompute
+
+    cs = with_linear_precision(device_preset("h100"), "fp8-cs")
+    tokens = TOY.seq_length
+    dec = layer_ops.decoder_op_times(TOY, cs, microbatch_size=1)
+    gemms = moe_ops.mlp_gemms(TOY, tokens, 1, 0)
+    gemm_s = sum(count * gemm_fwd_bwd_s(m, n, k, cs, dtype="fp8")[0] for m, n, k, count in gemms)
+    casts = memory_op_s(6 * sum(count * m * k for m, n, k, count in gemms), cs, num_kernels=3 * len(gemms))
+    acts = memory_op_s(2 * 2 * tokens * TOY.ffn_size, cs)  # GeLU: read and write T f
+    assert recompute.module_forward_s(TOY, cs, "mlp", dec, microbatch_size=1, tensor_parallel=1) == pytest.approx(
+        gemm_s + casts + acts)
