@@ -5,7 +5,7 @@ Submodules: ``hardware`` (devices and clusters), ``compute`` (per-operation GEMM
 kernel times), ``layer_ops`` (a transformer layer's operations), ``collectives`` (ring/tree/
 hierarchical collectives, p2p, overlap), ``memory`` (usable memory, headroom, ZeRO states),
 ``calibration`` (fitting the compute constants), ``transformer`` (PTD-P Eq. 4.2/4.3 and the layer
-profile), ``models`` (model presets), ``profiles`` (profile JSON and PipeDream ``graph.txt``),
+profile), ``mtp`` (multi-token-prediction modules folded into the head), ``models`` (model presets), ``profiles`` (profile JSON and PipeDream ``graph.txt``),
 ``schedules`` and ``simulate``. The public functions below are re-exported on first use, so
 ``import cost_models`` stays cheap (and never loads torch).
 """

@@ -221,20 +221,41 @@ def _embedding_and_head_params(cfg: TransformerConfig) -> int:
 
 
 def num_parameters(cfg: TransformerConfig) -> int:
-    """Every parameter: embeddings, all decoder layers with every expert, final norm, output head."""
-    return _embedding_and_head_params(cfg) + sum(decoder_layer_params(cfg, i) for i in range(cfg.num_layers))
+    """Every parameter: embeddings, all decoder layers with every expert, final norm, output head and
+    the multi-token-prediction modules (``mtp_module_params``; they share the embedding and head)."""
+    return (_embedding_and_head_params(cfg) + sum(decoder_layer_params(cfg, i) for i in range(cfg.num_layers))
+            + cfg.mtp_layers * mtp_module_params(cfg))
 
 
 def num_active_parameters(cfg: TransformerConfig) -> int:
     """Parameters one token uses: as ``num_parameters`` with k routed (plus shared) experts per MoE layer.
-    Embeddings count, as in the published figures (Mixtral 12.9B, DeepSeek-V3 37B)."""
+    Embeddings count, as in the published figures (Mixtral 12.9B, DeepSeek-V3 37B); the
+    multi-token-prediction modules do not (the published figures leave them out)."""
     blocks = sum(decoder_layer_params(cfg, i, active=True) for i in range(cfg.num_layers))
     return _embedding_and_head_params(cfg) + blocks
 
 
+def mtp_module_params(cfg: TransformerConfig) -> int:
+    """One multi-token-prediction module ([deepseek-v3] Sec. 2.2, Megatron-Core's
+    ``MultiTokenPredictionLayer``): the norms of the previous depth's hidden state and of the next
+    token's embedding, the 2h -> h projection, a decoder block like the model's last layer and its
+    final norm; the embedding and the output head are the main model's."""
+    h = cfg.hidden_size
+    return 3 * _norm_params(cfg, h) + 2 * h * h + decoder_layer_params(cfg, cfg.num_layers - 1)
+
+
+def mtp_forward_flops_per_token(cfg: TransformerConfig) -> float:
+    """Forward FLOPs of one token through one multi-token-prediction module: the projection (2 x 2h x h),
+    the block (as the last layer's) and the shared head's logits 2hV."""
+    h, last = cfg.hidden_size, cfg.num_layers - 1
+    core = attention_core_forward_flops(cfg, microbatch_size=1) / cfg.seq_length
+    return 2 * 2 * h * h + 2 * decoder_matmul_params(cfg, last) + core + 2 * h * cfg.vocab_size
+
+
 def forward_flops_per_token(cfg: TransformerConfig) -> float:
     """Forward FLOPs of one token over the whole model: 2 x active matmul weights per layer, the
-    attention core at the config's sequence length, and the logits 2hV (training: x3 for F+B+W)."""
+    attention core at the config's sequence length, the logits 2hV and any multi-token-prediction
+    modules (training: x3 for F+B+W)."""
     matmul = 2 * sum(decoder_matmul_params(cfg, i) for i in range(cfg.num_layers))
     core = cfg.num_layers * attention_core_forward_flops(cfg, microbatch_size=1) / cfg.seq_length
-    return matmul + core + 2 * cfg.hidden_size * cfg.vocab_size
+    return matmul + core + 2 * cfg.hidden_size * cfg.vocab_size + cfg.mtp_layers * mtp_forward_flops_per_token(cfg)

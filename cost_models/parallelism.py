@@ -159,10 +159,12 @@ def model_state_bytes_per_rank(
 
 
 def _expert_params_total(cfg: TransformerConfig) -> int:
-    """Routed-expert weights of the whole model (router and shared experts count as dense)."""
+    """Routed-expert weights of the whole model, multi-token-prediction blocks included (router and
+    shared experts count as dense)."""
     if not cfg.is_moe:
         return 0
     num_moe_layers = sum(1 for i in range(cfg.num_layers) if moe.is_moe_layer(cfg, i))
+    num_moe_layers += cfg.mtp_layers if moe.is_moe_layer(cfg, cfg.num_layers - 1) else 0
     return num_moe_layers * int(cfg.num_experts or 0) * moe.expert_params(cfg)
 
 

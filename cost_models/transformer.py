@@ -108,7 +108,8 @@ def num_parameters(cfg: TransformerConfig) -> int:
     which Eq. 4.3 omits. MoE/MLA configs: ``cost_models.moe.num_parameters`` (every expert)."""
     if moe.uses_extended_counts(cfg):
         return moe.num_parameters(cfg)
-    return cfg.num_layers * decoder_layer_params(cfg) + embedding_params(cfg) + head_params(cfg)
+    return (cfg.num_layers * decoder_layer_params(cfg) + embedding_params(cfg) + head_params(cfg)
+            + cfg.mtp_layers * moe.mtp_module_params(cfg))
 
 
 # ------------------------------------------------------------------------------------------
@@ -158,13 +159,15 @@ def ptdp_flops_per_iteration(batch: int, seq: int, num_layers: int, hidden: int,
 
 def flops_per_iteration(cfg: TransformerConfig, *, global_batch_size: int, recompute: bool = True) -> float:
     """FLOPs of one iteration: each layer F + B + W (= 3F) plus one more F with full recompute,
-    plus the logits' 6BshV (not recomputed). Equals Eq. 4.2 for GPT-style configs; other configs
+    plus the logits' 6BshV (not recomputed) and 3F of each multi-token-prediction module (its
+    activations are kept: ``mtp.fold_mtp``). Equals Eq. 4.2 for GPT-style configs; other configs
     use their own matmul sizes (swiglu's 3 matrices, GQA's smaller K and V)."""
     b = global_batch_size
     layer = 3 * decoder_forward_flops(cfg, microbatch_size=b)
     if recompute:
         layer += decoder_forward_flops(cfg, microbatch_size=b)
-    return cfg.num_layers * layer + 3 * logits_forward_flops(cfg, microbatch_size=b)
+    mtp = 3 * cfg.mtp_layers * moe.mtp_forward_flops_per_token(cfg) * b * cfg.seq_length  # kept, not recomputed
+    return cfg.num_layers * layer + 3 * logits_forward_flops(cfg, microbatch_size=b) + mtp
 
 
 def model_flops_per_sample(cfg: TransformerConfig) -> float:
@@ -347,7 +350,8 @@ def transformer_profile(
     grad_accum_bytes_per_param: float = 0.0,
     activation_offload: bool = False,
 ) -> ModelProfile:
-    """The layer profile of a transformer on one device: embedding, one layer per decoder block, head.
+    """The layer profile of a transformer on one device: embedding, one layer per decoder block, head
+    (with any multi-token-prediction modules folded in: ``mtp.fold_mtp``).
 
     By default every operation is costed by the per-operation model (``cost_models.layer_ops``:
     shape-dependent GEMM efficiency, attention core, memory-bound kernels by bytes over HBM
@@ -434,6 +438,11 @@ def transformer_profile(
                                           attention)
         decoders = decoders[:cfg.first_dense_layers] + [
             moe_block.model_copy(update={"name": f"decoder{i}"}) for i in range(cfg.first_dense_layers, cfg.num_layers)]
+    if cfg.mtp_layers:  # the multi-token-prediction modules ride with the head on the last stage
+        from cost_models import mtp  # it imports this module's formulas
+
+        head = mtp.fold_mtp(head, decoders[-1], embedding, mtp.mtp_extra_layer(cfg, device, b, t, sp, efficiency),
+                            cfg.mtp_layers)
     layers = lp.with_grad_accum_pass((embedding, *decoders, head), device, grad_accum_bytes_per_param,
                                      _element_bytes(cfg))
     if activation_offload:

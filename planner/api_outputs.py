@@ -133,7 +133,7 @@ def _architecture_info(cfg: TransformerConfig) -> dict[str, Any]:
     the shape (MoE, MLA, RoPE, norm epsilon, sliding windows)."""
     keys = ("num_kv_heads", "head_dim", "rope_theta", "norm_eps", "num_experts", "experts_per_token",
             "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "kv_lora_rank", "q_lora_rank",
-            "sliding_window", "global_attention_every")
+            "sliding_window", "global_attention_every", "mtp_layers")
     info: dict[str, Any] = {"mlp": cfg.mlp, "norm": cfg.norm, "position_embedding": cfg.position_embedding}
     info.update({key: getattr(cfg, key) for key in (*keys, "parallel_block") if getattr(cfg, key) not in (None, 0)})
     if cfg.windowed_layers:

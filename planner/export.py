@@ -305,15 +305,19 @@ def _split_flags(plan: Plan, export: _MegatronExport) -> None:
         if counts[-1] != middle[0]:
             export.add("--decoder-last-pipeline-num-layers", counts[-1])
         return
-    export.add("--pipeline-model-parallel-layout", _layout_string(chunks))
+    mtp = plan.transformer.mtp_layers if plan.transformer is not None else 0
+    export.add("--pipeline-model-parallel-layout", _layout_string(chunks, mtp))
 
 
-def _layout_string(chunks: list[tuple[bool, int, bool]]) -> str:
-    """Megatron's layout: virtual stages in order joined by ``|``; ``t*n`` for n > 1 decoders."""
+def _layout_string(chunks: list[tuple[bool, int, bool]], mtp_layers: int = 0) -> str:
+    """Megatron's layout: virtual stages in order joined by ``|``; ``t*n`` for n > 1 decoders; the
+    multi-token-prediction modules (``m``) before the loss, in the head's virtual stage, where the plan
+    costs them (Megatron-Core requires them in a rank's last virtual stage)."""
     stages = []
     for has_embedding, decoders, has_head in chunks:
         body = "t" if decoders == 1 else (f"t*{decoders}" if decoders else "")
-        stages.append(("E" if has_embedding else "") + body + ("L" if has_head else ""))
+        tail = "m" * mtp_layers + "L" if has_head else ""
+        stages.append(("E" if has_embedding else "") + body + tail)
     return "|".join(stages)
 
 

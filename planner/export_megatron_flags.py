@@ -93,6 +93,8 @@ def model_flags(cfg: TransformerConfig, export: _Export, dispatcher: str = "allt
             export.add("--window-attn-skip-freq", cfg.global_attention_every)
     _moe_flags(cfg, export, dispatcher)
     _mla_flags(cfg, export)
+    if cfg.mtp_layers:  # Megatron-Core places the modules on the last pipeline stage, as the plan costs them
+        export.add("--mtp-num-layers", cfg.mtp_layers)
     if cfg.dtype in ("bf16", "fp16"):
         export.add(f"--{cfg.dtype}")
 

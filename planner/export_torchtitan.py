@@ -132,6 +132,10 @@ def _export(plan: Plan, schedule_csv_path: str) -> _Export:
             "accumulates gradients over the difference"
         )
     _activation_checkpoint(plan, export)
+    if cfg.mtp_layers:
+        export.warnings.append(
+            f"mtp_layers={cfg.mtp_layers}: torchtitan's models have no multi-token-prediction module; the run "
+            "trains without it, faster than the plan (which costs it on the last stage) predicts")
     return export
 
 

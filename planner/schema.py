@@ -369,6 +369,11 @@ class TransformerConfig(_Frozen):
     """Per-head query/key width carrying RoPE, shared by all heads for K (DeepSeek-V3: 64)."""
     v_head_dim: PositiveInt | None = None
     """Per-head value width (DeepSeek-V3: 128)."""
+    mtp_layers: NonNegativeInt = 0
+    """Multi-token-prediction modules after the last layer (DeepSeek-V3: 1; Megatron ``--mtp-num-layers``,
+    Hugging Face ``num_nextn_predict_layers``): each adds two norms, a 2h -> h projection, one decoder
+    block like the last layer and its final norm, and runs the output head again; it shares the
+    embedding and the output head and sits on the last pipeline stage ([deepseek-v3] Sec. 2.2)."""
 
     @model_validator(mode="after")
     def _check(self) -> TransformerConfig:
@@ -393,6 +398,9 @@ class TransformerConfig(_Frozen):
             raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
         if self.first_dense_layers > self.num_layers:
             raise ValueError(f"first_dense_layers={self.first_dense_layers} exceeds num_layers={self.num_layers}")
+        if self.mtp_layers > self.num_layers:
+            raise ValueError(f"mtp_layers={self.mtp_layers} exceeds num_layers={self.num_layers}: give the number of "
+                             "multi-token-prediction modules (DeepSeek-V3: 1), or 0 for none")
         if self.global_attention_every is not None and self.sliding_window is None:
             raise ValueError(f"global_attention_every={self.global_attention_every} applies to sliding-window "
                              "attention only; give sliding_window (the window in tokens) too, or drop it")

@@ -167,6 +167,12 @@ def check_buildable(cfg: TransformerConfig) -> None:
             f"model {cfg.name!r} uses multi-latent attention (kv_lora_rank={getattr(cfg, 'kv_lora_rank', None)}); the runtime bridge "
             "builds multi-head and grouped-query attention only: plan and export it (Megatron, torchtitan) instead"
         )
+    if getattr(cfg, "mtp_layers", 0):
+        raise InvalidProblemError(
+            f"model {cfg.name!r} has mtp_layers={cfg.mtp_layers} multi-token-prediction module(s); the runtime bridge "
+            "builds the main model only: set mtp_layers to 0 in the config to run it without them (the plan then "
+            "costs them no longer), or export the plan to Megatron-LM, which trains them (--mtp-num-layers)"
+        )
     scaling = getattr(cfg, "rope_scaling", None)
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind not in ("default", "llama3"):

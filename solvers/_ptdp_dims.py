@@ -151,7 +151,7 @@ def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_lay
     ``--pipeline-model-parallel-layout`` when interleaved). Pinned ends (``fixed``) are stage counts
     (1F1B only). ``near_even``: also ``NEAR_EVEN`` where the layers do not split evenly (offered for a
     pinned interleaving depth only: the closed form ranks its unequal chunks optimistically, by up to
-    7 % against the simulator for Llama 3 405B at v = 5-7)."""
+    7 % against the simulator for Llama 3 405B at v = 5-7), and whenever no other uneven layout exists."""
     k = pipeline * virtual
     even = num_layers % k == 0
     if fixed is not None:
@@ -161,11 +161,15 @@ def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_lay
         split = _balanced(num_layers, k, round(embedding_layers, 2), round(head_layers, 2))
         if split is None and not even:  # an end left empty: one layer there (Megatron-Bridge's 405B layouts)
             split = _single_layer_ends(num_layers, k)
+        if split is None:  # an end left empty and no single-layer ends: the best split keeping a layer at each end
+            split = _nonempty_ends(num_layers, k, embedding_layers, head_layers)
         if split is not None and (not even or len(set(split)) > 1):
             out.append((split[0], split[-1]))
         if near_even and not even and k >= 3 and all(chunk_layer_counts(num_layers, pipeline, virtual, ends)
                                        != chunk_layer_counts(num_layers, pipeline, virtual, NEAR_EVEN) for ends in out):
             out.append(NEAR_EVEN)  # the end-plus-even-middle family cannot split l this evenly (l prime, ...)
+        if not out:  # no even split and no end-plus-even-middle one (e.g. a head made heavy by MTP modules
+            out.append(NEAR_EVEN)  # leaves its end empty): near-even, the ends the lighter
     return out
 
 
@@ -178,6 +182,28 @@ def _single_layer_ends(num_layers: int, k: int) -> tuple[int, ...] | None:
     if k <= 2 or middle % (k - 2) or middle // (k - 2) < 1:
         return None
     return (1, *[middle // (k - 2)] * (k - 2), 1)
+
+
+@lru_cache(maxsize=4096)
+def _nonempty_ends(num_layers: int, k: int, embedding_layers: float, head_layers: float) -> tuple[int, ...] | None:
+    """First, even middle, last over k stages with every stage holding a layer, minimising the busiest stage
+    (the embedding and the head in layer units on the ends; ties: the more even split): what
+    ``_balanced`` gives when a heavy head (the output layer with multi-token-prediction modules) would
+    empty its end. None when no such split exists or none is less busy than ``NEAR_EVEN``'s."""
+    if k < 3:
+        return None
+    near = chunk_layer_counts(num_layers, k, 1, NEAR_EVEN)
+    near_load = max(near[0] + embedding_layers, *near[1:-1], near[-1] + head_layers)
+    best: tuple[float, int, tuple[int, ...]] | None = None
+    for per in range(1, num_layers // (k - 2) + 1):
+        rest = num_layers - per * (k - 2)
+        for first in range(1, rest):
+            last = rest - first
+            load = max(first + embedding_layers, per, last + head_layers)
+            key = (load, max(first, per, last) - min(first, per, last))
+            if best is None or key < best[:2]:
+                best = (*key, (first, *[per] * (k - 2), last))
+    return best[2] if best is not None and best[0] < near_load - 1e-9 else None
 
 
 def _valid_ends(num_layers: int, pipeline: int, first: int, last: int) -> bool:

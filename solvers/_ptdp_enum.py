@@ -149,8 +149,11 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
             continue
         probe = _replace(base, microbatch_size=b, num_microbatches=m)
         u = units(probe)
+        pinned_ends = opts.first_stage_layers is not None or opts.last_stage_layers is not None
         for v, vs in chunk_counts(cfg.num_layers, base.pipeline, m, schedules, fixed_chunks(search, opts),
                                    uneven=opts.uneven_stages):
+            if vs and pinned_ends:
+                continue  # pinned 1F1B end stages: a V schedule would not keep them
             for ends in dims_mod.v_layouts(cfg.num_layers, base.pipeline) if vs else \
                     _layouts(search, opts, u, base.pipeline, v):
                 c = _replace(probe, virtual=v, ends=ends, v_schedule=vs)
@@ -280,6 +283,16 @@ def check_degree_options(opts: Options, search: Search) -> None:
         if value is not None and n % value:
             raise InvalidProblemError(
                 f"option {key}={value} does not divide the cluster's {n} devices; use one of {divisors(n)}")
+    pinned_ends = [k for k in ("first_stage_layers", "last_stage_layers") if getattr(opts, k) is not None]
+    v = opts.virtual_pipeline or search.problem.num_chunks
+    schedules = searched_schedules(search, opts) if pinned_ends else ()
+    if pinned_ends and (v > 1 or "1f1b" not in schedules):
+        raise InvalidProblemError(
+            f"option {pinned_ends[0]}={getattr(opts, pinned_ends[0])} pins the end stages of 1F1B (Megatron's "
+            f"--decoder-first/last-pipeline-num-layers, v = 1), but the search is pinned to "
+            f"{'virtual_pipeline=' + str(v) if v > 1 else 'schedules ' + ','.join(schedules)}: drop "
+            f"{' and '.join(pinned_ends)} (uneven_stages searches interleaved and V layouts itself), or pin "
+            "virtual_pipeline=1 and schedules=1f1b")
     c = opts.context_parallel
     if c is not None:
         check_context_split(cfg.seq_length, c)

@@ -33,6 +33,7 @@ from cost_models.collectives import deepspeed_bf16_sync_s, exposed_dp_allreduce_
 from cost_models.compute import profile_optimizer_step_s
 from cost_models.recompute import frontier
 from cost_models.memory import GRAD_BYTES_PER_PARAM, usable_memory_bytes
+from cost_models.mtp import fold_mtp, mtp_extra_layer
 from cost_models.transformer import ADAM_BYTES_PER_PARAM, transformer_profile
 from planner.schema import KNOWN_RECOMPUTE, Cluster, LayerProfile, RecomputeOption, TransformerConfig, recompute_modules_of
 from solvers import _ptdp_dims as dims_mod
@@ -68,6 +69,19 @@ class UnitCosts:
     """Resident gradient bytes per parameter (``ProfileSettings.grad_bytes_per_param``)."""
     weight_copy_ratio: float = 0.0
     """Resident FP8 weight-copy bytes per decoder parameter byte (``fp8.step_weight_terms``; 0 in BF16)."""
+    mtp_layers: int = 0
+    """Multi-token-prediction modules folded into ``head``; with p > 1 the last rank also keeps a copy of
+    the embedding for them, as Megatron-Core does (its gradient is reduced with the first rank's)."""
+
+    @property
+    def head_expert_static_bytes(self) -> float:
+        """Part of ``head.static_bytes`` in the MTP modules' routed experts (sharded like the layers' experts)."""
+        return self.mtp_layers * self.expert_static_bytes if self.moe_decoder is not None else 0.0
+
+    @property
+    def head_expert_param_bytes(self) -> float:
+        """Part of ``head.param_bytes`` in the MTP modules' routed experts (reduced over the expert-DP ranks)."""
+        return self.mtp_layers * self.expert_param_bytes if self.moe_decoder is not None else 0.0
 
     def counts(self, first: int, num: int) -> tuple[int, int]:
         """(dense, MoE) decoder layers among layers [first, first + num)."""
@@ -182,7 +196,7 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
     assert cluster.device is not None
     dims = dims or dims_mod.Dims(tensor=tensor)
     fd = cfg.first_dense_layers if cfg.is_moe else 0
-    short = dims_mod.profile_config(cfg, dims.context).model_copy(update={"num_layers": fd + 1})
+    short = dims_mod.profile_config(cfg, dims.context).model_copy(update={"num_layers": fd + 1, "mtp_layers": 0})
     profile = transformer_profile(
         short, device=cluster.device, microbatch_size=microbatch_size, tensor_parallel=tensor,
         intra_node_bytes_per_s=tp_link_bytes_per_s(cluster, tensor), **profile_kwargs(settings, tensor),
@@ -199,14 +213,21 @@ def unit_costs(cfg: TransformerConfig, cluster: Cluster, tensor: int, microbatch
                                                                      moe_layer=True, **kw)
         experts = dims_mod.expert_params_per_rank(cfg, dims)
     gather = layers[1].param_bytes
+    embedding = dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather)
+    head = dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather)
+    if cfg.mtp_layers:  # folded into the head at the last layer's degrees (``mtp.fold_mtp``)
+        sp = tensor > 1 if settings.sequence_parallel is None else settings.sequence_parallel
+        flat = None if profile.source == "analytic" else float(profile.source.split("=")[1])  # analytic:efficiency=x
+        extra = mtp_extra_layer(short, cluster.device, microbatch_size, tensor, sp, flat)
+        head = fold_mtp(head, moe_dec or dense, embedding, extra, cfg.mtp_layers)
     _, copy_ratio = fp8.step_weight_terms(profile.source, 1.0, dims_mod.element_bytes(cfg), cluster.device,
                                           zero_stage=dims.zero_stage)
-    units = UnitCosts(embedding=dims_mod.end_layer_at_degrees(layers[0], cluster, dims, gather),
-                      decoder=dense, head=dims_mod.end_layer_at_degrees(layers[-1], cluster, dims, gather),
+    units = UnitCosts(embedding=embedding, decoder=dense, head=head,
                       decoder_source=profile.source, moe_decoder=moe_dec, first_dense=fd,
                       expert_static_bytes=ADAM_BYTES_PER_PARAM * experts,
                       expert_param_bytes=dims_mod.element_bytes(cfg) * experts,
-                      grad_bytes=settings.grad_bytes_per_param, weight_copy_ratio=copy_ratio)
+                      grad_bytes=settings.grad_bytes_per_param, weight_copy_ratio=copy_ratio,
+                      mtp_layers=cfg.mtp_layers)
     return replace(units, module_sets=tuple(module_frontier(units, cfg))) if settings.recompute_modules else units
 
 
@@ -378,7 +399,8 @@ def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
     p = c.pipeline
     ranks = range(p) if c.ends != (0, 0) else sorted({0, p - 1})
     emb_static = dims_mod.sharded_static_bytes(u.embedding.static_bytes, 0.0, dims, u.grad_bytes)
-    head_static = dims_mod.sharded_static_bytes(u.head.static_bytes, 0.0, dims, u.grad_bytes)
+    head_expert = u.head_expert_static_bytes
+    head_static = dims_mod.sharded_static_bytes(u.head.static_bytes - head_expert, head_expert, dims, u.grad_bytes)
     buffer = _fsdp_buffer_bytes(u, dims)
     out = []
     statics = ranks_static_bytes(u, all_ranges, dims)
@@ -389,6 +411,8 @@ def rank_fixed_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config,
             total += emb_static + first * (u.embedding.activation_bytes or 0.0)
         if r == p - 1:
             total += head_static + (u.head.activation_bytes or 0.0)
+            if u.mtp_layers and p > 1:  # the MTP modules' embedding copy
+                total += emb_static
         out.append((r, total))
     return out
 
@@ -416,6 +440,7 @@ def _dp_sync_s(u: UnitCosts, cluster: Cluster, c: Config, ranges: list[tuple[int
     params = u.embedding.param_bytes + _ranges_sum(u, ranges, lambda lay: lay.param_bytes)
     if c.v_schedule:  # rank 0 also holds the head
         params += u.head.param_bytes
+        expert += u.head_expert_param_bytes
     total = 0.0
     for num_bytes, ranks, stride in ((params - expert, dims.dp_ranks, c.tensor),
                                      (expert, dims.expert_dp_ranks, c.expert * c.expert_tensor)):
@@ -441,7 +466,9 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     with its blocks' (rank 0: also the embedding's and head's) model states sharded as the ZeRO stage says."""
     dims, all_ranges = c.dims, c.rank_ranges(cfg.num_layers)
     p, m = c.pipeline, c.num_microbatches
-    ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes, 0.0, dims, u.grad_bytes)
+    head_expert = u.head_expert_static_bytes
+    ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes - head_expert, head_expert,
+                                         dims, u.grad_bytes)
     ends_act = (u.embedding.activation_bytes or 0.0, u.head.activation_bytes or 0.0)
     sizes, index = _chunk_sizes(u, c, all_ranges)
     static = ranks_static_bytes(u, all_ranges, dims)
@@ -568,7 +595,8 @@ def time_parts(u: UnitCosts, cfg: TransformerConfig, cluster: Cluster, c: Config
     expert_static = _moe_layers(u, rank0) * u.expert_static_bytes
     dense_static = _ranges_sum(u, rank0, lambda lay: lay.static_bytes) + u.embedding.static_bytes - expert_static
     if c.v_schedule or p == 1:  # rank 0 also holds the head
-        dense_static += u.head.static_bytes
+        dense_static += u.head.static_bytes - u.head_expert_static_bytes
+        expert_static += u.head_expert_static_bytes
     shard = c.zero_stage >= 1
     optimizer = profile_optimizer_step_s(u.decoder_source, dense_static, cluster.device,
                                          shard=c.dims.dp_ranks if shard else 1) + profile_optimizer_step_s(

@@ -285,7 +285,8 @@ def _per_rank(plan: Plan, share: Sequence[tuple[float, ...]]) -> tuple[list[floa
         zero = zero_static_scale(plan.zero_stage, d, grad_bytes=grad)  # ZeRO sharding over d
         decoder = [layer for layer in own if layer.kind == "decoder"]
         cast_s, copies = _fp8_weights(plan, math.fsum(layer.param_bytes for layer in decoder), len(decoder))
-        static.append(math.fsum(layer.static_bytes for layer in own) * zero + extra + copies)
+        static.append((math.fsum(layer.static_bytes for layer in own) + _mtp_embedding_copy(plan, own)) * zero
+                      + extra + copies)
         optimizer = _optimizer_s(plan, own, d) + cast_s
         reduce, nic = 0.0, None
         if d > 1 and params > 0:
@@ -319,7 +320,12 @@ def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[
                                 backward_s=math.fsum(backward_s[k] for k in mine))
         extra = math.fsum(plan.model.layers[i].param_bytes for i in indices) if plan.schedule == "2bw" else 0.0
         cast_s, copies = _fp8_weights(plan, terms.decoder_param_bytes, terms.decoder_layers)
-        static.append(terms.static_bytes + extra + copies)
+        mtp = _mtp_embedding_copy(plan, [plan.model.layers[i] for i in indices])
+        if mtp:
+            zero = zero_static_scale(plan.zero_stage, stage.replicas * plan.degrees.context,
+                                     grad_bytes=grad_bytes_per_param(plan.options.get("optimizer")))
+            mtp *= zero
+        static.append(terms.static_bytes + extra + copies + mtp)
         device = plan.cluster.device
         optimizer = cast_s + (0.0 if device is None else profile_optimizer_step_s(
             plan.model.source, terms.optimizer_static_bytes, device))
@@ -327,6 +333,17 @@ def _per_rank_dims(plan: Plan, forward_s: Sequence[float], backward_s: Sequence[
         syncs.append(RankSync(reduce_s=terms.reduce_s, optimizer_s=optimizer, gather_s=terms.gather_s,
                               stage_share=share[x], overlap=terms.overlap_reduce, nic=terms.nic))
     return static, sync, syncs
+
+
+def _mtp_embedding_copy(plan: Plan, own: Sequence[LayerProfile]) -> float:
+    """The embedding's model states again on the rank that holds the head but not the embedding, when
+    the model has multi-token-prediction modules (folded into the head): they look up the next tokens'
+    embeddings there, from a copy Megatron-Core keeps on the last stage."""
+    cfg = plan.transformer
+    kinds = {layer.kind for layer in own}
+    if cfg is None or not cfg.mtp_layers or "head" not in kinds or "embedding" in kinds:
+        return 0.0
+    return next((layer.static_bytes for layer in plan.model.layers if layer.kind == "embedding"), 0.0)
 
 
 def _fp8_weights(plan: Plan, decoder_param_bytes: float, num_layers: int) -> tuple[float, float]:

@@ -209,17 +209,26 @@ def expert_data_ranks(plan: Plan, stage_index: int) -> list[int]:
 
 def expert_fraction(plan: Plan, layer_index: int) -> float:
     """Share of profile layer ``layer_index``'s parameters that are routed experts (0 for dense
-    layers, the embedding and the head; the profile's layer i is decoder block i - 1), for a profile
+    layers, the embedding and the head without multi-token prediction; the profile's layer i is decoder
+    block i - 1; the head with MTP modules folded in holds their MoE blocks' experts), for a profile
     holding every expert split by t, or E / (e x expert TP) experts when it is per expert rank."""
     cfg = plan.transformer
     block = layer_index - 1
-    if cfg is None or not cfg.is_moe or not 0 <= block < cfg.num_layers or not moe.is_moe_layer(cfg, block):
+    if cfg is None or not cfg.is_moe:
         return 0.0
     experts = int(cfg.num_experts or 0) * moe.expert_params(cfg)
+    d = plan.degrees
+    per_rank = 1 / (d.expert * expert_tensor_parallel(plan)) if plan.model.degrees_included else 1 / d.tensor
+    if block == cfg.num_layers and cfg.mtp_layers and moe.is_moe_layer(cfg, cfg.num_layers - 1):
+        # the head with its multi-token-prediction modules folded in, each with an MoE block
+        layer = plan.model.layers[layer_index]
+        held = cfg.mtp_layers * experts * per_rank * element_bytes(plan)
+        return min(1.0, held / layer.param_bytes) if layer.param_bytes > 0 else 0.0
+    if not 0 <= block < cfg.num_layers or not moe.is_moe_layer(cfg, block):
+        return 0.0
     dense = moe.decoder_layer_params(cfg, block) - experts
     if plan.model.degrees_included:  # one rank's profile: E / (e etp) experts beside dense / t
-        d = plan.degrees
-        experts = experts / (d.expert * expert_tensor_parallel(plan)) * d.tensor
+        experts = experts * per_rank * d.tensor
     return experts / (experts + dense)
 
 
@@ -357,7 +366,8 @@ def expert_alltoall_s(plan: Plan, layer_index: int, group: Group) -> float:
         return 0.0
     split = d.context * (d.tensor if plan.sequence_parallel else 1)
     tokens = plan.microbatch_size * cfg.seq_length / split
-    return group.alltoall_s(tokens * int(cfg.experts_per_token or 1) * cfg.hidden_size * element_bytes(plan))
+    count = cfg.mtp_layers if plan.model.layers[layer_index].kind == "head" else 1  # MTP modules' MoE blocks
+    return count * group.alltoall_s(tokens * int(cfg.experts_per_token or 1) * cfg.hidden_size * element_bytes(plan))
 
 
 def _fsdp_weight_cast_s(plan: Plan, i: int) -> float:

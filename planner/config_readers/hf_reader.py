@@ -35,6 +35,8 @@ _UNGATED = ("starcoder2",)
 _LAYERNORM = ("cohere", "olmo", "phimoe", "stablelm", "starcoder2")
 _QK_NORM = ("dots1", "gemma3_text", "minimax_m2", "olmo2", "olmo3", "olmoe", "qwen3", "qwen3_moe")
 _MLA = ("deepseek_v2", "deepseek_v3")
+_MTP = ("deepseek_v3", "glm4_moe")
+"""Families whose configs state their multi-token-prediction modules (``num_nextn_predict_layers``)."""
 
 
 def read_hf_config(path: str | Path, *, seq_length: int | None = None, name: str | None = None) -> TransformerConfig:
@@ -191,6 +193,8 @@ def _fields(hf: Any, model_type: str) -> dict[str, Any]:
         for key in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             fields[key] = getattr(hf, key, None)
         fields["num_kv_heads"] = None
+    if model_type in _MTP:  # DeepSeek-V3's and GLM-4.5's multi-token-prediction modules
+        fields["mtp_layers"] = getattr(hf, "num_nextn_predict_layers", None) or 0
     return fields
 
 
@@ -298,9 +302,5 @@ def _warn_unmodelled(hf: Any, model_type: str) -> None:
     if model_type == "glm4":
         logger.warning("glm4: the post-attention and post-FFN norms (2 x hidden_size parameters per layer) are not "
                        "modelled")
-    if model_type in ("deepseek_v3", "glm4_moe") and getattr(hf, "num_nextn_predict_layers", 0):
-        logger.warning(
-            "%s: the %d multi-token-prediction module(s) are not modelled", model_type, hf.num_nextn_predict_layers
-        )
     if model_type == "llama" and getattr(hf, "attention_bias", False):
         logger.warning("Llama attention_bias=true: the Q/K/V biases are counted, the output-projection bias is not")

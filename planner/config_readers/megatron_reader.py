@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "--v-head-dim",
         "--moe-router-num-groups",
         "--moe-router-group-topk",
+        "--mtp-num-layers",
     ):
         p.add_argument(flag, type=int)
     for flag in (
@@ -144,6 +145,7 @@ def read_megatron_args(
         "rope_theta": args.rotary_base,
         "norm_eps": args.norm_epsilon,
         "rope_scaling": _rope_scaling(args),
+        "mtp_layers": args.mtp_num_layers or 0,
     }
     fields.update(_moe_fields(args))
     fields.update(_window_fields(args))

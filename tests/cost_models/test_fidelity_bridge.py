@@ -76,10 +76,10 @@ def test_moe_rows_on_gb200(rows: list[dict[str, object]]) -> None:
     Qwen3-235B-A22B): GPT-OSS +70.2 % (s = 8,192, b = 1) and +93.6 % (s = 4,096, b = 4, its all-to-all
     overlapped: the compute under it runs on the SMs NCCL leaves it; +98.1 % before that was costed;
     +44.7 and +80.6 % with full attention in the windowed layers);
-    DeepSeek-V3 +5.7 %, Qwen3-235B-A22B +6.7 % (+65.0, +109.4, +20.8, +20.4 % with Hopper's
-    efficiency constants)."""
+    DeepSeek-V3 +2.4 % (+5.7 % without its multi-token-prediction module, which the recipe trains),
+    Qwen3-235B-A22B +6.7 % (+65.0, +109.4, +20.8, +20.4 % with Hopper's efficiency constants)."""
     errors = [float(r["error"]) for r in rows if r["system"] == "DGX-GB200"]
-    assert errors == pytest.approx([0.702, 0.936, 0.057, 0.067], abs=0.005)
+    assert errors == pytest.approx([0.702, 0.936, 0.024, 0.067], abs=0.005)
 
 
 def test_model_flops_accounting_differs(rows: list[dict[str, object]]) -> None:
@@ -92,10 +92,10 @@ def test_model_flops_accounting_differs(rows: list[dict[str, object]]) -> None:
 
 
 def test_bridge_summary_by_system(rows: list[dict[str, object]]) -> None:
-    """Mean |error| in tokens/s/GPU: H100 22.8 % (max 37.0 %), B200 53.3 % (max 91.3 %), GB200 44.1 %
+    """Mean |error| in tokens/s/GPU: H100 22.8 % (max 37.0 %), B200 53.3 % (max 91.3 %), GB200 43.2 %
     (max 93.6 %); every row over-predicts."""
     summary = BRIDGE.system_summary(rows)
     assert summary["DGX-H100"] == pytest.approx((0.228, 0.370, 2), abs=0.003)
     assert summary["DGX-B200"] == pytest.approx((0.533, 0.913, 2), abs=0.003)
-    assert summary["DGX-GB200"] == pytest.approx((0.441, 0.936, 4), abs=0.003)
+    assert summary["DGX-GB200"] == pytest.approx((0.432, 0.936, 4), abs=0.003)
     assert all(float(r["error"]) > 0 for r in rows)

@@ -19,11 +19,14 @@ def test_gemm_flops_equal_moe_counts(name: str) -> None:
     for index in range(cfg.num_layers):
         gemms = layer_ops._linear_gemms(cfg, tokens, 1, index)
         assert moe_ops.gemm_forward_flops(gemms) == 2 * tokens * moe.decoder_matmul_params(cfg, index)
-    # one token through the whole model: matmuls + core + logits = moe.forward_flops_per_token
+    # one token through the whole model: matmuls + core + logits = moe.forward_flops_per_token, plus per
+    # multi-token-prediction module (DeepSeek-V3: 1) its 2h -> h projection, a last-layer block and the logits
     matmul = sum(moe_ops.gemm_forward_flops(layer_ops._linear_gemms(cfg, 1, 1, i)) for i in range(cfg.num_layers))
-    core = cfg.num_layers * moe.attention_core_forward_flops(cfg, microbatch_size=1) / cfg.seq_length
-    assert matmul + core + 2 * cfg.hidden_size * cfg.vocab_size == pytest.approx(moe.forward_flops_per_token(cfg),
-                                                                                 rel=1e-12)
+    core = moe.attention_core_forward_flops(cfg, microbatch_size=1) / cfg.seq_length
+    h, logits = cfg.hidden_size, 2 * cfg.hidden_size * cfg.vocab_size
+    last = moe_ops.gemm_forward_flops(layer_ops._linear_gemms(cfg, 1, 1, cfg.num_layers - 1))
+    mtp = cfg.mtp_layers * (2 * 2 * h * h + last + core + logits)
+    assert matmul + cfg.num_layers * core + logits + mtp == pytest.approx(moe.forward_flops_per_token(cfg), rel=1e-12)
 
 
 def test_mixtral_gemm_shapes_by_hand() -> None:

@@ -20,7 +20,7 @@ PUBLISHED = [
     ("qwen3-32b", 32.8e9, None, 0.002),
     ("qwen3-30b-a3b", 30.5e9, 3.3e9, 0.02),
     ("qwen3-235b-a22b", 235e9, 22e9, 0.01),
-    ("deepseek-v3", 671e9, 37e9, 0.02),
+    ("deepseek-v3", 682.6e9, 37e9, 0.02),  # 671B main model + its MTP module (test below)
     ("opt-175b", 175e9, None, 0.003),
     ("gpt-neox-20b", 20.55e9, None, 0.001),
     ("mpt-30b", 30e9, None, 0.002),
@@ -168,3 +168,18 @@ def test_iteration_flops_agree_with_per_token_flops(name: str) -> None:
     cfg = model_preset(name)
     per_sample = transformer.flops_per_iteration(cfg, global_batch_size=1, recompute=False)
     assert per_sample == pytest.approx(3 * cfg.seq_length * moe.forward_flops_per_token(cfg), rel=1e-12)
+
+
+def test_deepseek_v3_with_its_multi_token_prediction_module() -> None:
+    """DeepSeek-V3: 671B in the main model, 685B on Hugging Face with its MTP module ([deepseek-v3]
+    Sec. 2.2: 14B), whose checkpoint repeats the embedding and the head (2 V h) that paraplan, as
+    Megatron-Core does, shares: 671.0B + 11.6B + 2 x 0.93B = 684.5B. The module (norms, 2h -> h
+    projection, an MoE block like the last layer) adds no active parameters to the published 37B."""
+    cfg = model_preset("deepseek-v3")
+    assert cfg.mtp_layers == 1
+    main = cfg.model_copy(update={"mtp_layers": 0})
+    assert moe.num_parameters(main) == pytest.approx(671e9, rel=0.001)
+    h = cfg.hidden_size
+    assert moe.mtp_module_params(cfg) == 3 * h + 2 * h * h + moe.decoder_layer_params(cfg, cfg.num_layers - 1)
+    assert moe.num_parameters(cfg) + 2 * cfg.vocab_size * h == pytest.approx(685e9, rel=0.001)
+    assert moe.num_active_parameters(cfg) == moe.num_active_parameters(main)

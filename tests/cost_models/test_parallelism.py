@@ -150,14 +150,20 @@ def test_llama3_405b_uneven_ends() -> None:
 def test_deepseek_v3_states_on_its_published_layout() -> None:
     """DeepSeek-V3's PP16 x EP64 x ZeRO-1 on 2048 GPUs (V3 report Sec. 3.2): 58 MoE layers x 256 experts
     x 3 x 7168 x 2048 = 653.9B expert weights over p e = 1024 ranks, sharded over 2 expert-DP ranks;
-    17.1B dense weights over 16 stages, sharded over d = 128: 4.37 + 6.39 = 10.8 GB per GPU."""
-    cfg = model_preset("deepseek-v3")
+    17.1B dense weights over 16 stages, sharded over d = 128: 4.37 + 6.39 = 10.8 GB per GPU (the main
+    model; its multi-token-prediction module adds a 59th MoE block's experts, below)."""
+    with_mtp = model_preset("deepseek-v3")
+    cfg = with_mtp.model_copy(update={"mtp_layers": 0})
     experts = 58 * 256 * 3 * 7168 * 2048
     dense = moe.num_parameters(cfg) - experts
     got = par.model_state_bytes_per_rank(cfg, pipeline=16, data=128, expert=64, zero_stage=1)
     assert got["expert_bytes"] == pytest.approx((4 + 12 / 2) * experts / 1024)
     assert got["dense_bytes"] == pytest.approx((4 + 12 / 128) * dense / 16)
     assert got["total_bytes"] / GB == pytest.approx(10.76, abs=0.01)
+    mtp = par.model_state_bytes_per_rank(with_mtp, pipeline=16, data=128, expert=64, zero_stage=1)
+    assert mtp["expert_bytes"] == pytest.approx(got["expert_bytes"] * 59 / 58)
+    assert mtp["dense_bytes"] == pytest.approx(
+        (4 + 12 / 128) * (moe.num_parameters(with_mtp) - experts * 59 / 58) / 16)
     # without expert parallelism and ZeRO, a stage's states alone need 16 x 671B / 16 = 671 GB
     assert par.model_state_bytes_per_rank(cfg, pipeline=16, data=128)["total_bytes"] == pytest.approx(
         16 * moe.num_parameters(cfg) / 16

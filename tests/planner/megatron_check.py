@@ -48,6 +48,7 @@ _INT = {
     "--moe-router-num-groups",
     "--moe-router-group-topk",
     "--cpu-offloading-num-layers",
+    "--mtp-num-layers",
 }
 # Flags that are GPT-model or training arguments, not core-config fields: checked by type here.
 _OTHER_INT = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cost_models.models import model_preset
 from planner.config_readers.megatron_reader import read_megatron_args
 from planner.export import megatron_args_text, to_megatron_args
 from tests.planner.megatron_check import parse, validate
@@ -179,3 +180,37 @@ def test_activation_offload_reaches_megatron_core_or_is_refused() -> None:
     assert "offloads at most num_layers - 1" in megatron_args_text(plan)
     with pytest.raises(InvalidProblemError, match="degrees.pipeline=2 and Megatron-Core has no CPU offloading"):
         to_megatron_args(preset_plan("llama3-8b", p=2, data=4, recompute="offload"))
+
+
+def test_multi_token_prediction_reaches_megatron_core_and_reads_back(tmp_path) -> None:
+    """DeepSeek-V3 with its one multi-token-prediction module (the preset's): the export writes
+    --mtp-num-layers 1, megatron-core's TransformerConfig takes it, and the arguments read back to the
+    same model; without the module, no flag."""
+    cfg = model_preset("deepseek-v3")
+    plan = preset_plan(cfg, data=8, expert=8)
+    argv = to_megatron_args(plan)
+    assert argv[argv.index("--mtp-num-layers") + 1] == "1"
+    assert validate(argv, world_size=8)["transformer"].mtp_num_layers == 1
+    path = tmp_path / "args.sh"
+    path.write_text(megatron_args_text(plan))
+    back = read_megatron_args(path, name=cfg.name)
+    assert back.mtp_layers == 1 and back == cfg.model_copy(update={"rope_scaling": back.rope_scaling})
+    main = cfg.model_copy(update={"mtp_layers": 0})
+    assert "--mtp-num-layers" not in to_megatron_args(preset_plan(main, data=8, expert=8))
+
+
+def test_layout_string_places_the_mtp_module_before_the_loss() -> None:
+    """An uneven interleaved DeepSeek-V3 plan (61 layers as 15, 16, 15, 15 on p = 2, v = 2) exports a
+    layout whose last virtual stage ends in ``mL``: megatron-core checks that the layout holds as many
+    ``m`` as --mtp-num-layers, after every decoder layer, in a rank's last virtual stage."""
+    cfg = model_preset("deepseek-v3")
+    plan = preset_plan(cfg, [15, 16, 15, 15], p=2, v=2, data=4, expert=4)
+    argv = to_megatron_args(plan)
+    layout = argv[argv.index("--pipeline-model-parallel-layout") + 1]
+    assert layout == "Et*15|t*16|t*15|t*15mL"
+    assert validate(argv, world_size=8)["transformer"].mtp_num_layers == 1
+    plain = preset_plan(cfg.model_copy(update={"mtp_layers": 0}), [15, 16, 15, 15], p=2, v=2, data=4, expert=4)
+    bad = [a if a != layout else layout.replace("mL", "L") for a in argv]
+    with pytest.raises(AssertionError, match="mtp layers in layout must match"):
+        validate(bad, world_size=8)
+    assert "mL" not in to_megatron_args(plain)[to_megatron_args(plain).index("--pipeline-model-parallel-layout") + 1]

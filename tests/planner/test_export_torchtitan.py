@@ -152,7 +152,9 @@ def test_registry_table_matches_the_presets(preset: str) -> None:
     cfg = model_preset(preset)
     built = read_torchtitan_model(f"{module}:{flavor}", seq_length=cfg.seq_length)
     assert _shape(built) == _shape(cfg)
-    assert moe.num_parameters(built) == moe.num_parameters(cfg)  # biases and norms included
+    # biases and norms included; torchtitan's DeepSeek-V3 has no multi-token-prediction module
+    assert built.mtp_layers == 0
+    assert moe.num_parameters(built) == moe.num_parameters(cfg.model_copy(update={"mtp_layers": 0}))
     assert built.rope_theta == cfg.rope_theta
     router = (
         "router_score_function",
@@ -214,3 +216,15 @@ def test_v_schedules_export_by_name_with_v_stage_placement(schedule: str, name: 
             first, last = chunk.layers
             expected = {0: ["tok_embeddings"], plan.model.num_layers - 1: ["norm", "lm_head"]}
             assert parts[k] == [n for i in range(first, last) for n in expected.get(i, [f"layers.{i - 1}"])]
+
+
+def test_multi_token_prediction_is_a_warning_for_torchtitan() -> None:
+    """torchtitan's DeepSeek-V3 has no multi-token-prediction module: the export of a plan that costs one
+    says the run trains without it (and so runs faster than planned); the main model's plan says nothing."""
+    from cost_models.models import model_preset
+
+    cfg = model_preset("deepseek-v3")
+    text = torchtitan_args_text(preset_plan(cfg, data=8, expert=8))
+    assert "# WARNING: mtp_layers=1: torchtitan's models have no multi-token-prediction module" in text
+    plain = preset_plan(cfg.model_copy(update={"mtp_layers": 0}), data=8, expert=8)
+    assert "multi-token" not in torchtitan_args_text(plain)

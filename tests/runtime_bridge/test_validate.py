@@ -251,6 +251,8 @@ def test_attention_variants_are_built_or_refused() -> None:
     with pytest.raises(InvalidProblemError, match="multi-latent attention"):
         check_buildable(LLAMA_TINY.model_copy(update={
             "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}))
+    with pytest.raises(InvalidProblemError, match="mtp_layers=1 multi-token-prediction module.*set mtp_layers to 0"):
+        check_buildable(LLAMA_TINY.model_copy(update={"mtp_layers": 1}))
 
 
 def test_split_backward_runs_with_every_zero_stage() -> None:

@@ -458,6 +458,23 @@ def test_pinned_end_stage_layers_follow_megatrons_flags() -> None:
     first = ptdp.solve(problem, options={**MEGATRON, "pipeline_parallel": 4, "first_stage_layers": 2})
     assert _decoders_per_stage(first) == [2, 10, 10, 10]
     assert "--decoder-first-pipeline-num-layers" in to_megatron_args(first)
+    # with every schedule searched, a V schedule (which cannot keep the pinned ends) is never the answer
+    searched = ptdp.solve(problem, options={"pipeline_parallel": 4, "first_stage_layers": 5, "num_simulated": 1})
+    assert searched.schedule == "1f1b" and _decoders_per_stage(searched)[0] == 5
+
+
+@pytest.mark.parametrize("pin", [{"virtual_pipeline": 2}, {"schedules": "zb-v"}, {"schedules": "interleaved-1f1b"}])
+def test_pinned_end_stages_with_another_schedule_say_which_option_to_drop(pin: dict[str, object], capsys) -> None:
+    """first/last_stage_layers are 1F1B's end stages: with interleaving or a V schedule pinned the search had
+    no layout and answered with a global-batch message that listed the batch given as one that works."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "h100:8", "--global-batch", "64", "--solver", "ptdp",
+            "--option", "pipeline_parallel=4", "--option", "first_stage_layers=5"]
+    for key, value in pin.items():
+        args += ["--option", f"{key}={value}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "option first_stage_layers=5 pins the end stages of 1F1B" in err and "drop first_stage_layers" in err
+    assert "global_batch_size" not in err
 
 
 def test_routing_imbalance_slows_only_expert_parallel_layers() -> None:

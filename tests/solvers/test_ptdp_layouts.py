@@ -114,7 +114,8 @@ def test_an_unknown_dispatcher_is_refused() -> None:
 
 def test_the_near_even_layout_reaches_megatron_core() -> None:
     """DeepSeek-V3 at p 8 v 4 on 1,024 GPUs (near-even: 1, 2 x 29, 1, 1 decoder layers) exports a
-    layout string that megatron-core's config accepts for 8 stages of 4 chunks."""
+    layout string that megatron-core's config accepts for 8 stages of 4 chunks, its multi-token-prediction
+    module (``m``) in the last virtual stage with the loss, where the plan costs it."""
     pytest.importorskip("megatron.core")
     from planner.export import to_megatron_args
     from tests.planner.megatron_check import parse, validate
@@ -125,9 +126,10 @@ def test_the_near_even_layout_reaches_megatron_core() -> None:
                                         "schedules": "interleaved-1f1b"})
     argv = to_megatron_args(plan)
     layout = parse(argv)["--pipeline-model-parallel-layout"]
-    assert layout == "Et|" + "t*2|" * 29 + "t|" + "tL"
+    assert layout == "Et|" + "t*2|" * 29 + "t|" + "tmL"
     cfg = validate(argv, world_size=1024)["transformer"]
     assert cfg.pipeline_model_parallel_size == 8 and cfg.virtual_pipeline_model_parallel_size == 4
+    assert cfg.mtp_num_layers == 1
 
 
 def test_near_even_closed_form_against_the_simulator() -> None:
@@ -208,3 +210,24 @@ def test_fp8_expert_regrouping_keeps_layer_times_physical() -> None:
             assert layer is not None and layer.forward_s > 0 and layer.backward_s > 0
             assert 0 < (layer.backward_weight_s or 0.0) < layer.backward_s
             assert all(o.extra_s >= 0 for o in (layer.recompute or {}).values())
+
+
+def test_a_head_heavier_than_a_stage_keeps_one_layer_beside_it() -> None:
+    """DeepSeek-V3's head with its multi-token-prediction module (the logits twice and an MoE block: more
+    than four layers' time at t = 1) would empty the last of 16 stages in the balanced split, and 61 - 2
+    layers do not split evenly over the 14 middle stages, so 1F1B found no layout at all (exit 3 with a
+    batch-size message). The best split keeping a layer at each end is 4, 4 x 14, 1; where no such split
+    beats the near-even one (61 layers on 32 virtual stages), near-even is the fallback."""
+    from solvers._ptdp_dims import NEAR_EVEN, _nonempty_ends, stage_layouts
+
+    assert _nonempty_ends(61, 16, 0.02, 4.6) == (4, *[4] * 14, 1)
+    assert _nonempty_ends(61, 32, 0.02, 2.5) is None
+    assert stage_layouts(61, 32, 1, embedding_layers=0.02, head_layers=40.0, uneven=True) == [NEAR_EVEN]
+    problem = api.make_problem("deepseek-v3", "h800:2048", global_batch_size=15360, precision="fp8-cs")
+    plan = ptdp.solve(problem, options={"tensor_parallel": 1, "pipeline_parallel": 16, "expert_parallel": 64,
+                                        "microbatch_size": 1, "zero_stage": 1, "schedules": "1f1b",
+                                        "recompute": "layernorm+mla_up_proj", "moe_dispatcher": "deepep",
+                                        "num_simulated": 1})
+    kinds = [layer.kind for layer in plan.model.layers]
+    decoders = [sum(1 for c in s.chunks for i in range(*c.layers) if kinds[i] == "decoder") for s in plan.stages]
+    assert decoders == [4] * 15 + [1]
