@@ -158,7 +158,8 @@ def stage_layouts(num_layers: int, pipeline: int, virtual: int, *, embedding_lay
         return [fixed] if virtual == 1 and pipeline >= 2 and _valid_ends(num_layers, pipeline, *fixed) else []
     out = [(0, 0)] if even else []
     if uneven and k >= 2:
-        split = _balanced(num_layers, k, round(embedding_layers, 2), round(head_layers, 2))
+        # interleaved: the last virtual stage may hold the head alone (Megatron's layout 'mL', DeepSeek-V3)
+        split = _balanced(num_layers, k, round(embedding_layers, 2), round(head_layers, 2), virtual > 1)
         if split is None and not even:  # an end left empty: one layer there (Megatron-Bridge's 405B layouts)
             split = _single_layer_ends(num_layers, k)
         if split is None:  # an end left empty and no single-layer ends: the best split keeping a layer at each end
@@ -214,11 +215,15 @@ def _valid_ends(num_layers: int, pipeline: int, first: int, last: int) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def _balanced(num_layers: int, pipeline: int, embedding_layers: float, head_layers: float) -> tuple[int, ...] | None:
-    """``parallelism.balanced_end_stage_layers``, cached, or None when it leaves a stage empty."""
+def _balanced(num_layers: int, pipeline: int, embedding_layers: float, head_layers: float,
+              head_alone: bool = False) -> tuple[int, ...] | None:
+    """``parallelism.balanced_end_stage_layers``, cached, or None when it leaves a stage empty (``head_alone``:
+    but the last, which then holds the output head alone, as an interleaved layout string may say)."""
     split = tuple(parallelism.balanced_end_stage_layers(num_layers, pipeline, embedding_layers=embedding_layers,
                                                         head_layers=head_layers))
-    return split if min(split) >= 1 else None
+    if min(split[:-1]) >= 1 and split[-1] >= (0 if head_alone and pipeline >= 3 else 1):
+        return split
+    return None
 
 
 def stage_layer_counts(num_layers: int, pipeline: int, ends: tuple[int, int]) -> list[int]:

@@ -11,6 +11,7 @@ import pytest
 from cost_models import transformer as tr
 
 from cost_models import simulate as sim
+from cost_models.models import model_preset
 from cost_models.schedules import build_actions
 from cost_models.transformer import num_parameters
 from planner import api
@@ -471,9 +472,12 @@ def test_a_prime_layer_count_gets_the_near_even_layout() -> None:
     """DeepSeek-V3's 61 layers pinned to p = 8, v = 4 (32 virtual stages) on 1,024 GPUs, as
     Megatron-Bridge's H100 recipe runs them: no even split and no end-plus-even-middle split exists
     (61 is prime); with even splits only the message says so and names uneven_stages, with uneven
-    stages the near-even layout (1, 2 x 29, 1, 1 decoder layers) plans it, every rank within one layer
-    of the others."""
-    problem = api.make_problem("deepseek-v3", "h100:1024", global_batch_size=8192)
+    stages the near-even layout (1, 2 x 29, 1, 1 decoder layers) plans the main model, every rank within
+    one layer of the others. With its multi-token-prediction module (the preset's) the head outweighs a
+    virtual stage and takes the last one alone: 1, 2 x 30, 0, the recipe's 'Et|(tt|)*30mL'."""
+    with_mtp = api.make_problem("deepseek-v3", "h100:1024", global_batch_size=8192)
+    problem = api.make_problem(model_preset("deepseek-v3").model_copy(update={"mtp_layers": 0}), "h100:1024",
+                               global_batch_size=8192)
     opts = {"tensor_parallel": 2, "pipeline_parallel": 8, "virtual_pipeline": 4, "expert_parallel": 64,
             "microbatch_size": 1, "uneven_stages": False, "schedules": "interleaved-1f1b"}
     with pytest.raises(InfeasibleError, match=r"num_stages=8 x num_chunks=4 does not divide the 61 layers.*"
@@ -485,6 +489,9 @@ def test_a_prime_layer_count_gets_the_near_even_layout() -> None:
     assert decoders == [1, *[2] * 29, 1, 1]
     per_rank = [sum(decoders[r::8]) for r in range(8)]
     assert max(per_rank) - min(per_rank) <= 1
+    plan = ptdp.solve(with_mtp, options={**opts, "uneven_stages": True})
+    assert [sum(plan.model.layers[i].kind == "decoder" for i in range(*chunk.layers))
+            for chunk in plan.virtual_stages()] == [1, *[2] * 30, 0]
     with pytest.raises(InfeasibleError, match=r"no layer layout of 61 decoder layers over pipeline_parallel=8 x "
                                               r"virtual_pipeline=8 = 64 virtual stages: each virtual stage needs a "
                                               r"layer \(v at most 7\).*global_batch_size=8192 itself splits "

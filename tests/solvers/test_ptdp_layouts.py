@@ -113,9 +113,10 @@ def test_an_unknown_dispatcher_is_refused() -> None:
 
 
 def test_the_near_even_layout_reaches_megatron_core() -> None:
-    """DeepSeek-V3 at p 8 v 4 on 1,024 GPUs (near-even: 1, 2 x 29, 1, 1 decoder layers) exports a
-    layout string that megatron-core's config accepts for 8 stages of 4 chunks, its multi-token-prediction
-    module (``m``) in the last virtual stage with the loss, where the plan costs it."""
+    """DeepSeek-V3 at p 8 v 4 on 1,024 GPUs: its head with the multi-token-prediction module weighs about
+    three layers, so the balanced split gives the last virtual stage the module and the loss alone
+    (1, 2 x 30, 0 decoder layers; near-even 1, 2 x 29, 1, 1 before a head-only virtual stage was allowed):
+    exactly the recipe's 'Et|(tt|)*30mL', which megatron-core's config accepts for 8 stages of 4 chunks."""
     pytest.importorskip("megatron.core")
     from planner.export import to_megatron_args
     from tests.planner.megatron_check import parse, validate
@@ -126,7 +127,7 @@ def test_the_near_even_layout_reaches_megatron_core() -> None:
                                         "schedules": "interleaved-1f1b"})
     argv = to_megatron_args(plan)
     layout = parse(argv)["--pipeline-model-parallel-layout"]
-    assert layout == "Et|" + "t*2|" * 29 + "t|" + "tmL"
+    assert layout == "Et|" + "t*2|" * 30 + "mL"
     cfg = validate(argv, world_size=1024)["transformer"]
     assert cfg.pipeline_model_parallel_size == 8 and cfg.virtual_pipeline_model_parallel_size == 4
     assert cfg.mtp_num_layers == 1
@@ -231,3 +232,16 @@ def test_a_head_heavier_than_a_stage_keeps_one_layer_beside_it() -> None:
     kinds = [layer.kind for layer in plan.model.layers]
     decoders = [sum(1 for c in s.chunks for i in range(*c.layers) if kinds[i] == "decoder") for s in plan.stages]
     assert decoders == [4] * 15 + [1]
+
+
+def test_an_interleaved_last_virtual_stage_may_hold_the_head_alone() -> None:
+    """When the head outweighs a virtual stage's layers, the balanced interleaved split gives the last
+    virtual stage no decoder layer (Megatron's layout string allows it: DeepSeek-V3's recipe ends in
+    'mL'); 1F1B keeps a layer on its last stage (a whole rank would idle but for the head), and the
+    first stage always keeps one."""
+    from solvers._ptdp_dims import _balanced, stage_layouts
+
+    assert _balanced(61, 32, 0.02, 3.1, True) == (1, *[2] * 30, 0)
+    assert _balanced(61, 32, 0.02, 3.1, False) is None
+    assert stage_layouts(61, 8, 4, embedding_layers=0.02, head_layers=3.1, uneven=True) == [(1, 0)]
+    assert stage_layouts(61, 16, 1, embedding_layers=0.02, head_layers=4.6, uneven=True) == [(4, 1)]
