@@ -88,7 +88,8 @@ def recipe_plan(recipe: Recipe, *, global_batch_size: int | None = None) -> Plan
         degrees=Degrees(data=d, tensor=t, pipeline=p, virtual=v, context=recipe.context, expert=recipe.expert),
         schedule=_schedule(recipe), microbatch_size=b,
         num_microbatches=big_b // (b * d), global_batch_size=big_b,
-        stages=_stages(cfg.num_layers, p, v, recipe.recompute, d, v_shape=_schedule(recipe) in V_SCHEDULES),
+        stages=_stages(cfg.num_layers, p, v, recipe.recompute, d, v_shape=_schedule(recipe) in V_SCHEDULES,
+                       head_too=bool(cfg.mtp_layers)),
         zero_stage=recipe.zero_stage,  # type: ignore[arg-type]
         sequence_parallel=t > 1, notes=(f"recipe {recipe.name}: {recipe.source}",),
     )
@@ -103,9 +104,11 @@ def _options(recipe: Recipe) -> dict[str, Any]:
             "overlap_moe_alltoall": recipe.overlap_moe_alltoall}
 
 
-def _stages(num_layers: int, p: int, v: int, recompute: str, replicas: int, *, v_shape: bool = False) -> tuple[Stage, ...]:
+def _stages(num_layers: int, p: int, v: int, recompute: str, replicas: int, *, v_shape: bool = False,
+            head_too: bool = False) -> tuple[Stage, ...]:
     """Virtual stage k (chunk k // p of stage k % p, or the V placement: stage k, then 2p - 1 - k);
-    the embedding joins the first, the head the last."""
+    the embedding joins the first, the head the last (``head_too``: the head's multi-token-prediction
+    blocks take the recompute setting, as Megatron-Core applies it to them)."""
     decoders = decoder_split(num_layers, p * v)
     bounds = [0]
     for k, n in enumerate(decoders):
@@ -113,7 +116,7 @@ def _stages(num_layers: int, p: int, v: int, recompute: str, replicas: int, *, v
     chunks: list[list[Chunk]] = [[] for _ in range(p)]
     for k in range(p * v):
         first, last = bounds[k], bounds[k + 1]
-        blocks = tuple(i for i in range(first, last) if 0 < i <= num_layers)
+        blocks = tuple(i for i in range(first, last) if 0 < i <= num_layers + head_too)
         spec = {recompute: blocks} if recompute != "none" and blocks else {}
         chunks[(2 * p - 1 - k if k >= p else k) if v_shape else k % p].append(Chunk(layers=(first, last), recompute=spec))
     return tuple(Stage(index=x, replicas=replicas, chunks=tuple(chunks[x])) for x in range(p))

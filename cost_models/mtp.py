@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from cost_models import compute
 from cost_models.transformer import _element_bytes, _norm_params, static_bytes
-from planner.schema import Device, LayerProfile, TransformerConfig
+from cost_models.activation_offload import OFFLOAD
+from planner.schema import Device, LayerProfile, RecomputeOption, TransformerConfig
 
 
 def mtp_extra_layer(cfg: TransformerConfig, device: Device, b: int, t: int, sp: bool,
@@ -42,8 +43,11 @@ def fold_mtp(head: LayerProfile, block: LayerProfile, embedding: LayerProfile, e
     """The output head with ``count`` multi-token-prediction modules folded in: each runs the embedding
     lookup, its own norms and projection (``mtp_extra_layer``), a decoder block like the last layer
     (``block``, at the layer's own degrees) and the shared head again, so the modules sit on the last
-    pipeline stage as Megatron-Core places them. The block keeps its activations (``none``; a recompute
-    setting is not applied to it) and its weights, the head's and embedding's weights are shared."""
+    pipeline stage as Megatron-Core places them. The block's weights join the head's (the head's and
+    the embedding's are shared); its recompute strategies become the head's (Megatron-Core applies the
+    model's recompute setting to the module's transformer layer too): each keeps the head's activations,
+    the lookup's and the projection's in full and the block's as the strategy says, and adds the block's
+    recompute time. Activation offloading is not offered on the head (its ``none`` serves there)."""
     if not count:
         return head
 
@@ -54,12 +58,15 @@ def fold_mtp(head: LayerProfile, block: LayerProfile, embedding: LayerProfile, e
         h, bl, em, ex = (part or 0.0 for part in parts)
         return h + count * (h + bl + em + ex)
 
-    none = block.strategies()["none"].activation_bytes
+    kept = (head.activation_bytes or 0.0) * (1 + count) + count * (
+        (embedding.activation_bytes or 0.0) + (extra.activation_bytes or 0.0))
+    options = {name: RecomputeOption(activation_bytes=kept + count * option.activation_bytes,
+                                     extra_s=count * option.extra_s)
+               for name, option in block.strategies().items() if name != OFFLOAD}
     return head.model_copy(update={
         "forward_s": add("forward_s"), "backward_s": add("backward_s"), "backward_weight_s": add("backward_weight_s"),
         "forward_comm_s": add("forward_comm_s"), "backward_comm_s": add("backward_comm_s"),
-        "activation_bytes": (head.activation_bytes or 0.0) * (1 + count) + count * (
-            none + (embedding.activation_bytes or 0.0) + (extra.activation_bytes or 0.0)),
+        "activation_bytes": options["none"].activation_bytes, "recompute": options,
         "static_bytes": head.static_bytes + count * (block.static_bytes + extra.static_bytes),
         "param_bytes": head.param_bytes + count * (block.param_bytes + extra.param_bytes),
         "flops": None if head.flops is None else head.flops * (1 + count) + count * ((block.flops or 0.0) + (extra.flops or 0.0)),

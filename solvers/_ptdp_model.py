@@ -305,8 +305,17 @@ def rank_work_s(u: UnitCosts, cfg: TransformerConfig, c: Config) -> list[float]:
     work = rank_sums(u, c.rank_ranges(cfg.num_layers),
                      lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
     work[0] += u.embedding.forward_s + u.embedding.backward_s
-    work[-1] += u.head.forward_s + u.head.backward_s
+    work[-1] += u.head.forward_s + u.head.backward_s + head_option(u, c.recompute).extra_s
     return work
+
+
+def head_option(u: UnitCosts, strategy: str) -> RecomputeOption:
+    """The head's option under a recompute setting: its multi-token-prediction modules' blocks follow the
+    setting (``mtp.fold_mtp``); a head without them, or a strategy it does not offer, keeps ``none``."""
+    options = u.head.recompute
+    if options and strategy in options:
+        return options[strategy]
+    return RecomputeOption(activation_bytes=u.head.activation_bytes or 0.0)
 
 
 def _moe_layers(u: UnitCosts, ranges: Sequence[tuple[int, int]]) -> int:
@@ -348,7 +357,10 @@ def ranks_peak_bytes(u: UnitCosts, c: Config, all_ranges: tuple[tuple[tuple[int,
     """max over the (rank, fixed bytes) of ``rank_fixed_bytes`` of fixed + ``chunk_activations``, the chunk
     sizes of each distinct chunk list computed once (the same floats)."""
     sizes, index = _chunk_sizes(u, c, all_ranges)
-    return max(f + _sized_activations(c, sizes[index[r]], r) for r, f in fixed)
+    # ``fixed`` holds the head's ``none`` bytes: the MTP blocks in it follow the recompute setting
+    head = head_option(u, c.recompute).activation_bytes - (u.head.activation_bytes or 0.0)
+    return max(f + _sized_activations(c, sizes[index[r]], r) + (head if r == c.pipeline - 1 else 0.0)
+               for r, f in fixed)
 
 
 def rank_static_bytes(u: UnitCosts, ranges: Sequence[tuple[int, int]], dims: dims_mod.Dims) -> float:
@@ -469,7 +481,7 @@ def _v_peak_memory_bytes(u: UnitCosts, cfg: TransformerConfig, c: Config) -> flo
     head_expert = u.head_expert_static_bytes
     ends = dims_mod.sharded_static_bytes(u.embedding.static_bytes + u.head.static_bytes - head_expert, head_expert,
                                          dims, u.grad_bytes)
-    ends_act = (u.embedding.activation_bytes or 0.0, u.head.activation_bytes or 0.0)
+    ends_act = (u.embedding.activation_bytes or 0.0, head_option(u, c.recompute).activation_bytes)
     sizes, index = _chunk_sizes(u, c, all_ranges)
     static = ranks_static_bytes(u, all_ranges, dims)
     peak = static[0] + ends + v_model.activation_bytes(c.schedule, p, m, 0, sizes[index[0]], ends_act)
@@ -485,7 +497,8 @@ def _v_pipeline_s(u: UnitCosts, cfg: TransformerConfig, c: Config, send_s: float
     head), and the heaviest chunk's F, B with recompute, W and communication."""
     all_ranges = c.rank_ranges(cfg.num_layers)
     work = rank_sums(u, all_ranges, lambda lay: lay.forward_s + lay.backward_s + option(lay, c.recompute).extra_s)
-    ends = u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+    ends = (u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+            + head_option(u, c.recompute).extra_s)
     work[0] += ends
     blocks = {block for chunks in _blocks(u, all_ranges)[0] for block in chunks}  # (dense, MoE) layers per chunk
     values = [_layer_values(u, value) for value in (

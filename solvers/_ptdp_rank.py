@@ -130,7 +130,8 @@ def _time_bound_floor(u: model.UnitCosts, cfg: TransformerConfig, cluster: Clust
         bandwidth, latency = model.p2p_link(cluster, c)
         send_s = latency + u.decoder.output_bytes / bandwidth
     dense, moe_count = u.counts(0, cfg.num_layers)
-    total = u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+    total = (u.embedding.forward_s + u.embedding.backward_s + u.head.forward_s + u.head.backward_s
+             + model.head_option(u, c.recompute).extra_s)
     for layer, count in ((u.decoder, dense), (u.moe_decoder, moe_count)):
         if layer is not None and count:
             total += count * (layer.forward_s + layer.backward_s + model.option(layer, c.recompute).extra_s)

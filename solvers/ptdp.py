@@ -417,8 +417,10 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
               if lay is not None else None for lay in (u.decoder, u.moe_decoder)]
     decoders = [(blocks[0] if u.counts(i, 1)[0] else blocks[1] or blocks[0]).model_copy(  # type: ignore[union-attr]
         update={"name": f"decoder{i}"}) for i in range(cfg.num_layers)]
+    head = u.head if not u.head.recompute else u.head.model_copy(update={  # MTP blocks: the chosen setting
+        "recompute": {k: o for k, o in u.head.recompute.items() if k in kept}})
     baked = {"degrees_included": True}  # ring, all-to-alls, FSDP gathers and expert shares are in the layers
-    profile = ModelProfile(name=cfg.name, layers=(u.embedding, *decoders, u.head), microbatch_size=c.microbatch_size,
+    profile = ModelProfile(name=cfg.name, layers=(u.embedding, *decoders, head), microbatch_size=c.microbatch_size,
                            tensor_parallel=c.tensor, tokens_per_sample=cfg.seq_length, device=cluster.device.name,
                            source=u.decoder_source,
                            **{k: v for k, v in baked.items() if k in ModelProfile.model_fields})
@@ -427,7 +429,8 @@ def build_config_plan(search: Search, opts: Options, c: model.Config) -> Plan:
         "data_parallel": c.data})
     layout = Layout(num_stages=c.pipeline, num_chunks=c.virtual, data_parallel=c.data, tensor_parallel=c.tensor,
                     microbatch_size=c.microbatch_size, num_microbatches=c.num_microbatches)
-    strategies = [c.recompute if layer.kind == "decoder" else "none" for layer in profile.layers]
+    strategies = [c.recompute if layer.kind == "decoder" or c.recompute in (layer.recompute or {}) else "none"
+                  for layer in profile.layers]
     bounds = even_bounds(profile, c.pipeline * c.virtual)
     if c.ends != (0, 0):  # virtual stage k: the embedding joins the first, the head the last
         counts = c.chunk_layers(cfg.num_layers)

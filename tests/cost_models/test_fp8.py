@@ -246,7 +246,7 @@ def test_held_out_summary_by_system(held_out: list[dict[str, object]]) -> None:
 
 
 def test_deepseek_v3_on_h100_with_the_flex_dispatcher() -> None:
-    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 v 4 e 64, held out): -9.1 % with
+    """Megatron-Bridge's DGX-H100 DeepSeek-V3 row (1,024 GPUs, t 2 p 8 v 4 e 64, held out): -9.3 % with
     the node-deduplicated dispatch the recipe runs (HybridEP) and the recipe's own layout, which the
     balanced split now finds: its multi-token-prediction module and the loss alone in the last virtual
     stage ('Et|(tt|)*30mL'; -18.0 % while every chunk kept a decoder layer); -31.9 % with one InfiniBand
@@ -255,7 +255,7 @@ def test_deepseek_v3_on_h100_with_the_flex_dispatcher() -> None:
     step, two errors offsetting."""
     bench = load_bench("fidelity_fp8")
     (row,) = bench.moe_rows()
-    assert float(row["error"]) == pytest.approx(-0.091, abs=0.005)
+    assert float(row["error"]) == pytest.approx(-0.093, abs=0.005)
     assert row["recompute"] == "mla_up_proj"
     plain = bench.bridge_row(dataclasses.replace(bench.MOE_ROWS[0], dispatcher="alltoall"))
     assert float(plain["error"]) == pytest.approx(-0.319, abs=0.005)
@@ -280,12 +280,13 @@ def test_deepseek_v3_pretraining_on_h800() -> None:
     deduplicated expert dispatch overlapped with compute on the SMs DeepEP's 20 leave, DualPipeV on the
     61 layers with the paper's recompute set (RMSNorm and MLA up-projections), which fits (74.2 GiB with
     the cached FP8 weight copies), and its multi-token-prediction module with the head on rank 0, which
-    under DualPipeV also holds the embedding and so the heaviest rank: -6.5 %. Without the module +43.7 %;
+    under DualPipeV also holds the embedding and so the heaviest rank, its block recomputing as the layers
+    do: -6.8 %. Without the module +43.7 %;
     -1.6 % while the experts' regrouped GEMMs were costed in BF16 and every expert's weights cast per
     microbatch (two errors offsetting); docs/cost-model.md, section 2, "FP8", has the history."""
     row = load_bench("fidelity_fp8").deepseek_h800_row()
     assert float(row["published"]) == pytest.approx(1543.2, abs=0.1)
-    assert float(row["error"]) == pytest.approx(-0.065, abs=0.005)
+    assert float(row["error"]) == pytest.approx(-0.068, abs=0.005)
     assert row["recompute"] == "layernorm+mla_up_proj" and float(row["peak_memory_gib"]) < 75.0
 
 

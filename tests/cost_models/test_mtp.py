@@ -24,7 +24,8 @@ TOY = TransformerConfig(name="toy-mtp", hidden_size=512, num_layers=4, num_heads
 def test_the_head_carries_the_modules_by_hand() -> None:
     """Per module: the embedding lookup, the norms and projection, a block like the last (MoE) layer and
     the head again; the block's weights join the head's, the embedding and head weights are shared; the
-    block keeps its activations whatever the recompute setting."""
+    head offers the block's recompute strategies, each keeping the block's bytes as the strategy says and
+    adding its recompute time (Megatron-Core recomputes the module's layer as the model's)."""
     h100 = device_preset("h100")
     kw = {"device": h100, "microbatch_size": 2, "tensor_parallel": 2, "intra_node_bytes_per_s": 450e9}
     with_mtp = transformer_profile(TOY, **kw)
@@ -40,7 +41,11 @@ def test_the_head_carries_the_modules_by_hand() -> None:
     assert folded.activation_bytes == pytest.approx(
         2 * head.activation_bytes + block.strategies()["none"].activation_bytes + emb.activation_bytes
         + extra.activation_bytes)
-    assert folded.strategies().keys() == {"none"}
+    assert folded.strategies().keys() == block.strategies().keys() == {"none", "selective", "full"}
+    kept = 2 * head.activation_bytes + emb.activation_bytes + extra.activation_bytes
+    for name, option in block.strategies().items():
+        assert folded.strategies()[name].activation_bytes == pytest.approx(kept + option.activation_bytes)
+        assert folded.strategies()[name].extra_s == pytest.approx(option.extra_s)
 
 
 def test_parameters_and_model_flops() -> None:
@@ -78,8 +83,11 @@ def test_ptdp_and_the_simulator_agree_on_the_embedding_copy(pipeline: int, sched
     assert float(candidate["closed_form_s"]) == pytest.approx(float(candidate["iteration_s"]), rel=0.05)
 
 
-@pytest.mark.parametrize(("pipeline", "expert", "zero_stage"), [(2, 2, 1), (2, 1, 0), (1, 4, 1)])
-def test_closed_form_peak_and_the_simulator_agree_with_mtp(pipeline: int, expert: int, zero_stage: int) -> None:
+@pytest.mark.parametrize(("pipeline", "expert", "zero_stage", "recompute"),
+                         [(2, 2, 1, "none"), (2, 1, 0, "none"), (1, 4, 1, "none"), (2, 2, 1, "full"),
+                          (2, 1, 0, "moe_act+layernorm")])
+def test_closed_form_peak_and_the_simulator_agree_with_mtp(pipeline: int, expert: int, zero_stage: int,
+                                                           recompute: str) -> None:
     """ptdp's closed-form peak and the simulator's, with the MTP module's MoE block on the last rank:
     its experts split over the expert ranks and their optimizer states over the expert-data ranks in
     both, the embedding copy in both (as ``test_ptdp.py`` checks the models without modules)."""
@@ -87,17 +95,22 @@ def test_closed_form_peak_and_the_simulator_agree_with_mtp(pipeline: int, expert
 
     problem = api.make_problem(TOY, "h100:4", global_batch_size=16)
     options = {"pipeline_parallel": pipeline, "tensor_parallel": 1, "expert_parallel": expert, "microbatch_size": 1,
-               "recompute": "none", "zero_stage": zero_stage, "schedules": "1f1b", "num_simulated": 1}
+               "recompute": recompute, "zero_stage": zero_stage, "schedules": "1f1b", "num_simulated": 1}
     plan = ptdp.solve(problem, options=options)
+    head = plan.model.layers[-1]
+    assert plan.stages[-1].chunks[-1].layer_strategies()[-1] == recompute  # the module follows the setting
+    assert head.strategies()[recompute].activation_bytes <= head.activation_bytes
     simulated = max(stage.peak_memory_bytes for stage in simulate(plan).stages)
     d = plan.degrees
     kinds = [layer.kind for layer in plan.model.layers]
     chunks = [sum(1 for i in range(*ch.layers) if kinds[i] == "decoder") for ch in plan.virtual_stages()]
     ends = (0, 0) if len(set(chunks)) == 1 else (chunks[0], chunks[-1])
     c = model.Config(tensor=1, pipeline=d.pipeline, data=d.data, virtual=1, microbatch_size=1,
-                     num_microbatches=plan.num_microbatches, recompute="none", zero_stage=plan.zero_stage,
+                     num_microbatches=plan.num_microbatches, recompute=recompute, zero_stage=plan.zero_stage,
                      expert=d.expert, ends=ends)
-    u = model.unit_costs(TOY, problem.cluster, 1, 1, model.ProfileSettings(), c.dims)
+    settings = model.ProfileSettings(module_sets=(tuple(recompute.split("+")),) if "+" in recompute else ())
+    u = model.unit_costs(TOY, problem.cluster, 1, 1, settings, c.dims)
     assert u.head_expert_static_bytes > 0
-    peak = model.estimate(u, TOY, problem.cluster, c).peak_memory_bytes
-    assert simulated <= peak <= simulated * 1.01
+    estimate = model.estimate(u, TOY, problem.cluster, c)
+    assert simulated <= estimate.peak_memory_bytes <= simulated * 1.01
+    assert float(plan.candidates[0]["closed_form_s"]) == pytest.approx(estimate.iteration_s, rel=1e-9)
