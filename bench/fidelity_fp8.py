@@ -306,9 +306,9 @@ def deepseek_h800_row() -> dict[str, object]:
     node-deduplicated (``deepep``: node-limited routing, each token to at most 4 nodes, Sec. 2.1.2) and
     overlapped with computation as DualPipe overlaps it, the paper's recompute set pinned: RMSNorm and
     the MLA up-projections (Sec. 3.2.3; ``layernorm+mla_up_proj``), FP8 linear inputs kept at 1 B
-    (``cost_models.fp8.saving_parts``). Not modelled: the multi-token-prediction module (one more layer
-    and head on the last stage), DualPipe's second model copy (DualPipeV keeps one), DeepSeek's tile-wise
-    FP8 scaling and its own activation formats (costed as Transformer Engine's current scaling)."""
+    (``cost_models.fp8.saving_parts``), its multi-token-prediction module with the head on rank 0 (the
+    preset's ``mtp_layers``). Not modelled: DualPipe's second model copy (DualPipeV keeps one), DeepSeek's
+    tile-wise FP8 scaling and its own activation formats (costed as Transformer Engine's current scaling)."""
     row = DEEPSEEK_H800
     published = 1e12 / (row["gpu_hours_per_trillion_tokens"] * 3600.0)
     problem = api.make_problem("deepseek-v3", fp8_cluster("h800", int(row["gpus"])), global_batch_size=int(row["gbs"]),

@@ -195,4 +195,3 @@ def with_grad_accum_pass(layers: tuple[LayerProfile, ...], device: Device, bytes
             update["backward_weight_s"] = layer.backward_weight_s + extra
         out.append(layer.model_copy(update=update))
     return tuple(out)
-

@@ -6,8 +6,8 @@ Megatron-Core places them (docs/cost-model.md, section 6, "Multi-token predictio
 from __future__ import annotations
 
 from cost_models import compute
-from cost_models.transformer import _element_bytes, _norm_params, static_bytes
 from cost_models.activation_offload import OFFLOAD
+from cost_models.transformer import _element_bytes, _norm_params, static_bytes
 from planner.schema import Device, LayerProfile, RecomputeOption, TransformerConfig
 
 

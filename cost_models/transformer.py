@@ -159,8 +159,8 @@ def ptdp_flops_per_iteration(batch: int, seq: int, num_layers: int, hidden: int,
 
 def flops_per_iteration(cfg: TransformerConfig, *, global_batch_size: int, recompute: bool = True) -> float:
     """FLOPs of one iteration: each layer F + B + W (= 3F) plus one more F with full recompute,
-    plus the logits' 6BshV (not recomputed) and 3F of each multi-token-prediction module (its
-    activations are kept: ``mtp.fold_mtp``). Equals Eq. 4.2 for GPT-style configs; other configs
+    plus the logits' 6BshV (not recomputed) and 3F of each multi-token-prediction module
+    (``mtp.fold_mtp``; its block's recompute forward is not added). Equals Eq. 4.2 for GPT-style configs; other configs
     use their own matmul sizes (swiglu's 3 matrices, GQA's smaller K and V)."""
     b = global_batch_size
     layer = 3 * decoder_forward_flops(cfg, microbatch_size=b)

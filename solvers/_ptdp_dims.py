@@ -338,7 +338,7 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         if dims.expert > 1:  # the busiest expert rank sets the pace; one rank holding all experts does not wait
             imbalance = (expert_load_time_factor(load_balance_factor=load_balance_factor) - 1) * routed_share(cfg)
         a2a_fwd = a2a_bwd = 2 * a2a
-        if overlap_moe_alltoall and a2a > 0:  # one microbatch's all-to-alls under another's compute of the layer,
+        if overlap_moe_alltoall:  # one microbatch's all-to-alls under another's compute of the layer,
             share = alltoall_sm_share(cluster, moe_dispatcher)  # which runs on the SMs they leave it
             a2a_fwd = overlapped_exposed_s(2 * a2a, layer.backward_s, sm_share=share)
             a2a_bwd = overlapped_exposed_s(2 * a2a, layer.forward_s, sm_share=share)

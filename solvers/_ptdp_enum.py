@@ -143,13 +143,13 @@ def _batch_configs(search: Search, opts: Options, base: model.Config, units: Uni
     recompute = search.recompute
     per_replica = search.global_batch_size // base.data
     host = host_memory_bytes(problem.cluster.device) if OFFLOAD in recompute else None  # type: ignore[arg-type]
+    pinned_ends = opts.first_stage_layers is not None or opts.last_stage_layers is not None
     for b in microbatch_sizes(search, opts, per_replica):
         m = per_replica // b
         if problem.num_microbatches is not None and m != problem.num_microbatches:
             continue
         probe = _replace(base, microbatch_size=b, num_microbatches=m)
         u = units(probe)
-        pinned_ends = opts.first_stage_layers is not None or opts.last_stage_layers is not None
         for v, vs in chunk_counts(cfg.num_layers, base.pipeline, m, schedules, fixed_chunks(search, opts),
                                    uneven=opts.uneven_stages):
             if vs and pinned_ends:

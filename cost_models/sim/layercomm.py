@@ -80,8 +80,6 @@ class LayerComm:
     def alltoall_exposed_s(self) -> float:
         if self.alltoall_cover_s is None:
             return 2 * self.alltoall_s
-        if self.alltoall_s <= 0:
-            return 0.0
         return overlapped_exposed_s(2 * self.alltoall_s, self.alltoall_cover_s, sm_share=self.alltoall_sm_share)
 
 
