@@ -262,24 +262,31 @@ def _with_device(spec: str, device: Device) -> Cluster:
 
 
 def _torchtitan_rate(name: str | TransformerConfig, cluster: Cluster, b: int, recompute: str, seq: int,
-                     kernels: str = "eager", grad_accum: int = 1, reduce_bytes: int = 4) -> float:
+                     kernels: str = "eager", grad_accum: int = 1, reduce_bytes: int = 4, regather: bool = True) -> float:
     """``selective`` is torchtitan's op-level policy (``op_sac_extra_s``), ``full`` its full
-    per-block checkpointing. FSDP2 (one unit per block, the embedding and the head; bf16
+    per-block checkpointing, PyTorch's non-reentrant checkpoint, which stops its recompute before
+    the block's FFN output projection (``ComputeModel.full_recompute``; llm-foundry's benchmarks set
+    the same, ``activation_checkpointing_reentrant: false``). FSDP2 (one unit per block, the embedding and the head; bf16
     parameters all-gathered before the forward and again before the backward, fp32 gradients
     reduce-scattered, [torchtitan]) exposes what a unit's gathers do not hide behind the previous
     unit's compute (``parallelism.fsdp_exposed_comm_s``, [fsdp] Sec. 3.3-3.4), and the compute under a
     running collective proceeds on the SMs NCCL leaves it (``compute.collective_sm_share``). ``kernels``: eager
     PyTorch's unfused elementwise chains (the published rows without torch.compile) or fused.
     ``grad_accum`` microbatches per optimizer step, each with its own gathers and reduce-scatters
-    (FSDP without ``no_sync``); ``reduce_bytes``: 4 for fp32 gradient reduction, 2 for bf16."""
+    (FSDP without ``no_sync``); ``reduce_bytes``: 4 for fp32 gradient reduction, 2 for bf16;
+    ``regather`` False: the forward's gathered weights stay for the backward (FSDP's
+    ``SHARD_GRAD_OP``, ZeRO-2), whose units then only reduce-scatter."""
     from cost_models.collectives import group_allgather_s
     from cost_models.compute import collective_sm_share, optimizer_step_s
     from cost_models.moe import num_parameters
     from cost_models.parallelism import fsdp_exposed_comm_s
     from cost_models.transformer import transformer_profile
 
+    from cost_models.compute import with_full_recompute
+
     assert cluster.device is not None
     device, gpus = (eager(cluster.device) if kernels == "eager" else cluster.device), cluster.num_devices
+    device = with_full_recompute(device, "early-stop")  # non-reentrant torch.utils.checkpoint (PyTorch >= 2.1)
     cfg = api.load_model(name, seq_length=seq)
     prof = transformer_profile(cfg, device=device, microbatch_size=b, attention="flash", sequence_parallel=False)
     op_sac = op_sac_extra_s(cfg, device, b) if recompute == "selective" else 0.0
@@ -292,8 +299,8 @@ def _torchtitan_rate(name: str | TransformerConfig, cluster: Cluster, b: int, re
     scatter = [group_allgather_s(cluster, reduce_bytes * n, gpus) for n in params]  # reduce-scatter of gradients
     share = collective_sm_share(device)  # the compute under a running collective runs on the other SMs
     exposed = (fsdp_exposed_comm_s(gather, forward, sm_share=share)
-               + fsdp_exposed_comm_s([g + r for g, r in zip(gather[::-1], scatter[::-1])], backward[::-1],
-                                     sm_share=share))
+               + fsdp_exposed_comm_s([(g if regather else 0.0) + r for g, r in zip(gather[::-1], scatter[::-1])],
+                                     backward[::-1], sm_share=share))
     micro_s = sum(forward) + sum(backward) + exposed
     step_s = grad_accum * micro_s + optimizer_step_s(num_parameters(cfg) / gpus, device)
     return grad_accum * b * cfg.seq_length / step_s

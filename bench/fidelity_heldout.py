@@ -183,15 +183,19 @@ def mpt_cluster(device: str, gpus: int, h100_gemm_fraction: float | None = None,
     return cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute": compute})})
 
 
-def mpt_rate(cluster: Cluster, size: str, seq: int, b: int, ga: int, ckpt: bool, reduce_bytes: int) -> float:
+def mpt_rate(cluster: Cluster, size: str, seq: int, b: int, ga: int, ckpt: bool, reduce_bytes: int,
+             sharding: str = "FULL_SHARD") -> float:
     """Predicted tokens/s/GPU of an llm-foundry MPT run through bench/fidelity.py's FSDP path: fused
     kernels (LayerNorm and GeLU are single PyTorch kernels), full block checkpointing where the table
-    says so, one set of FSDP gathers and reduce-scatters per microbatch, ``ga`` microbatches per step,
-    gradients reduced in ``reduce_bytes`` bytes (4: FSDP's DEFAULT mixed precision, 2: PURE)."""
+    says so (non-reentrant, as its benchmark script sets: the recompute stops before the FFN output
+    projection), one set of FSDP gathers and reduce-scatters per microbatch, ``ga`` microbatches per
+    step, gradients reduced in ``reduce_bytes`` bytes (4: FSDP's DEFAULT mixed precision, 2: PURE);
+    ``sharding`` ``SHARD_GRAD_OP`` keeps the forward's gathered weights for the backward."""
     import fidelity
 
     return fidelity._torchtitan_rate(mpt_config(size, seq), cluster, b, "full" if ckpt else "none", seq,
-                                     kernels="fused", grad_accum=ga, reduce_bytes=reduce_bytes)
+                                     kernels="fused", grad_accum=ga, reduce_bytes=reduce_bytes,
+                                     regather=sharding == "FULL_SHARD")
 
 
 def mpt_rows(h100_gemm_fraction: float | None = None) -> list[dict[str, object]]:
@@ -208,8 +212,8 @@ def mpt_rows(h100_gemm_fraction: float | None = None) -> list[dict[str, object]]
 
 
 MPT_TABLE = Path(__file__).resolve().parent / "data" / "llm_foundry_mpt.csv"
-"""Every BF16 row of llm-foundry's three MPT tables (H100 80 GB, A100 80 GB, A100 40 GB): 191 runs
-of 125M-70B models at s = 512-65,536 on 8-128 GPUs."""
+"""Every BF16 row of llm-foundry's four MPT tables (H100 80 GB at 128-512 GPUs and at 8-64, A100
+80 GB, A100 40 GB): 209 runs of 125M-70B models at s = 512-65,536 on 8-512 GPUs."""
 
 
 def mpt_table_rows(kernel: str = "fa1") -> list[dict[str, object]]:
@@ -224,7 +228,7 @@ def mpt_table_rows(kernel: str = "fa1") -> list[dict[str, object]]:
         device, size, seq, gpus = r["device"], r["model"], int(r["seq"]), int(r["gpus"])
         b, ga, ckpt = int(r["microbatch"]), int(r["grad_accum"]), r["checkpointing"] == "1"
         got = mpt_rate(mpt_cluster(device, gpus, kernel=kernel), size, seq, b, ga, ckpt,
-                       2 if r["mp_mode"] == "PURE" else 4)
+                       2 if r["mp_mode"] == "PURE" else 4, r["sharding"])
         published = float(r["tokens_per_s_per_gpu"])
         out.append({"device": device, "row": f"MPT-{size}, {gpus} {device}, s={seq}, b={b}, GA={ga}"
                                              f"{', AC' if ckpt else ''}, tokens/s/GPU",

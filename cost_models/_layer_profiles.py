@@ -58,7 +58,9 @@ def _embedding_layer(cfg: TransformerConfig, device: Device, b: int, t: int, eff
 def _recompute_options(cfg: TransformerConfig, mkw: dict, attention: str, forward_s: float,
                        selective_s: float) -> dict[str, RecomputeOption]:
     """none / selective / full of one decoder layer. Selective re-runs the attention core
-    (``selective_s``); with flash attention it saves only the core's log-sum-exp statistics."""
+    (``selective_s``); with flash attention it saves only the core's log-sum-exp statistics. Full
+    re-runs ``forward_s``: the layer's forward, or with PyTorch's early-stopping checkpoint all but
+    its tail (``OpTimes.tail_s``)."""
     def option(recompute: str, extra_s: float) -> RecomputeOption:
         return RecomputeOption(activation_bytes=decoder_activation_bytes(cfg, **mkw, recompute=recompute,
                                                                          attention=attention), extra_s=extra_s)
@@ -142,8 +144,10 @@ def _op_layers(cfg: TransformerConfig, device: Device, b: int, t: int, bw: float
     flops, params = _layer_flops_and_params(cfg, b, t, index)
     mkw = {**akw, "sequence_parallel": sp, "layer_index": index}
     selective_s = dec.selective_s if selective_fraction is None else selective_fraction * dec.forward_s
-    options = _recompute_options(cfg, mkw, attention, dec.forward_s, selective_s)
-    if compute.compute_constants(device).elementwise_kernels == "eager":  # fp32 norm copies, SiLU output, K/V
+    constants = compute.compute_constants(device)
+    rerun_s = dec.forward_s - (dec.tail_s if constants.full_recompute == "early-stop" else 0.0)
+    options = _recompute_options(cfg, mkw, attention, rerun_s, selective_s)
+    if constants.elementwise_kernels == "eager":  # fp32 norm copies, SiLU output, K/V
         extra = layer_ops.eager_extra_activation_bytes(cfg, b * cfg.seq_length, t, sp)
         options = {k: o if k == "full" else o.model_copy(update={"activation_bytes": o.activation_bytes + extra})
                    for k, o in options.items()}

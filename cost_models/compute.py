@@ -103,6 +103,32 @@ def with_elementwise_kernels(device: Device, kernels: str) -> Device:
         update={"elementwise_kernels": kernels})})
 
 
+FULL_RECOMPUTE = ("whole", "early-stop")
+
+
+def with_full_recompute(device: Device, mode: str) -> Device:
+    """The device with ``ComputeModel.full_recompute`` set (its other constants kept): ``whole``
+    (Megatron-LM, Transformer Engine: reentrant checkpointing) or ``early-stop`` (PyTorch's
+    non-reentrant ``torch.utils.checkpoint``: torchtitan, FSDP's ``checkpoint_wrapper``).
+
+    Raises:
+        InvalidProblemError: ``mode`` is neither.
+    """
+    if mode not in FULL_RECOMPUTE:
+        raise InvalidProblemError(f"full_recompute={mode!r} must be 'whole' (Megatron-LM, Transformer Engine: the "
+                                  f"layer's whole forward again) or 'early-stop' (PyTorch's non-reentrant "
+                                  f"torch.utils.checkpoint: torchtitan, FSDP, paraplan run)")
+    if not has_constants(device):  # the flat-efficiency model re-runs the whole forward
+        if mode == "whole":
+            return device
+        raise InvalidProblemError(f"full_recompute='early-stop' needs the per-operation model, and device "
+                                  f"{device.name!r} has no compute constants (the flat-efficiency model); use a "
+                                  f"device preset such as a100-80gb, calibrate this one (paraplan calibrate), or "
+                                  f"drop the setting")
+    return device.model_copy(update={"compute": compute_constants(device).model_copy(
+        update={"full_recompute": mode})})
+
+
 def with_attention_kernel(device: Device, kernel: str) -> Device:
     """The device running flash-attention kernel family ``kernel`` (``ComputeModel.attention_kernel``,
     a key of its ``attention_fractions``: ``fa1`` FlashAttention and its Triton port, ``fa2``, ``fa3`` (Hopper), ``cudnn`` and ``fa4``

@@ -66,6 +66,10 @@ class OpTimes:
     backward_comm_s: float = 0.0
     forward_gemm_s: float = 0.0
     forward_memory_s: float = 0.0
+    tail_s: float = 0.0
+    """Forward time after the layer's last saved tensor: a dense FFN's output projection and the
+    tensor-parallel collective after it (an MoE layer's combine saves its inputs: 0). PyTorch's
+    non-reentrant checkpoint stops its recompute before them (``ComputeModel.full_recompute``)."""
 
     @property
     def backward_s(self) -> float:
@@ -211,11 +215,12 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     max(0, collective - half the layer's weight-gradient time) per block is exposed."""
     b, t = microbatch_size, tensor_parallel
     tokens = b * cfg.seq_length
-    fwd_gemm = bwd_in = bwd_w = 0.0
+    fwd_gemm = bwd_in = bwd_w = f_s = 0.0
     gemms, dtype = _linear_gemms(cfg, tokens, t, layer_index), fp8.gemm_dtype(device)
     for m, n, k, count in gemms:
         f_s, i_s, w_s = gemm_fwd_bwd_s(m, n, k, device, dtype=dtype)  # type: ignore[arg-type]  # MoE rows: fractional
         fwd_gemm, bwd_in, bwd_w = fwd_gemm + count * f_s, bwd_in + count * i_s, bwd_w + count * w_s
+    last_gemm_s = 0.0 if moe.is_moe_layer(cfg, layer_index) else f_s  # the dense FFN's output projection
     core_fwd, core_bwd = _attention_core(cfg, device, b, t, attention)
     ew_fwd, ew_bwd = _elementwise_bytes(cfg, tokens, t, sequence_parallel, layer_index)
     kernels = (6, 8)
@@ -233,7 +238,8 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     backward_input = bwd_in + core_bwd + memory_op_s(ew_bwd, device, num_kernels=kernels[1]) + back_comm
     return OpTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=bwd_w, selective_s=core_fwd,
                    forward_comm_s=comm, backward_comm_s=back_comm, forward_gemm_s=fwd_gemm + core_fwd,
-                   forward_memory_s=mem_fwd)
+                   forward_memory_s=mem_fwd,
+                   tail_s=last_gemm_s + (comm / tp_collectives_per_layer(cfg) if last_gemm_s else 0.0))
 
 
 def _extended_elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, n_h: float,

@@ -184,6 +184,7 @@ def make_problem(
     memory_headroom: str | float | None = None,
     attention: str | None = None,
     kernels: str | None = None,
+    full_recompute: str | None = None,
     precision: str | None = None,
     attention_kernel: str | None = None,
     activation_offload: bool = False,
@@ -198,6 +199,10 @@ def make_problem(
     2021-2022 Megatron-LM) sets the attention core's kernels and activation bytes. ``kernels``
     (``fused``, the device's default, or ``eager``: PyTorch eager's unfused norm, rotary and SwiGLU
     chains) sets how the memory-bound layer kernels are costed (``ComputeModel.elementwise_kernels``).
+    ``full_recompute`` (``whole``, the default: Megatron-LM's reentrant checkpoint re-runs a layer's
+    whole forward, or ``early-stop``: PyTorch's non-reentrant ``torch.utils.checkpoint``, as
+    torchtitan, FSDP and ``paraplan run`` use it, stops before the layer's FFN output projection)
+    sets what full recompute re-runs (``ComputeModel.full_recompute``).
     ``precision`` (``bf16``, the default, ``fp8`` or ``fp8-cs``: Transformer Engine FP8 linear layers
     with delayed or current scaling) sets ``ComputeModel.linear_precision`` (``cost_models.fp8``).
     ``attention_kernel`` (``fa1``, ``fa2``, ``fa3``, ``cudnn``, ``fa4``: a family the device lists) sets the flash-attention
@@ -222,9 +227,10 @@ def make_problem(
             f"cluster {cluster_obj.name!r} gives only worker_types; pipeline planning needs a 'device'"
         )
     memory, compute = _cost_model("memory"), _cost_model("compute")
-    # the device settings of --memory-headroom, --kernels, --precision and --attention-kernel, each
-    # validated by the cost model that owns it
+    # the device settings of --memory-headroom, --kernels, --full-recompute, --precision and
+    # --attention-kernel, each validated by the cost model that owns it
     for setter, value in ((memory.with_headroom, memory_headroom), (compute.with_elementwise_kernels, kernels),
+                          (compute.with_full_recompute, full_recompute),
                           (compute.with_linear_precision, precision), (compute.with_attention_kernel, attention_kernel)):
         if value is not None:
             cluster_obj = cluster_obj.model_copy(update={"device": setter(cluster_obj.device, value)})

@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory-bound layer kernels (default fused: Megatron-LM / Transformer Engine, torch.compile; "
                         "eager: PyTorch eager's unfused RMSNorm, rotary and SwiGLU chains, e.g. torchtitan without "
                         "compile; docs/cost-model.md, Eager elementwise kernels)")
+    p.add_argument("--full-recompute", choices=("whole", "early-stop"),
+                   help="what full recompute re-runs (default whole: a layer's whole forward, as Megatron-LM's and "
+                        "Transformer Engine's reentrant checkpoint do; early-stop: PyTorch's non-reentrant "
+                        "torch.utils.checkpoint, as torchtitan, FSDP's checkpoint_wrapper and paraplan run use it, "
+                        "stops before the FFN output projection; docs/cost-model.md, Full recompute)")
     p.add_argument("--precision", choices=("bf16", "fp8", "fp8-cs"),
                    help="linear-layer GEMMs (default bf16; fp8: Transformer Engine FP8 with delayed scaling, "
                         "fp8-cs: current scaling as Megatron-Bridge's FP8-CS; attention, norms and logits stay "
@@ -242,6 +247,7 @@ def _plan_problem(args: argparse.Namespace) -> Any:
         memory_headroom=args.memory_headroom,
         attention=args.attention,
         kernels=args.kernels,
+        full_recompute=args.full_recompute,
         precision=args.precision,
         attention_kernel=args.attention_kernel,
         activation_offload=args.activation_offload,

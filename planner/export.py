@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from cost_models import simulate
 from cost_models.activation_offload import OFFLOAD
+from cost_models.compute import compute_constants
 from cost_models.schedules import overlapped_blocks, validate_actions
 from planner.errors import InvalidProblemError
 from planner.export_megatron_flags import model_flags, parallel_flags
@@ -363,6 +364,13 @@ def _recompute_flags(plan: Plan, export: _MegatronExport) -> None:
                 f"uses it on {num} of {total} (exported: all, which needs less memory and more time than planned)"
             )
         return
+    if "full" in used and plan.cluster.device is not None and (
+            compute_constants(plan.cluster.device).full_recompute == "early-stop"):
+        export.warnings.append(
+            "the plan costs full recompute as PyTorch's early-stopping checkpoint (--full-recompute early-stop); "
+            "Megatron re-runs each recomputed layer's whole forward, its FFN output projection too: steps take "
+            "longer than planned (plan with --full-recompute whole)"
+        )
     if used == {"full"} and all(s == "full" for chunk in per_chunk for s in chunk):
         for flag, value in (("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                             ("--recompute-num-layers", 1)):

@@ -18,6 +18,7 @@ import logging
 import shlex
 from dataclasses import dataclass, field
 
+from cost_models.compute import compute_constants
 from planner.errors import InvalidProblemError
 from planner.schema import Plan, TransformerConfig, recompute_modules_of
 
@@ -235,6 +236,12 @@ def _activation_checkpoint(plan: Plan, export: _Export) -> None:
         )
     elif used == {"full"}:
         export.flags.append("activation-checkpoint:full")
+        if plan.cluster.device is not None and compute_constants(plan.cluster.device).full_recompute == "whole":
+            export.warnings.append(
+                "torchtitan's full checkpointing (PyTorch's non-reentrant checkpoint) stops its recompute before "
+                "each block's FFN output projection; the plan costs the whole forward again, so its times are a "
+                "little long for torchtitan (plan with --full-recompute early-stop for torchtitan's)"
+            )
     elif used == {"selective"}:
         export.flags.append("activation-checkpoint:selective")
         export.warnings.append(

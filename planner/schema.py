@@ -480,6 +480,13 @@ class ComputeModel(_Frozen):
     Transformer Engine fused norms, rotary and SwiGLU; also ``torch.compile``) or ``eager``
     (PyTorch eager: RMSNorm and rotary as chains of fp32 kernels, SwiGLU as two kernels, grouped
     K/V expanded before SDPA; byte counts in docs/cost-model.md)."""
+    full_recompute: Literal["whole", "early-stop"] = "whole"
+    """How the training stack re-runs a fully recomputed decoder layer in the backward: ``whole``
+    (its whole forward again: Megatron-LM's and Megatron-DeepSpeed's reentrant checkpoint,
+    Transformer Engine's) or ``early-stop`` (PyTorch's non-reentrant ``torch.utils.checkpoint``
+    since 2.1: the recompute stops once every tensor the backward saved is back, so the layer's
+    last linear layer, the FFN output projection, and the collective after it are not re-run;
+    torchtitan, FSDP's ``checkpoint_wrapper``, ``paraplan run``)."""
     linear_precision: Literal["bf16", "fp8", "fp8-cs"] = "bf16"
     """Precision of the linear layers' GEMMs (``cost_models.fp8``): ``bf16``, or Transformer Engine
     FP8 (QKV, projection and MLP GEMMs in FP8; attention core, norms, softmax, embedding and logits

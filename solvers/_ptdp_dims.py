@@ -313,6 +313,10 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
     layer keeps the experts' time (same FLOPs at the same rate)."""
     fwd, bwd = layer.forward_s, layer.backward_s
     options = dict(layer.strategies())
+    tail = 0.0  # what PyTorch's early-stopping checkpoint does not re-run (OpTimes.tail_s)
+    early_stop = cluster.device is not None and compute_constants(cluster.device).full_recompute == "early-stop"
+    if "full" in options and early_stop:
+        tail = max(0.0, layer.forward_s - options["full"].extra_s)
     c = dims.context
     flops = layer.flops
     if c > 1:
@@ -356,7 +360,7 @@ def decoder_at_degrees(layer: LayerProfile, cfg: TransformerConfig, cluster: Clu
         fwd += max(0.0, gather - fwd) + share * min(gather, fwd)
         bwd += max(0.0, gather - bwd) + share * min(gather, bwd)
     if "full" in options:
-        options["full"] = options["full"].model_copy(update={"extra_s": fwd})
+        options["full"] = options["full"].model_copy(update={"extra_s": fwd - tail})
     if OFFLOAD in options and cluster.device is not None:  # the copies hide behind the layer at its degrees
         options[OFFLOAD] = offload_option(layer.model_copy(update={"forward_s": fwd, "backward_s": bwd,
                                                                    "recompute": options}),

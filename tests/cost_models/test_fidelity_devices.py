@@ -56,17 +56,19 @@ def test_torchtitan_rows() -> None:
     collectives, optimizer step), costed with eager PyTorch's unfused elementwise chains (fp32
     RMSNorm and rotary, two-kernel SwiGLU, K/V expanded before SDPA), the compute under FSDP's
     overlapped collectives run on the SMs NCCL's 24 CTAs leave it, and SDPA's FlashAttention-2 as
-    one kernel at its family's rate: the six A100 rows -3.7 to +5.4 % (mean |error| 1.9 %; -6.2 to
-    +3.7 %, mean 3.8 %, while the flash core was costed as two GEMMs), tested within 6 % and mean
-    2.2 %. The Grand Teton H100 rows (peak between 835 and 989 TF/s, 2.4 TB/s, FlashAttention-2 at
+    one kernel at its family's rate, and full checkpointing as PyTorch's non-reentrant checkpoint
+    runs it (the recompute stops before the FFN output projection): the six A100 rows -1.0 to
+    +5.8 % (mean |error| 2.6 %; -3.7 to +5.4 %, mean 1.9 %, while full recompute re-ran the whole
+    forward; -6.2 to +3.7 %, mean 3.8 %, while the flash core was costed as two GEMMs), tested within
+    6 % and at the mean reached. The Grand Teton H100 rows (peak between 835 and 989 TF/s, 2.4 TB/s, FlashAttention-2 at
     35 % of peak): -3.2 and -0.8 % at the NVL end, +9.7 and +12.4 % at the SXM end, so the
     published figures lie inside the 500 W cap's range (H100 GEMM fraction 0.58), tested at the
     accuracy reached."""
     rows = FIDELITY.torchtitan_rows()
     a100 = [float(r["error"]) for r in rows if "a100" in str(r["row"])]
-    assert a100 == pytest.approx([-0.010, 0.000, 0.010, 0.003, 0.054, -0.037], abs=0.003)
+    assert a100 == pytest.approx([-0.010, 0.058, 0.010, 0.003, 0.054, 0.022], abs=0.003)
     assert len(a100) == 6 and all(abs(e) < 0.06 for e in a100)
-    assert sum(abs(e) for e in a100) / len(a100) == pytest.approx(0.019, abs=0.003)
+    assert sum(abs(e) for e in a100) / len(a100) == pytest.approx(0.026, abs=0.003)
     h100 = [r for r in rows if "h100" in str(r["row"])]
     assert [float(r["error"]) for r in h100] == pytest.approx([-0.032, -0.008], abs=0.005)
     assert [float(r["error_high"]) for r in h100] == pytest.approx([0.097, 0.124], abs=0.005)

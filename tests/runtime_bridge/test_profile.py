@@ -53,7 +53,8 @@ def test_measured_bytes_and_flops(profile: ModelProfile) -> None:
     options = block.strategies()
     assert options["full"].activation_bytes == 4 * b * s * h  # only the block input is kept
     assert options["full"].activation_bytes < options["selective"].activation_bytes <= options["none"].activation_bytes
-    assert options["full"].extra_s == block.forward_s
+    # the non-reentrant checkpoint re-runs the forward but the FFN output projection (w2, timed alone)
+    assert 0 <= options["full"].extra_s < block.forward_s
     assert all(0 < x.backward_weight_s < x.backward_s for x in profile.layers)
 
 

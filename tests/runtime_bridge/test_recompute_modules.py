@@ -67,3 +67,41 @@ def test_chunk_runs_module_strategies_and_refuses_what_it_lacks() -> None:
         ChunkModule({1: Block(MIXTRAL_TINY, moe=True)}, {1: "mla_up_proj"})
     with pytest.raises(InvalidProblemError, match="no 'recompute_modules' attribute"):
         ChunkModule({1: torch.nn.Linear(2, 2)}, {1: "layernorm"})
+
+
+def _mm_count(module: torch.nn.Module, x: torch.Tensor, *, checkpointed: bool) -> tuple[int, int]:
+    """(matrix products in the forward, in the backward) of one step of ``module``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mm = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+            self.mm += func.overloadpacket.__name__ in ("mm", "addmm", "bmm")
+            return func(*args, **(kwargs or {}))
+
+    x = x.clone().requires_grad_(True)
+    forward, backward = Count(), Count()
+    with forward:
+        y = checkpoint(module, x, use_reentrant=False) if checkpointed else module(x)
+    with backward:
+        y.square().sum().backward()
+    return forward.mm, backward.mm
+
+
+def test_full_recompute_of_the_bridge_stops_before_the_ffn_output_projection() -> None:
+    """What ``ComputeModel.full_recompute = 'early-stop'`` costs, on the bridge's own dense block: the
+    non-reentrant checkpoint ``paraplan run`` uses (as torchtitan does) re-runs every matrix product
+    of the forward but the last one, the FFN output projection (w2), whose input is the last tensor
+    the backward saved; a reentrant re-run would repeat all of them."""
+    torch.manual_seed(0)
+    block = Block(LLAMA_TINY, moe=False)
+    init_layer(block, 1, seed=3)
+    x = torch.randn(2, LLAMA_TINY.seq_length, LLAMA_TINY.hidden_size)
+    fwd, plain_bwd = _mm_count(block, x, checkpointed=False)
+    fwd_ckpt, ckpt_bwd = _mm_count(block, x, checkpointed=True)
+    assert fwd_ckpt == fwd
+    assert ckpt_bwd - plain_bwd == fwd - 1
