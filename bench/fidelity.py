@@ -277,12 +277,10 @@ def _torchtitan_rate(name: str | TransformerConfig, cluster: Cluster, b: int, re
     ``regather`` False: the forward's gathered weights stay for the backward (FSDP's
     ``SHARD_GRAD_OP``, ZeRO-2), whose units then only reduce-scatter."""
     from cost_models.collectives import group_allgather_s
-    from cost_models.compute import collective_sm_share, optimizer_step_s
+    from cost_models.compute import collective_sm_share, optimizer_step_s, with_full_recompute
     from cost_models.moe import num_parameters
     from cost_models.parallelism import fsdp_exposed_comm_s
     from cost_models.transformer import transformer_profile
-
-    from cost_models.compute import with_full_recompute
 
     assert cluster.device is not None
     device, gpus = (eager(cluster.device) if kernels == "eager" else cluster.device), cluster.num_devices

@@ -220,7 +220,7 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     for m, n, k, count in gemms:
         f_s, i_s, w_s = gemm_fwd_bwd_s(m, n, k, device, dtype=dtype)  # type: ignore[arg-type]  # MoE rows: fractional
         fwd_gemm, bwd_in, bwd_w = fwd_gemm + count * f_s, bwd_in + count * i_s, bwd_w + count * w_s
-    last_gemm_s = 0.0 if moe.is_moe_layer(cfg, layer_index) else f_s  # the dense FFN's output projection
+    dense = not moe.is_moe_layer(cfg, layer_index)  # f_s: the last GEMM, a dense FFN's output projection
     core_fwd, core_bwd = _attention_core(cfg, device, b, t, attention)
     ew_fwd, ew_bwd = _elementwise_bytes(cfg, tokens, t, sequence_parallel, layer_index)
     kernels = (6, 8)
@@ -239,7 +239,7 @@ def decoder_op_times(cfg: TransformerConfig, device: Device, *, microbatch_size:
     return OpTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=bwd_w, selective_s=core_fwd,
                    forward_comm_s=comm, backward_comm_s=back_comm, forward_gemm_s=fwd_gemm + core_fwd,
                    forward_memory_s=mem_fwd,
-                   tail_s=last_gemm_s + (comm / tp_collectives_per_layer(cfg) if last_gemm_s else 0.0))
+                   tail_s=f_s + comm / tp_collectives_per_layer(cfg) if dense else 0.0)
 
 
 def _extended_elementwise_bytes(cfg: TransformerConfig, tokens: int, t: int, n_h: float,
